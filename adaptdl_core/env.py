@@ -1,0 +1,166 @@
+"""The ``ADAPTDL_*`` environment variables that describe one replica of an elastic job.
+
+A launcher (a shell, a test harness, or the Ray trainable) sets these before the training
+script starts. A single process needs none of them: every function has a default that
+describes a one-replica job with no checkpointing.
+
+| variable                   | function              | default                     |
+|----------------------------|-----------------------|-----------------------------|
+| ``ADAPTDL_CHECKPOINT_PATH``| :func:`checkpoint_path` | ``None`` (no checkpoints) |
+| ``ADAPTDL_SHARE_PATH``     | :func:`share_path`    | ``None``                    |
+| ``ADAPTDL_JOB_ID``         | :func:`job_id`        | ``None``                    |
+| ``ADAPTDL_MASTER_ADDR``    | :func:`master_addr`   | ``"127.0.0.1"``             |
+| ``ADAPTDL_MASTER_PORT``    | :func:`master_port`   | ``0`` (pick a free port)    |
+| ``ADAPTDL_REPLICA_RANK``   | :func:`replica_rank`  | ``0``                       |
+| ``ADAPTDL_NUM_REPLICAS``   | :func:`num_replicas`  | ``1``                       |
+| ``ADAPTDL_NUM_NODES``      | :func:`num_nodes`     | ``num_replicas()``          |
+| ``ADAPTDL_NUM_RESTARTS``   | :func:`num_restarts`  | ``0``                       |
+| ``ADAPTDL_TIMEOUT``        | :func:`timeout`       | ``30`` seconds              |
+
+Values are read on every call (not cached) so that tests and launchers can change them;
+invalid values raise :class:`ValueError` naming the variable and what is expected.
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = [
+    "checkpoint_path",
+    "share_path",
+    "job_id",
+    "master_addr",
+    "master_port",
+    "replica_rank",
+    "num_replicas",
+    "num_nodes",
+    "num_restarts",
+    "timeout",
+]
+
+DEFAULT_TIMEOUT_S = 30.0
+
+
+def _get_int(name: str, default: int, minimum: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not an integer; set it to an integer >= {minimum} "
+                         f"or unset it (default {default})") from None
+    if value < minimum:
+        raise ValueError(f"{name}={value} must be >= {minimum}")
+    return value
+
+
+def _get_str(name: str) -> str | None:
+    raw = os.environ.get(name)
+    return raw if raw else None
+
+
+def checkpoint_path() -> str | None:
+    """Directory where checkpoints are written and read (``ADAPTDL_CHECKPOINT_PATH``).
+
+    Returns ``None`` when unset: the job then neither loads nor saves checkpoints.
+    """
+    return _get_str("ADAPTDL_CHECKPOINT_PATH")
+
+
+def share_path() -> str | None:
+    """Directory shared by all replicas and restarts of the job (``ADAPTDL_SHARE_PATH``),
+    for example for a dataset cache. ``None`` when unset."""
+    return _get_str("ADAPTDL_SHARE_PATH")
+
+
+def job_id() -> str | None:
+    """Identifier of the job (``ADAPTDL_JOB_ID``), ``None`` when unset."""
+    return _get_str("ADAPTDL_JOB_ID")
+
+
+def master_addr() -> str:
+    """Address of replica 0, which hosts the rendezvous store (``ADAPTDL_MASTER_ADDR``).
+
+    Defaults to ``127.0.0.1``.
+    """
+    return _get_str("ADAPTDL_MASTER_ADDR") or "127.0.0.1"
+
+
+def master_port() -> int:
+    """TCP port of the rendezvous store on replica 0 (``ADAPTDL_MASTER_PORT``).
+
+    Defaults to 0, which lets a single-replica job pick any free port. A multi-replica job
+    must set it.
+
+    Raises:
+        ValueError: if the value is not an integer in [0, 65535].
+    """
+    port = _get_int("ADAPTDL_MASTER_PORT", 0, 0)
+    if port > 65535:
+        raise ValueError(f"ADAPTDL_MASTER_PORT={port} must be <= 65535")
+    return port
+
+
+def num_replicas() -> int:
+    """Number of replicas (processes) in the job (``ADAPTDL_NUM_REPLICAS``), default 1.
+
+    Raises:
+        ValueError: if the value is not an integer >= 1.
+    """
+    return _get_int("ADAPTDL_NUM_REPLICAS", 1, 1)
+
+
+def replica_rank() -> int:
+    """Rank of this replica, in ``[0, num_replicas())`` (``ADAPTDL_REPLICA_RANK``), default 0.
+
+    Raises:
+        ValueError: if the value is not an integer, is negative, or is >= num_replicas().
+    """
+    rank = _get_int("ADAPTDL_REPLICA_RANK", 0, 0)
+    replicas = num_replicas()
+    if rank >= replicas:
+        raise ValueError(f"ADAPTDL_REPLICA_RANK={rank} must be < ADAPTDL_NUM_REPLICAS={replicas}")
+    return rank
+
+
+def num_nodes() -> int:
+    """Number of distinct machines the replicas run on (``ADAPTDL_NUM_NODES``).
+
+    Defaults to :func:`num_replicas` (the conservative assumption of one replica per node).
+
+    Raises:
+        ValueError: if the value is not an integer in [1, num_replicas()].
+    """
+    replicas = num_replicas()
+    nodes = _get_int("ADAPTDL_NUM_NODES", replicas, 1)
+    if nodes > replicas:
+        raise ValueError(f"ADAPTDL_NUM_NODES={nodes} must be <= ADAPTDL_NUM_REPLICAS={replicas}")
+    return nodes
+
+
+def num_restarts() -> int:
+    """How many times the job has been restarted so far (``ADAPTDL_NUM_RESTARTS``), default 0.
+
+    Raises:
+        ValueError: if the value is not an integer >= 0.
+    """
+    return _get_int("ADAPTDL_NUM_RESTARTS", 0, 0)
+
+
+def timeout() -> float:
+    """Seconds any distributed wait may block before failing (``ADAPTDL_TIMEOUT``), default 30.
+
+    Raises:
+        ValueError: if the value is not a positive number.
+    """
+    raw = os.environ.get("ADAPTDL_TIMEOUT")
+    if raw is None or raw.strip() == "":
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"ADAPTDL_TIMEOUT={raw!r} is not a number of seconds") from None
+    if not value > 0:
+        raise ValueError(f"ADAPTDL_TIMEOUT={value} must be > 0 seconds")
+    return value

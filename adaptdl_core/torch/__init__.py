@@ -1,0 +1,40 @@
+"""The elastic training API for PyTorch (the ``adaptdl.torch`` API of AdaptDL).
+
+A training script changes a few lines::
+
+    import adaptdl_core.torch as adl
+
+    adl.init_process_group("gloo")
+    model = adl.AdaptiveDataParallel(model, optimizer, lr_scheduler)
+    loader = adl.AdaptiveDataLoader(dataset, batch_size=128, shuffle=True)
+    for epoch in adl.remaining_epochs_until(30):
+        for x, y in loader:
+            ...
+        with accum.synchronized(): ...
+
+and can then be interrupted (Ctrl-C, SIGTERM) at any batch, checkpointed and restarted on
+any number of replicas.
+"""
+
+from adaptdl_core.torch._interrupt import (CheckpointExit, exit_requested,
+                                           request_checkpoint_and_exit)
+from adaptdl_core.torch.accumulator import Accumulator
+from adaptdl_core.torch.data import AdaptiveDataLoader, ElasticSampler, current_dataloader
+from adaptdl_core.torch.epoch import current_epoch, finished_epochs, remaining_epochs_until
+from adaptdl_core.torch.parallel import AdaptiveDataParallel
+from adaptdl_core.torch.process_group import init_process_group
+
+__all__ = [
+    "init_process_group",
+    "AdaptiveDataParallel",
+    "AdaptiveDataLoader",
+    "ElasticSampler",
+    "current_dataloader",
+    "remaining_epochs_until",
+    "current_epoch",
+    "finished_epochs",
+    "Accumulator",
+    "CheckpointExit",
+    "request_checkpoint_and_exit",
+    "exit_requested",
+]

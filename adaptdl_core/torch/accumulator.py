@@ -1,0 +1,224 @@
+"""Accumulator: sums statistics across replicas and across checkpoint-restarts."""
+
+from __future__ import annotations
+
+import collections
+import collections.abc
+import contextlib
+import copy
+from typing import IO, Any, Iterator
+
+import numpy as np
+import torch
+
+from adaptdl_core import checkpoint, collective
+from adaptdl_core.torch.data import current_dataloader
+from adaptdl_core.torch.epoch import current_epoch
+
+__all__ = ["Accumulator"]
+
+
+class Accumulator(collections.abc.MutableMapping):
+    """A dict-like sum of statistics (loss, correct predictions, ...) over all replicas
+    and all restarts of a job.
+
+    It has two modes:
+
+    * **Accumulation mode** (the default): ``accum["key"] += value``,
+      ``accum.update(key=value)``, ``accum -= {...}`` and :meth:`subtract` add updates
+      locally on each replica; replicas may make different updates. Reads behave as on an
+      empty dict (``len(accum) == 0``).
+    * **Synchronized mode**, inside ``with accum.synchronized():``: on entry the updates of
+      all replicas are summed into the shared values, and the accumulator then acts as a
+      plain dict with the same contents on every replica. Writes must be identical on all
+      replicas.
+
+    Pending updates are also summed when a checkpoint is taken. After a restart, a
+    ``synchronized()`` block that already ran outside any data loader loop in the current
+    epoch replays the values it saw then, so code after the loop computes the same
+    metrics as before the restart::
+
+        accum = Accumulator()
+        for epoch in remaining_epochs_until(10):
+            for x, y in valid_loader:
+                accum["correct"] += (model(x).argmax(1) == y).sum().item()
+                accum["total"] += len(y)
+            with accum.synchronized():
+                accuracy = accum["correct"] / accum["total"]
+                accum.clear()
+
+    Create accumulators outside data loader loops and in the same order on every replica.
+
+    Arguments:
+        *args, **kwargs: initial contents, as for ``dict``.
+
+    Raises:
+        RuntimeError: if created while a data loader is being iterated.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        self._state = _AccumulatorState(*args, **kwargs)
+        checkpoint.load_state(self._state)
+        self._sync_count: collections.Counter = collections.Counter()
+        self._synchronized: dict | None = None
+
+    @contextlib.contextmanager
+    def synchronized(self) -> Iterator["Accumulator"]:
+        """Enter synchronized mode (a collective: every replica must enter together).
+
+        Yields:
+            this accumulator, now behaving as a plain dict.
+        """
+        if self._synchronized is not None:
+            yield self
+            return
+        epoch = current_epoch()
+        history = self._state.results_history
+        # Finished epochs are never replayed, so their saved results are not needed.
+        for key in [k for k in history if k is not None and epoch is not None and k < epoch]:
+            del history[key]
+        count = self._sync_count[epoch]
+        self._sync_count[epoch] += 1
+        saved = history.setdefault(epoch, [])
+        if count < len(saved):
+            # This block already ran before the restart: replay what it saw.
+            self._synchronized = saved[count]
+            self._state.updates.clear()
+        else:
+            self._state.sync()
+            if current_dataloader() is None:
+                # Inside a loader loop the code is not replayed, so nothing to remember.
+                saved.append(copy.deepcopy(self._state.results))
+            self._synchronized = self._state.results
+        try:
+            yield self
+        finally:
+            self._synchronized = None
+
+    def update(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        """Add each ``key: value`` pair to the accumulated values (unlike ``dict.update``,
+        which replaces them)."""
+        for key, value in dict(*args, **kwargs).items():
+            self[key] += value
+
+    def subtract(self, *args: Any, **kwargs: Any) -> None:
+        """Subtract each ``key: value`` pair from the accumulated values."""
+        for key, value in dict(*args, **kwargs).items():
+            self[key] -= value
+
+    def __iadd__(self, other: Any) -> "Accumulator":
+        """``accum += {"a": 1}`` is ``accum.update({"a": 1})``."""
+        self.update(other)
+        return self
+
+    def __isub__(self, other: Any) -> "Accumulator":
+        """``accum -= {"a": 1}`` is ``accum.subtract({"a": 1})``."""
+        self.subtract(other)
+        return self
+
+    def __getitem__(self, key: Any) -> Any:
+        """Read a value (synchronized mode), or start an in-place update
+        (``accum[key] += v`` in accumulation mode)."""
+        if self._synchronized is not None:
+            return self._synchronized[key]
+        return _PendingUpdate(self, key)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        if self._synchronized is not None:
+            self._synchronized[key] = value
+            return
+        # ``accum[k] += v`` is getitem, then ``tmp + v``, then setitem(k, tmp): the
+        # _PendingUpdate from getitem carries v here.
+        if not isinstance(value, _PendingUpdate) or value.accum is not self or value.key != key:
+            raise TypeError("in accumulation mode an Accumulator only supports accum[key] += "
+                            "value and accum[key] -= value; assign values inside "
+                            "`with accum.synchronized():`")
+        updates = self._state.updates
+        updates[key] = updates[key] + value.delta if key in updates else value.delta
+
+    def __delitem__(self, key: Any) -> None:
+        self._view().__delitem__(key)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._view())
+
+    def __len__(self) -> int:
+        return len(self._view())
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._view()
+
+    def __repr__(self) -> str:
+        return f"Accumulator({self._view()!r})"
+
+    def _view(self) -> dict:
+        return self._synchronized if self._synchronized is not None else {}
+
+
+class _PendingUpdate:
+    """What ``accum[key]`` returns in accumulation mode: collects ``+ v`` / ``- v``."""
+
+    __slots__ = ("accum", "key", "delta")
+
+    def __init__(self, accum: Accumulator, key: Any):
+        self.accum, self.key, self.delta = accum, key, 0
+
+    def __add__(self, value: Any) -> "_PendingUpdate":
+        if isinstance(value, _PendingUpdate):
+            raise TypeError("cannot add two accumulator entries in accumulation mode")
+        self.delta = self.delta + value
+        return self
+
+    def __sub__(self, value: Any) -> "_PendingUpdate":
+        if isinstance(value, _PendingUpdate):
+            raise TypeError("cannot subtract accumulator entries in accumulation mode")
+        self.delta = self.delta - value
+        return self
+
+
+def _plain(value: Any) -> Any:
+    """Make ``value`` loadable with ``torch.load(weights_only=True)``."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_plain(v) for v in value)
+    return value
+
+
+def _add_into(total: dict, updates: dict) -> dict:
+    for key, value in updates.items():
+        total[key] = total[key] + value if key in total else value
+    return total
+
+
+class _AccumulatorState(checkpoint.State):
+    def __init__(self, *args: Any, **kwargs: Any):
+        if current_dataloader() is not None:
+            raise RuntimeError("create Accumulators outside data loader loops (they are "
+                               "matched to their checkpoints by creation order)")
+        epoch = current_epoch()
+        prefix = f"adaptdl-accumulator-epoch{epoch}-"
+        count = sum(1 for name in checkpoint._STATES if name.startswith(prefix))
+        super().__init__(f"{prefix}{count}")
+        self.results: dict = dict(*args, **kwargs)
+        self.results_history: dict = {}
+        self.updates: dict = {}
+
+    def save(self, fileobj: IO[bytes]) -> None:
+        torch.save({"results": _plain(self.results),
+                    "history": _plain(self.results_history)}, fileobj)
+
+    def load(self, fileobj: IO[bytes]) -> None:
+        data = torch.load(fileobj, weights_only=True)
+        self.results = data["results"]
+        self.results_history = data["history"]
+
+    def sync(self) -> None:
+        # Sum every replica's pending updates (in rank order) into the shared results.
+        total = collective.allreduce(self.updates, lambda a, b: _add_into(dict(a), b))
+        _add_into(self.results, total)
+        self.updates.clear()

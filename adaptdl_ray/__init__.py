@@ -1,0 +1,1 @@
+"""adaptdl_ray: Ray adapters for adaptdl_core (Ray Tune scheduler and distributed trainable)."""

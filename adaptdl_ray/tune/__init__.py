@@ -1,0 +1,1 @@
+"""Ray Tune integration: AdaptDLScheduler and AdaptDLTrainableCreator (work in progress)."""

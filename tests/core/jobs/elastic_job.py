@@ -1,0 +1,107 @@
+"""A small elastic training job used by the multi-process tests.
+
+It trains a linear model on a synthetic dataset whose items carry their own index, and
+writes what it observes into ``--record`` (one JSON line per event and replica):
+the sample indices of every training batch, accumulator results, the epochs it ran and,
+on rank 0 at the end, the final parameters. Options make it interrupt itself after a
+number of batches or kill one replica, so tests can exercise restarts and failures.
+"""
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+import adaptdl_core.env as env
+import adaptdl_core.torch as adl
+
+
+class IndexedData(torch.utils.data.Dataset):
+    def __init__(self, size: int):
+        g = torch.Generator().manual_seed(1234)
+        self.x = torch.randn(size, 4, generator=g)
+        self.y = self.x @ torch.tensor([1.0, -2.0, 0.5, 3.0]) + 0.1 * torch.randn(size, generator=g)
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return i, self.x[i], self.y[i]
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--record", required=True)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--size", type=int, default=96)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--stop-after", type=int, default=-1,
+                   help="rank --stop-rank requests a checkpoint-exit after this many batches")
+    p.add_argument("--stop-rank", type=int, default=0)
+    p.add_argument("--die-after", type=int, default=-1,
+                   help="rank --die-rank exits abruptly (status 7) after this many batches")
+    p.add_argument("--die-rank", type=int, default=1)
+    p.add_argument("--signal-file", default=None,
+                   help="touch this file after the first batch (tests send signals then)")
+    p.add_argument("--sleep", type=float, default=0.0, help="seconds per batch")
+    args = p.parse_args()
+
+    torch.manual_seed(0)
+    adl.init_process_group("gloo")
+    rank, restart = env.replica_rank(), env.num_restarts()
+    log = open(os.path.join(args.record, f"r{restart}-rank{rank}.jsonl"), "a", buffering=1)
+
+    def emit(**event):
+        log.write(json.dumps(event) + "\n")
+
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.9)
+    model = adl.AdaptiveDataParallel(model, opt, sched)
+    data = IndexedData(args.size)
+    train = adl.AdaptiveDataLoader(data, batch_size=args.batch_size, shuffle=True)
+    valid = adl.AdaptiveDataLoader(data, batch_size=args.batch_size)
+    accum = adl.Accumulator()
+    emit(event="start", replicas=env.num_replicas(), epoch=adl.finished_epochs())
+
+    batches = 0
+    for epoch in adl.remaining_epochs_until(args.epochs):
+        for idx, x, y in train:
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x).squeeze(1), y)
+            loss.backward()
+            opt.step()
+            accum["train_loss"] += loss.item() * len(idx)
+            accum["train_n"] += len(idx)
+            emit(event="batch", epoch=epoch, idx=idx.tolist(), local_bsz=len(idx),
+                 index=train.current_index)
+            batches += 1
+            if batches == 1 and args.signal_file and rank == 0:
+                open(args.signal_file, "w").close()
+            if args.sleep:
+                import time
+                time.sleep(args.sleep)
+            if batches == args.stop_after and rank == args.stop_rank:
+                adl.request_checkpoint_and_exit()
+            if batches == args.die_after and rank == args.die_rank:
+                os._exit(7)
+        with torch.no_grad():
+            for idx, x, y in valid:
+                accum["valid_sq"] += ((model(x).squeeze(1) - y) ** 2).sum().item()
+                accum["valid_n"] += len(idx)
+        with accum.synchronized():
+            emit(event="epoch_end", epoch=epoch, results=dict(accum))
+            accum.clear()
+        sched.step()
+
+    if rank == 0:
+        torch.save({k: v.detach().clone() for k, v in model.module.state_dict().items()},
+                   os.path.join(args.record, "final.pt"))
+    emit(event="done")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
