@@ -239,10 +239,10 @@ class GoodputFunction:
                 ``K * (s + 1)`` if accumulation is needed to respect the atomic bound).
             atomic_bsz_range: ``(lo, hi)`` bounds on the per-replica micro-batch; either may
                 be ``None`` (``lo`` defaults to 1, ``hi`` to ``max_batch_size`` or ``M0``).
-            accumulation: whether gradient accumulation (``s > 0``) may be used. With it, a
-                single replica that grows its batch beyond ``M0`` always uses ``s >= 1`` so that
-                the gradient noise stays measurable. Without it, a single replica still grows
-                by increasing ``b`` (up to ``hi``).
+            accumulation: whether gradient accumulation (``s > 0``) may be used; it is used
+                only when ``b`` would exceed ``hi``. A single replica grows its batch by
+                increasing ``b`` first (its gradient noise is measured from consecutive
+                steps, so it needs no accumulation for that, unlike the original AdaptDL).
 
         Returns:
             Three arrays with the broadcast shape of the inputs (numpy scalars for scalar
@@ -300,7 +300,6 @@ class GoodputFunction:
 
         if accumulation:
             accum = np.maximum(np.ceil(batch / (k * hi) - 1e-9) - 1.0, 0.0)
-            accum = np.where((k == 1) & (batch > m0), np.maximum(accum, 1.0), accum)
         else:
             accum = np.zeros_like(batch)
         granule = k * (accum + 1.0)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import logging
 import math
+import time
 from typing import IO, Any, Iterator, Sized
 
 import numpy as np
@@ -25,12 +26,17 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, Sampler
 
 from adaptdl_core import checkpoint, collective, env
-from adaptdl_core.torch import _interrupt
+from adaptdl_core.torch import _interrupt, _metrics
 from adaptdl_core.torch.epoch import current_epoch
 
 __all__ = ["ElasticSampler", "AdaptiveDataLoader", "current_dataloader"]
 
 LOG = logging.getLogger(__name__)
+
+# Switch batch size only when the predicted goodput improves by more than this factor.
+SWITCH_THRESHOLD = 1.05
+# Re-decide the batch size every this many optimizer steps (same count on all replicas).
+DECIDE_EVERY_STEPS = 5
 
 
 class ElasticSampler(Sampler[int]):
@@ -164,6 +170,7 @@ class _Loops:
         self.position: collections.Counter = collections.Counter()
         self.current: "AdaptiveDataLoader | None" = None
         self.pending_exit = None  # future of the last stop-flag allreduce
+        self.training: "AdaptiveDataLoader | None" = None  # the loader optimizer steps follow
 
 
 _LOOPS = _Loops()
@@ -255,15 +262,106 @@ class AdaptiveDataLoader(DataLoader):
         self._elastic_sampler = sampler
         self._local_batch_sampler = batch_sampler
         self._target_batch_size = batch_size
+        self._max_batch_size: int | None = None
+        self._local_bsz_bounds: tuple[int | None, int | None] | None = None
+        self._gradient_accumulation = False
+        self._micro_in_step = 0  # micro-batches of the current optimizer step handed out
+        self._stepped = False    # set by AdaptiveDataParallel when the optimizer stepped
+        self._steps = 0          # optimizer steps taken in this run (decision schedule)
         existing = sum(1 for n in checkpoint._STATES if n.startswith("adaptdl-dataloader-"))
         self._state = _LoaderState(f"adaptdl-dataloader-{existing}")
         checkpoint.load_state(self._state)
-        self._decide_batch_size()
+        self._decide_batch_size(initial=True)
 
     # -- batch size ------------------------------------------------------------------
-    def _decide_batch_size(self) -> None:
-        self._state.local_bsz = math.ceil(self._target_batch_size / env.num_replicas())
-        self._state.accum_steps = 0
+    def autoscale_batch_size(self, max_batch_size: int,
+                             local_bsz_bounds: tuple[int | None, int | None] | None = None,
+                             gradient_accumulation: bool = False) -> None:
+        """Let the loader choose the batch size that maximises goodput (call once, right
+        after creating the loader; this also marks it as the training loader).
+
+        The batch size starts at ``batch_size`` and is re-decided at optimizer-step
+        boundaries from the measured throughput model and gradient noise, switching only
+        when the predicted goodput improves by more than 5%. The choice is checkpointed.
+        Epochs then end by statistical progress: an epoch lasts until the training has
+        made as much progress as one pass at the initial batch size would.
+
+        Arguments:
+            max_batch_size: largest global batch size allowed (>= ``batch_size``).
+            local_bsz_bounds: ``(min, max)`` per-replica micro-batch size, either may be
+                None (no bound); for example what fits in device memory.
+            gradient_accumulation: allow several micro-batches per optimizer step.
+
+        Raises:
+            ValueError: for a max_batch_size below batch_size or not an int, or bounds
+                that are not a pair of positive ints with min <= max <= max_batch_size.
+        """
+        if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) \
+                or max_batch_size < self._target_batch_size:
+            raise ValueError(f"autoscale_batch_size(max_batch_size={max_batch_size!r}): must "
+                             f"be an int >= the loader's batch_size ({self._target_batch_size})")
+        if local_bsz_bounds is not None:
+            ok = isinstance(local_bsz_bounds, (tuple, list)) and len(local_bsz_bounds) == 2 \
+                and all(b is None or (isinstance(b, int) and not isinstance(b, bool) and b >= 1)
+                        for b in local_bsz_bounds)
+            lo, hi = local_bsz_bounds if ok else (None, None)
+            if not ok or (lo is not None and hi is not None and lo > hi) \
+                    or (lo is not None and lo > max_batch_size):
+                raise ValueError(f"autoscale_batch_size(local_bsz_bounds={local_bsz_bounds!r}): "
+                                 "use (min, max) with positive ints or None, min <= max, "
+                                 "and min <= max_batch_size")
+            local_bsz_bounds = (lo, hi)
+        self._max_batch_size = max_batch_size
+        self._local_bsz_bounds = local_bsz_bounds
+        self._gradient_accumulation = bool(gradient_accumulation)
+        _LOOPS.training = self
+        _metrics.set_batch_size_limits(self._target_batch_size, max_batch_size,
+                                       local_bsz_bounds, gradient_accumulation)
+        self._decide_batch_size(initial=True)
+
+    def _bounded_local_bsz(self, local_bsz: int) -> int:
+        lo, hi = self._local_bsz_bounds or (None, None)
+        return max(local_bsz if hi is None else min(local_bsz, hi), lo or 1)
+
+    def _decide_batch_size(self, initial: bool = False) -> bool:
+        """Choose (local batch, accumulation steps); returns True if they changed.
+
+        Replica 0 decides from its goodput model and broadcasts, so that all replicas
+        always agree.
+        """
+        replicas = env.num_replicas()
+        current = (self._state.local_bsz, self._state.accum_steps)
+        if self._max_batch_size is None:
+            choice = (self._bounded_local_bsz(math.ceil(self._target_batch_size / replicas)), 0)
+        else:
+            choice = current if current[0] is not None else \
+                (self._bounded_local_bsz(math.ceil(self._target_batch_size / replicas)), 0)
+            if env.replica_rank() == 0:
+                choice = self._goodput_choice(choice, initial)
+            choice = collective.broadcast(choice)
+        self._state.local_bsz, self._state.accum_steps = int(choice[0]), int(choice[1])
+        changed = current != (self._state.local_bsz, self._state.accum_steps)
+        if changed and not initial:
+            LOG.info("batch size now %d (local %d x %d micro-batches x %d replicas)",
+                     self.current_batch_size, self.current_local_bsz,
+                     self.accumulation_steps + 1, replicas)
+        return changed
+
+    def _goodput_choice(self, current: tuple[int, int], initial: bool) -> tuple[int, int]:
+        _metrics.maybe_refit()
+        goodput_fn = _metrics.goodput_fn()
+        if goodput_fn is None:
+            return current
+        nodes, replicas = env.num_nodes(), env.num_replicas()
+        best, bsz, accum = goodput_fn.optimize(nodes, replicas, self._max_batch_size,
+                                               self._local_bsz_bounds or (None, None),
+                                               self._gradient_accumulation)
+        now = float(goodput_fn(nodes, replicas, current[0], current[1]))
+        # A new shape (restart on another replica count) takes the best choice outright;
+        # otherwise switch only for a clear gain, so the batch size does not oscillate.
+        if float(best) > SWITCH_THRESHOLD * now or (initial and now <= 0):
+            return int(bsz), int(accum)
+        return current
 
     @property
     def current_local_bsz(self) -> int:
@@ -280,6 +378,36 @@ class AdaptiveDataLoader(DataLoader):
         """Global batch of one optimizer step: local batch x (accumulation steps + 1) x
         replicas."""
         return self.current_local_bsz * (self.accumulation_steps + 1) * env.num_replicas()
+
+    @property
+    def is_accumulation_step(self) -> bool:
+        """True while the batch just handed out is not the last micro-batch of an optimizer
+        step (AdaptiveDataParallel then skips gradient sync and the optimizer step)."""
+        return self._micro_in_step < self.accumulation_steps
+
+    @property
+    def max_batch_size(self) -> int | None:
+        """Largest global batch allowed by :meth:`autoscale_batch_size` (None: fixed)."""
+        return self._max_batch_size
+
+    @property
+    def local_bsz_bounds(self) -> tuple[int | None, int | None] | None:
+        """Per-replica micro-batch bounds given to :meth:`autoscale_batch_size`."""
+        return self._local_bsz_bounds
+
+    @property
+    def training(self) -> bool:
+        """True for the loader whose batches the optimizer steps on."""
+        return _LOOPS.training is self
+
+    def to_tensorboard(self, writer: Any, global_step: int, tag_prefix: str = "") -> None:
+        """Write the batch size, local batch size and accumulation steps to a TensorBoard
+        ``SummaryWriter`` at ``global_step``."""
+        if tag_prefix and not tag_prefix.endswith("/"):
+            tag_prefix += "/"
+        writer.add_scalar(tag_prefix + "Total_Batch_Size", self.current_batch_size, global_step)
+        writer.add_scalar(tag_prefix + "Local_Batch_Size", self.current_local_bsz, global_step)
+        writer.add_scalar(tag_prefix + "Accumulation_Steps", self.accumulation_steps, global_step)
 
     @property
     def current_index(self) -> int:
@@ -315,15 +443,55 @@ class AdaptiveDataLoader(DataLoader):
 
     def _iterate(self, epoch: int | None) -> Iterator[Any]:
         n = len(self.dataset)  # type: ignore[arg-type]
-        replicas = env.num_replicas()
-        self._local_batch_sampler.local_bsz = self.current_local_bsz
-        self._elastic_sampler.set_epoch(epoch or 0, self._state.current_index)
-        if self._state.current_index >= n:
-            return
-        for batch in super().__iter__():
-            _batch_boundary()
-            yield batch
-            # The caller finished with the batch: it counts as consumed.
-            self._state.current_index = min(
-                self._state.current_index + replicas * self.current_local_bsz, n)
+        adaptive = self._max_batch_size is not None
+        if adaptive and self.training:
+            # An epoch lasts as long as one pass at the initial batch size would, in
+            # statistical progress; larger batches need more samples for the same progress.
+            target = ((epoch or 0) + 1) * n / self._target_batch_size
+        state = self._state
+        while True:
+            if adaptive and self.training:
+                if _metrics.metrics().progress >= target:
+                    break
+            elif state.current_index >= n:
+                break
+            if self.training:
+                self._decide_batch_size(initial=True)
+            pass_end = (state.current_index // n + 1) * n
+            self._local_batch_sampler.local_bsz = self.current_local_bsz
+            self._elastic_sampler.set_epoch(epoch or 0, state.current_index)
+            self._micro_in_step = 0
+            started = None
+            restart_pass = False
+            for batch in super().__iter__():
+                now = time.perf_counter()
+                if started is not None and self.training:
+                    _metrics.profile_micro_batch(now - started, self.current_local_bsz,
+                                                 optimizer_step=self._stepped)
+                if self._micro_in_step == 0:
+                    # Stop requests are honoured only between optimizer steps, so that no
+                    # partially accumulated gradient is lost.
+                    _batch_boundary()
+                started = time.perf_counter()
+                self._stepped = False
+                yield batch
+                # The caller finished with the batch: it counts as consumed.
+                state.current_index = min(
+                    state.current_index + env.num_replicas() * self.current_local_bsz, pass_end)
+                self._micro_in_step += 1
+                if self._micro_in_step > self.accumulation_steps:
+                    self._micro_in_step = 0
+                    if adaptive and self.training:
+                        _metrics.advance_progress_without_model(
+                            self.current_batch_size / self._target_batch_size)
+                        if _metrics.metrics().progress >= target:
+                            break
+                        self._steps += 1
+                        if self._steps % DECIDE_EVERY_STEPS == 0 and self._decide_batch_size():
+                            restart_pass = True  # new local batch: re-create the iterator
+                            break
+            if not adaptive or not self.training:
+                if not restart_pass:
+                    break
+        self._micro_in_step = 0
         _batch_boundary()

@@ -1,15 +1,30 @@
-"""AdaptiveDataParallel: DistributedDataParallel whose training state survives restarts."""
+"""AdaptiveDataParallel: DistributedDataParallel whose training state survives restarts,
+which measures gradient noise and scales the learning rate with the batch size.
+
+Per optimizer step it (1) averages gradients over replicas *and* accumulation
+micro-batches (a DDP communication hook), (2) measures the squared norms of the local
+and averaged gradients in the same hook, preconditioned for Adam-family optimizers, to
+estimate the gradient noise, (3) sets the scaling rule's batch scale ``M / M0`` so the LR
+is scaled around ``optimizer.step()`` only, and (4) counts statistical progress.
+"""
 
 from __future__ import annotations
 
 import logging
+import time
+import types
 from typing import IO, Any
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from adaptdl_core import checkpoint
+from adaptdl_core import checkpoint, env
+from adaptdl_core.torch import _metrics
+from adaptdl_core.torch.data import current_dataloader
+from adaptdl_core.torch.gradient_noise_scale import (GradientNoiseScale, adam_preconditioner,
+                                                     is_adam_family, preconditioned_sqr_norm)
+from adaptdl_core.torch.scaling_rules import ScalingRuleBase, default_rule_for
 
 __all__ = ["AdaptiveDataParallel"]
 
@@ -30,6 +45,9 @@ class AdaptiveDataParallel(DistributedDataParallel):
         optimizer: its optimizer.
         lr_scheduler: an optional LR scheduler (anything with ``state_dict``).
         mp_scaler: an optional ``torch.amp.GradScaler``.
+        scaling_rule: how the LR follows the batch size (a
+            :class:`~adaptdl_core.torch.scaling_rules.ScalingRuleBase`); default
+            AdamScale for Adam-family optimizers, else AdaScale.
         name: unique checkpoint name; set it when a program has several of these.
         **kwargs: passed to ``DistributedDataParallel``.
 
@@ -40,6 +58,7 @@ class AdaptiveDataParallel(DistributedDataParallel):
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  lr_scheduler: Any = None, mp_scaler: Any = None,
+                 scaling_rule: ScalingRuleBase | None = None,
                  name: str = "adaptdl-dataparallel", **kwargs: Any):
         if not dist.is_initialized():
             raise RuntimeError("AdaptiveDataParallel needs a process group: call "
@@ -47,13 +66,196 @@ class AdaptiveDataParallel(DistributedDataParallel):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise ValueError(f"AdaptiveDataParallel(optimizer=...): expected a "
                              f"torch.optim.Optimizer, got {type(optimizer).__name__}")
+        if scaling_rule is not None and not isinstance(scaling_rule, ScalingRuleBase):
+            raise ValueError("AdaptiveDataParallel(scaling_rule=...): expected a ScalingRuleBase "
+                             f"such as AdaScale(), got {type(scaling_rule).__name__}")
         super().__init__(model, **kwargs)
         self.adaptdl_optimizer = optimizer
         self.adaptdl_lr_scheduler = lr_scheduler
         self.adaptdl_mp_scaler = mp_scaler
+        self.scaling_rule = scaling_rule if scaling_rule is not None else default_rule_for(optimizer)
+        self._gns: GradientNoiseScale | None = None
+        self._gns_saved: dict | None = None
+        self._precondition = is_adam_family(optimizer)
+        self._inner_step = None  # the optimizer's step below our wrapper (with the rule)
+        self._accumulating = False
+        self._prev_grads: list[torch.Tensor] | None = None  # single replica: pair of steps
+        self._prev_batch = 0
+        self._reset_step_measurements()
         self._state = _TrainingState(name, self)
         if checkpoint.load_state(self._state):
             LOG.info("restored model, optimizer and schedulers from the checkpoint")
+        self.register_comm_hook(self, _average_and_measure_hook)
+        self._install_step_wrapper()
+
+    def forward(self, *inputs: Any, **kwargs: Any) -> Any:
+        """Run the model; gradients are synchronised only on the last micro-batch of an
+        optimizer step (earlier ones accumulate locally)."""
+        loader = current_dataloader()
+        self.require_backward_grad_sync = loader is None or not loader.is_accumulation_step
+        return super().forward(*inputs, **kwargs)
+
+    # -- public measurements -------------------------------------------------------
+    @property
+    def gns(self) -> GradientNoiseScale | None:
+        """The gradient noise estimator (``sqr_avg()``, ``var_avg()``, ``gain(scale)``);
+        None until the first optimizer step inside a training loader loop."""
+        return self._gns
+
+    @property
+    def gain(self) -> float:
+        """The AdaScale gain of the current batch scale: how many steps at the initial
+        batch size one step is worth (1.0 before any estimate)."""
+        loader = current_dataloader() or _training_loader()
+        if self._gns is None or loader is None:
+            return 1.0
+        return float(self._gns.gain(loader.current_batch_size / loader._target_batch_size))
+
+    # -- the optimizer step ----------------------------------------------------------
+    def _install_step_wrapper(self) -> None:
+        optimizer = self.adaptdl_optimizer
+        ddp = self
+
+        def step(opt: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
+            return ddp._step(*args, **kwargs)
+
+        def zero_grad(opt: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
+            # Between micro-batches of one optimizer step the gradients must accumulate.
+            if ddp._accumulating:
+                return None
+            return ddp._zero_grad(*args, **kwargs)
+
+        self._below_wrapper = optimizer.__dict__.get("step")
+        self._inner_step = optimizer.step
+        if getattr(optimizer.step, "_wrapped_by_lr_sched", False):
+            # LR schedulers check this mark to know that step() is still theirs to count.
+            step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
+        self._zero_grad = optimizer.zero_grad
+        optimizer.step = types.MethodType(step, optimizer)  # type: ignore[method-assign]
+        optimizer.zero_grad = types.MethodType(zero_grad, optimizer)  # type: ignore[method-assign]
+
+    def _attach_rule(self, init_batch_size: int) -> None:
+        """Create the noise estimator (M0 is known once a training loader runs) and put
+        the scaling rule directly below our step wrapper."""
+        optimizer = self.adaptdl_optimizer
+        self._gns = GradientNoiseScale(init_batch_size)
+        if self._gns_saved is not None and self._gns_saved.get("init_batch_size") == init_batch_size:
+            self._gns.load_state_dict(self._gns_saved)
+        ours = optimizer.__dict__["step"]
+        if self._below_wrapper is None:
+            del optimizer.step
+        else:
+            optimizer.step = self._below_wrapper  # type: ignore[method-assign]
+        self.scaling_rule.attach(optimizer, self._gns)
+        self._inner_step = optimizer.step
+        optimizer.step = ours  # type: ignore[method-assign]
+
+    def _step(self, *args: Any, **kwargs: Any) -> Any:
+        loader = current_dataloader()
+        if loader is None:
+            return self._inner_step(*args, **kwargs)
+        if loader.is_accumulation_step:
+            self._accumulating = True
+            return None
+        self._accumulating = False
+        _metrics.metrics()  # make sure the metrics State exists before any checkpoint
+        if _training_loader() is None:
+            from adaptdl_core.torch import data as _data
+            _data._LOOPS.training = loader
+            _metrics.set_batch_size_limits(loader._target_batch_size, loader.max_batch_size,
+                                           loader.local_bsz_bounds,
+                                           loader._gradient_accumulation)
+        init_bsz = loader._target_batch_size
+        if self._gns is None:
+            self._attach_rule(init_bsz)
+        scale = loader.current_batch_size / init_bsz
+        self._update_noise(loader.current_batch_size)
+        self.scaling_rule.set_scale(scale)
+        result = self._inner_step(*args, **kwargs)
+        _metrics.add_progress(self._gns.accumulate_progress(scale))
+        if self._gns.num_updates:
+            _metrics.record_grad_params(self._gns.grad_params())
+        loader._stepped = True
+        return result
+
+    # -- gradient noise ----------------------------------------------------------------
+    def _reset_step_measurements(self) -> None:
+        self._local_sqr = 0.0     # sum over buckets of the replica-mean local |g_i|^2
+        self._total_sqr = 0.0     # sum over buckets of |mean g|^2
+        self._last_ready = 0.0    # when the last bucket was handed to the hook
+        self._last_done = 0.0     # when the last all-reduce finished
+
+    def _sqr_norm(self, params: list[torch.Tensor], flat: torch.Tensor) -> float:
+        if not self._precondition:
+            return float(flat.double().pow(2).sum().item())
+        total, offset = 0.0, 0
+        for param in params:
+            n = param.numel()
+            v, eps, bc2 = adam_preconditioner(self.adaptdl_optimizer, param)
+            total += preconditioned_sqr_norm(flat[offset:offset + n].view_as(param), v, eps, bc2)
+            offset += n
+        return total
+
+    def _update_noise(self, batch_size: int) -> None:
+        replicas = env.num_replicas()
+        if self._last_done > self._last_ready:
+            _metrics.record_sync_time(self._last_done - self._last_ready)
+        if replicas > 1:
+            self._gns.update(self._local_sqr, self._total_sqr, replicas, batch_size)
+        else:
+            # One gradient per step carries no noise information: pair consecutive steps
+            # (slightly biased, since the parameters moved in between).
+            grads = [p.grad.detach() for p in self.module.parameters() if p.grad is not None]
+            if self._prev_grads is None or self._prev_batch != batch_size:
+                self._prev_grads = [g.clone() for g in grads]
+                self._prev_batch = batch_size
+            else:
+                params = [p for p in self.module.parameters() if p.grad is not None]
+                local = total = 0.0
+                for p, g0, g1 in zip(params, self._prev_grads, grads):
+                    local += 0.5 * (self._sqr_norm([p], g0.reshape(-1)) +
+                                    self._sqr_norm([p], g1.reshape(-1)))
+                    total += self._sqr_norm([p], (0.5 * (g0 + g1)).reshape(-1))
+                self._gns.update(local, total, 2, 2 * batch_size)
+                self._prev_grads = None
+        self._reset_step_measurements()
+
+
+def _training_loader():
+    from adaptdl_core.torch import data as _data
+    return _data._LOOPS.training
+
+
+def _average_and_measure_hook(ddp, bucket):  # no annotations: DDP checks them as classes
+    """DDP communication hook: average the bucket over replicas and accumulation
+    micro-batches, and measure local/total squared gradient norms on the way.
+
+    The local squared norm rides along as one extra element of the all-reduced buffer,
+    so measuring the noise costs no extra collective.
+    """
+    loader = current_dataloader()
+    micro = loader.accumulation_steps + 1 if loader is not None else 1
+    replicas = env.num_replicas()
+    ddp._last_ready = time.perf_counter()
+    local_mean = bucket.buffer() / micro
+    params = list(bucket.parameters())
+    measure = replicas > 1 and loader is not None
+    local = ddp._sqr_norm(params, local_mean) if measure else 0.0
+    packed = torch.cat([local_mean / replicas,
+                        torch.tensor([local / replicas], dtype=local_mean.dtype,
+                                     device=local_mean.device)])
+    future = dist.all_reduce(packed, async_op=True).get_future()
+
+    def done(fut: torch.futures.Future) -> torch.Tensor:
+        reduced = fut.value()[0]
+        grads = reduced[:-1]
+        if measure:
+            ddp._local_sqr += float(reduced[-1].item())
+            ddp._total_sqr += ddp._sqr_norm(params, grads)
+        ddp._last_done = time.perf_counter()
+        return grads
+
+    return future.then(done)
 
 
 class _TrainingState(checkpoint.State):
@@ -71,6 +273,8 @@ class _TrainingState(checkpoint.State):
             "mp_scaler": (ddp.adaptdl_mp_scaler.state_dict()
                           if ddp.adaptdl_mp_scaler is not None else None),
             "torch_rng": torch.get_rng_state(),
+            "gns": ddp._gns.state_dict() if ddp._gns is not None else ddp._gns_saved,
+            "scaling_rule": ddp.scaling_rule.state_dict(),
         }, fileobj)
 
     def load(self, fileobj: IO[bytes]) -> None:
@@ -84,3 +288,6 @@ class _TrainingState(checkpoint.State):
         if ddp.adaptdl_mp_scaler is not None and data["mp_scaler"] is not None:
             ddp.adaptdl_mp_scaler.load_state_dict(data["mp_scaler"])
         torch.set_rng_state(data["torch_rng"].cpu())
+        ddp._gns_saved = data.get("gns")
+        if data.get("scaling_rule"):
+            ddp.scaling_rule.load_state_dict(data["scaling_rule"])

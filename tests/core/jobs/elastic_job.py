@@ -19,10 +19,10 @@ import adaptdl_core.torch as adl
 
 
 class IndexedData(torch.utils.data.Dataset):
-    def __init__(self, size: int):
+    def __init__(self, size: int, noise: float = 0.1):
         g = torch.Generator().manual_seed(1234)
         self.x = torch.randn(size, 4, generator=g)
-        self.y = self.x @ torch.tensor([1.0, -2.0, 0.5, 3.0]) + 0.1 * torch.randn(size, generator=g)
+        self.y = self.x @ torch.tensor([1.0, -2.0, 0.5, 3.0]) + noise * torch.randn(size, generator=g)
 
     def __len__(self):
         return len(self.x)
@@ -45,6 +45,9 @@ def main():
     p.add_argument("--die-rank", type=int, default=1)
     p.add_argument("--signal-file", default=None,
                    help="touch this file after the first batch (tests send signals then)")
+    p.add_argument("--autoscale", type=int, default=0, help="max batch size (0: fixed)")
+    p.add_argument("--accumulation", action="store_true")
+    p.add_argument("--noise", type=float, default=0.1, help="label noise (std)")
     p.add_argument("--sleep", type=float, default=0.0, help="seconds per batch")
     args = p.parse_args()
 
@@ -60,8 +63,11 @@ def main():
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.9)
     model = adl.AdaptiveDataParallel(model, opt, sched)
-    data = IndexedData(args.size)
+    data = IndexedData(args.size, args.noise)
     train = adl.AdaptiveDataLoader(data, batch_size=args.batch_size, shuffle=True)
+    if args.autoscale:
+        train.autoscale_batch_size(args.autoscale, local_bsz_bounds=(4, 64),
+                                   gradient_accumulation=args.accumulation)
     valid = adl.AdaptiveDataLoader(data, batch_size=args.batch_size)
     accum = adl.Accumulator()
     emit(event="start", replicas=env.num_replicas(), epoch=adl.finished_epochs())
@@ -76,7 +82,8 @@ def main():
             accum["train_loss"] += loss.item() * len(idx)
             accum["train_n"] += len(idx)
             emit(event="batch", epoch=epoch, idx=idx.tolist(), local_bsz=len(idx),
-                 index=train.current_index)
+                 index=train.current_index, batch_size=train.current_batch_size,
+                 accum=train.accumulation_steps, gain=model.gain)
             batches += 1
             if batches == 1 and args.signal_file and rank == 0:
                 open(args.signal_file, "w").close()

@@ -1,0 +1,221 @@
+"""Speedup functions: how much faster a job trains on ``(num_nodes, num_replicas)``.
+
+A speedup function is any callable ``f(num_nodes, num_replicas) -> speedups`` that accepts
+broadcastable integer arrays and returns a float array of the broadcast shape. The
+allocator (:mod:`adaptdl_core.policy.allocator`) only relies on that contract, plus two
+conventions both classes here follow:
+
+* ``num_replicas == 0`` gives speedup 0 (the job does not run);
+* speedup is non-increasing in ``num_nodes`` for a fixed ``num_replicas`` (spreading the
+  same replicas over more nodes never helps). The allocator's optimality bound assumes it.
+
+:class:`SpeedupFunction` derives the speedup from a fitted goodput model (Pollux:
+``SPEEDUP(N, K) = max goodput at (N, K) / max goodput at the base shape``).
+:class:`LinearSpeedup` is the prior for a job without a fitted model: linear in ``K`` up to
+twice the largest replica count the job has been profiled at (bounded exploration).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional, Protocol, Tuple, Union
+
+import numpy as np
+
+__all__ = ["SpeedupFunction", "LinearSpeedup", "GoodputOptimizer"]
+
+ArrayLike = Union[int, float, np.ndarray, "list[int]"]
+
+
+class GoodputOptimizer(Protocol):
+    """What :class:`SpeedupFunction` needs from a goodput model (e.g.
+    :class:`adaptdl_core.goodput.GoodputFunction`)."""
+
+    def optimize(self, num_nodes: Any, num_replicas: Any, max_batch_size: Optional[int] = None,
+                 atomic_bsz_range: Optional[Tuple[Optional[int], Optional[int]]] = None,
+                 accumulation: bool = False) -> Tuple[Any, Any, Any]:
+        """Best ``(goodput, atomic_bsz, accum_steps)`` per shape, vectorised; infeasible
+        shapes give goodput 0."""
+        ...
+
+
+def _as_shapes(num_nodes: ArrayLike, num_replicas: ArrayLike) -> Tuple[np.ndarray, np.ndarray]:
+    """Broadcast and validate ``(num_nodes, num_replicas)`` as int64 arrays.
+
+    Raises:
+        ValueError: for non-integral, non-finite or negative entries (the message names the
+            argument).
+    """
+    out = []
+    for name, value in (("num_nodes", num_nodes), ("num_replicas", num_replicas)):
+        arr = np.asarray(value)
+        if arr.dtype == bool or not (np.issubdtype(arr.dtype, np.integer)
+                                     or np.issubdtype(arr.dtype, np.floating)):
+            raise ValueError(f"{name} must be an integer array, got dtype {arr.dtype}")
+        if np.issubdtype(arr.dtype, np.floating):
+            if not np.all(np.isfinite(arr)) or np.any(arr != np.round(arr)):
+                raise ValueError(f"{name} must hold whole numbers, got {value!r}")
+        arr = arr.astype(np.int64)
+        if np.any(arr < 0):
+            raise ValueError(f"{name} must be >= 0, got {value!r}")
+        out.append(arr)
+    try:
+        nodes, replicas = np.broadcast_arrays(out[0], out[1])
+    except ValueError:
+        raise ValueError(f"num_nodes {out[0].shape} and num_replicas {out[1].shape} "
+                         "do not broadcast") from None
+    return nodes, replicas
+
+
+class SpeedupFunction:
+    """Speedup of a job from its goodput model, memoised per ``(num_nodes, num_replicas)``.
+
+    ``speedup(N, K) = best goodput at (N, K) / best goodput at the base shape``, where
+    "best" is over the batch configuration (atomic batch, accumulation steps) the goodput
+    model's ``optimize`` chooses under the given limits, and the base shape is one node with
+    ``base_replicas`` replicas (default 1; Pollux normalises by the job's fair share, for a
+    single-replica job that is one replica on one node). A shape with ``K == 0``, ``N == 0``
+    or ``N > K`` has speedup 0.
+
+    Each distinct shape is evaluated once and cached (a dense table grown on demand), so
+    repeated calls within and across allocation rounds cost a numpy gather. The goodput
+    model is treated as immutable: build a new ``SpeedupFunction`` when the model is refitted.
+
+    Args:
+        goodput_fn: an object with the ``optimize`` method of
+            :class:`adaptdl_core.goodput.GoodputFunction`.
+        max_batch_size: largest total batch (samples) the job accepts, passed to ``optimize``;
+            ``None`` keeps the initial batch size.
+        atomic_bsz_range: ``(lo, hi)`` bounds on the per-replica batch, passed on.
+        accumulation: whether gradient accumulation may be used, passed on.
+        base_replicas: replicas of the base shape (on one node), ``>= 1``.
+
+    Raises:
+        ValueError: if ``goodput_fn`` has no ``optimize`` method, ``base_replicas`` is not a
+            positive integer, or the goodput at the base shape is not a positive finite number
+            (the speedup would be undefined).
+    """
+
+    def __init__(self, goodput_fn: GoodputOptimizer, max_batch_size: Optional[int] = None,
+                 atomic_bsz_range: Optional[Tuple[Optional[int], Optional[int]]] = None,
+                 accumulation: bool = False, *, base_replicas: int = 1) -> None:
+        if not callable(getattr(goodput_fn, "optimize", None)):
+            raise ValueError("goodput_fn must have an optimize(num_nodes, num_replicas, ...) "
+                             f"method, got {type(goodput_fn).__name__}")
+        if (isinstance(base_replicas, bool) or not isinstance(base_replicas, (int, np.integer))
+                or base_replicas < 1):
+            raise ValueError(f"base_replicas must be an integer >= 1, got {base_replicas!r}")
+        self._goodput_fn = goodput_fn
+        self._max_batch_size = max_batch_size
+        self._atomic_bsz_range = atomic_bsz_range
+        self._accumulation = bool(accumulation)
+        self._base_replicas = int(base_replicas)
+        base = float(np.asarray(self._goodput(np.array([1]), np.array([self._base_replicas])))[0])
+        if not math.isfinite(base) or base <= 0.0:
+            raise ValueError(
+                f"goodput_fn: the goodput at the base shape (1 node, {self._base_replicas} "
+                f"replica(s)) must be positive and finite, got {base!r}; check max_batch_size "
+                "and atomic_bsz_range, or raise base_replicas")
+        self._base_goodput = base
+        # Dense cache: _table[N, K] is the speedup, NaN where not computed yet.
+        self._table = np.full((2, 2), np.nan)
+        self._table[:, 0] = 0.0
+
+    @property
+    def base_goodput(self) -> float:
+        """Best goodput (samples/s) at the base shape; speedups are relative to it."""
+        return self._base_goodput
+
+    def _goodput(self, nodes: np.ndarray, replicas: np.ndarray) -> np.ndarray:
+        goodput = self._goodput_fn.optimize(nodes, replicas, max_batch_size=self._max_batch_size,
+                                            atomic_bsz_range=self._atomic_bsz_range,
+                                            accumulation=self._accumulation)[0]
+        goodput = np.asarray(goodput, dtype=np.float64).reshape(nodes.shape)
+        # Infeasible shapes must read as "no progress", never as NaN/negative.
+        return np.where(np.isfinite(goodput) & (goodput > 0), goodput, 0.0)
+
+    def _grow(self, max_nodes: int, max_replicas: int) -> None:
+        rows, cols = self._table.shape
+        if max_nodes < rows and max_replicas < cols:
+            return
+        # Grow at least geometrically so that re-allocations stay logarithmic in the size.
+        new_cols = max(max_replicas + 1, 2 * cols) if max_replicas >= cols else cols
+        new_rows = (max(max_nodes + 1, min(2 * rows, new_cols)) if max_nodes >= rows
+                    else rows)
+        table = np.full((new_rows, new_cols), np.nan)
+        table[:, 0] = 0.0
+        table[:rows, :cols] = self._table
+        self._table = table
+
+    def __call__(self, num_nodes: ArrayLike, num_replicas: ArrayLike) -> np.ndarray:
+        """Speedup at each ``(num_nodes, num_replicas)`` (broadcast), as a float array.
+
+        Raises:
+            ValueError: for negative or non-integral inputs.
+        """
+        nodes, replicas = _as_shapes(num_nodes, num_replicas)
+        out = np.zeros(nodes.shape, dtype=np.float64)
+        ok = (replicas > 0) & (nodes >= 1) & (nodes <= replicas)
+        if not np.any(ok):
+            return out[()]
+        n_ok, k_ok = nodes[ok], replicas[ok]
+        self._grow(int(n_ok.max()), int(k_ok.max()))
+        values = self._table[n_ok, k_ok]
+        missing = np.isnan(values)
+        if np.any(missing):
+            pairs = np.unique(np.stack([n_ok[missing], k_ok[missing]]), axis=1)
+            self._table[pairs[0], pairs[1]] = self._goodput(pairs[0], pairs[1]) / self._base_goodput
+            values = self._table[n_ok, k_ok]
+        out[ok] = values
+        return out[()]
+
+    def __repr__(self) -> str:
+        return (f"SpeedupFunction(base_goodput={self._base_goodput:.4g}, "
+                f"max_batch_size={self._max_batch_size!r}, "
+                f"atomic_bsz_range={self._atomic_bsz_range!r}, "
+                f"accumulation={self._accumulation!r})")
+
+
+class LinearSpeedup:
+    """Prior speedup for a job without a fitted model: ``min(K, cap)``, independent of ``N``.
+
+    ``cap = 2 * max(max_profiled_replicas, 1)``: the job may be given up to twice the largest
+    replica count it has been seen at (Pollux's bounded exploration). Beyond the cap the
+    speedup is flat, so an optimiser gives it no extra replicas; once the job is profiled at
+    the larger count its fitted model (or a new prior with a larger cap) takes over. A shape
+    with ``K == 0``, ``N == 0`` or ``N > K`` has speedup 0.
+
+    Args:
+        max_profiled_replicas: the largest replica count the job has run at (``>= 0``; 0 for
+            a job that has not run yet, treated as 1).
+
+    Raises:
+        ValueError: if ``max_profiled_replicas`` is not an integer ``>= 0``.
+    """
+
+    def __init__(self, max_profiled_replicas: int) -> None:
+        if (isinstance(max_profiled_replicas, bool)
+                or not isinstance(max_profiled_replicas, (int, np.integer))
+                or max_profiled_replicas < 0):
+            raise ValueError("max_profiled_replicas must be an integer >= 0, got "
+                             f"{max_profiled_replicas!r}")
+        self._max_profiled = int(max_profiled_replicas)
+        self._cap = 2 * max(self._max_profiled, 1)
+
+    @property
+    def cap(self) -> int:
+        """The replica count beyond which the prior gives no further speedup."""
+        return self._cap
+
+    def __call__(self, num_nodes: ArrayLike, num_replicas: ArrayLike) -> np.ndarray:
+        """Speedup ``min(K, cap)`` at each shape (0 for invalid shapes), as a float array.
+
+        Raises:
+            ValueError: for negative or non-integral inputs.
+        """
+        nodes, replicas = _as_shapes(num_nodes, num_replicas)
+        ok = (replicas > 0) & (nodes >= 1) & (nodes <= replicas)
+        return np.where(ok, np.minimum(replicas, self._cap), 0).astype(np.float64)[()]
+
+    def __repr__(self) -> str:
+        return f"LinearSpeedup(max_profiled_replicas={self._max_profiled})"

@@ -1,0 +1,273 @@
+"""Step profiling, throughput-model fitting and scheduler hints for one job.
+
+The adaptive data loader reports the wall time of every micro-batch under the job's
+current shape ``(nodes, replicas, local batch)``; AdaptiveDataParallel reports the time
+its last gradient synchronisation kept the step waiting and the gradient statistics.
+From these this module fits the throughput model (cheaply, and first after a handful of
+steps rather than after tens of seconds), builds the goodput function that chooses the
+batch size, and publishes the scheduler hints. Everything lives in one checkpointed
+State (JSON), so the profile, the fitted model and the measured restart cost survive
+restarts and resizes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import IO, Any
+
+import numpy as np
+
+from adaptdl_core import checkpoint, env
+from adaptdl_core.goodput import GoodputFunction, GradParams, PerfParams, fit_perf_params
+from adaptdl_core.sched_hints import SchedHints
+
+LOG = logging.getLogger(__name__)
+
+# Refit after this many new optimizer steps have been profiled...
+REFIT_EVERY_STEPS = 10
+# ...but never more often than this (a fit costs ~20 ms).
+REFIT_MIN_INTERVAL_S = 1.0
+# First fit as soon as this many steps are profiled.
+FIRST_FIT_STEPS = 3
+
+
+class _Metrics(checkpoint.State):
+    """The job's profile and models (replica 0's copy is the one saved)."""
+
+    def __init__(self) -> None:
+        super().__init__("adaptdl-metrics")
+        # "nodes,replicas,local_bsz" -> sums of measured times and counts.
+        self.profile: dict[str, dict[str, float]] = {}
+        self.perf_params: PerfParams | None = None
+        self.grad_params: GradParams | None = None
+        self.init_batch_size: int | None = None
+        self.max_batch_size: int | None = None
+        self.local_bsz_bounds: tuple[int | None, int | None] | None = None
+        self.gradient_accumulation = False
+        self.restart_cost_s: float | None = None
+        self.checkpoint_walltime: float | None = None
+        # Statistical progress in steps at the initial batch size (M0-equivalent steps).
+        self.progress = 0.0
+        # Not saved: bookkeeping of this run.
+        self.steps_since_fit = 0
+        self.last_fit_time = 0.0
+        self.restored = False
+        self.pending_sync_s = 0.0
+        self.progress_from_gain = False  # AdaptiveDataParallel counts progress by gain
+
+    def save(self, fileobj: IO[bytes]) -> None:
+        checkpoint.dump_json({
+            "profile": self.profile,
+            "perf_params": list(self.perf_params) if self.perf_params else None,
+            "grad_params": list(self.grad_params) if self.grad_params else None,
+            "init_batch_size": self.init_batch_size,
+            "max_batch_size": self.max_batch_size,
+            "local_bsz_bounds": list(self.local_bsz_bounds) if self.local_bsz_bounds else None,
+            "gradient_accumulation": self.gradient_accumulation,
+            "restart_cost_s": self.restart_cost_s,
+            "progress": self.progress,
+            "checkpoint_walltime": time.time(),
+        }, fileobj)
+
+    def load(self, fileobj: IO[bytes]) -> None:
+        data = checkpoint.load_json(fileobj)
+        self.profile = data["profile"]
+        self.perf_params = PerfParams(*data["perf_params"]) if data["perf_params"] else None
+        self.grad_params = GradParams(*data["grad_params"]) if data["grad_params"] else None
+        self.init_batch_size = data["init_batch_size"]
+        self.max_batch_size = data["max_batch_size"]
+        bounds = data["local_bsz_bounds"]
+        self.local_bsz_bounds = tuple(bounds) if bounds else None  # type: ignore[assignment]
+        self.gradient_accumulation = bool(data["gradient_accumulation"])
+        self.restart_cost_s = data["restart_cost_s"]
+        self.checkpoint_walltime = data["checkpoint_walltime"]
+        self.progress = float(data["progress"])
+        self.restored = True
+
+
+class _HintsState(checkpoint.State):
+    """The scheduler hints as a JSON file of every checkpoint (``sched-hints.json``), so a
+    scheduler can read them without torch."""
+
+    def __init__(self) -> None:
+        super().__init__("sched-hints.json")
+
+    def save(self, fileobj: IO[bytes]) -> None:
+        maybe_refit(force=True)
+        hints = sched_hints()
+        fileobj.write((hints.to_json() if hints else "null").encode("utf-8"))
+
+    def load(self, fileobj: IO[bytes]) -> None:
+        pass  # Derived from adaptdl-metrics; nothing to restore.
+
+
+_METRICS: _Metrics | None = None
+
+
+def _reset() -> None:
+    global _METRICS
+    _METRICS = None
+
+
+checkpoint._RESET_HOOKS.append(_reset)
+
+
+def metrics() -> _Metrics:
+    """The job's metrics State, created and restored on first use."""
+    global _METRICS
+    if _METRICS is None:
+        _METRICS = _Metrics()
+        _HintsState()
+        checkpoint.load_state(_METRICS)
+    return _METRICS
+
+
+def _key(nodes: int, replicas: int, local_bsz: int) -> str:
+    return f"{nodes},{replicas},{local_bsz}"
+
+
+def set_batch_size_limits(init_batch_size: int, max_batch_size: int | None,
+                          local_bsz_bounds: tuple[int | None, int | None] | None,
+                          gradient_accumulation: bool) -> None:
+    """Record the training loader's batch size settings (for goodput and hints)."""
+    m = metrics()
+    m.init_batch_size = int(init_batch_size)
+    m.max_batch_size = max_batch_size
+    m.local_bsz_bounds = local_bsz_bounds
+    m.gradient_accumulation = bool(gradient_accumulation)
+
+
+def record_sync_time(seconds: float) -> None:
+    """Called by AdaptiveDataParallel: seconds the last step waited for gradient sync."""
+    metrics().pending_sync_s = float(seconds)
+
+
+def record_grad_params(grad_params: GradParams) -> None:
+    """Called by AdaptiveDataParallel after every optimizer step with fresh estimates."""
+    metrics().grad_params = grad_params
+
+
+def add_progress(gain: float) -> None:
+    """Called by AdaptiveDataParallel after each optimizer step: the step advanced the
+    training by ``gain`` steps at the initial batch size (the AdaScale gain)."""
+    m = metrics()
+    m.progress_from_gain = True
+    m.progress += float(gain)
+
+
+def advance_progress_without_model(scale: float) -> None:
+    """Count progress by samples (``scale`` = batch / initial batch) when no
+    AdaptiveDataParallel measures the gain, so that epochs still end."""
+    m = metrics()
+    if not m.progress_from_gain:
+        m.progress += float(scale)
+
+
+def profile_micro_batch(seconds: float, local_bsz: int, optimizer_step: bool) -> None:
+    """Record one training micro-batch that took ``seconds`` of wall time.
+
+    Arguments:
+        seconds: time from handing out the batch to the next batch boundary.
+        local_bsz: the batch's per-replica size.
+        optimizer_step: True if the micro-batch ended an optimizer step (with gradient
+            sync), False for a gradient accumulation micro-batch.
+    """
+    m = metrics()
+    if m.restored and m.checkpoint_walltime is not None:
+        # First step after a restart: how long the whole restart took, checkpoint to here.
+        cost = max(time.time() - m.checkpoint_walltime, 0.0)
+        m.restart_cost_s = cost if m.restart_cost_s is None else 0.5 * (m.restart_cost_s + cost)
+        m.restored = False
+        LOG.info("measured restart cost: %.1f s", cost)
+    entry = m.profile.setdefault(_key(env.num_nodes(), env.num_replicas(), local_bsz),
+                                 {"accum_n": 0, "accum_t": 0.0, "optim_n": 0, "optim_t": 0.0,
+                                  "sync_t": 0.0})
+    if optimizer_step:
+        entry["optim_n"] += 1
+        entry["optim_t"] += seconds
+        entry["sync_t"] += min(m.pending_sync_s, seconds)
+        m.pending_sync_s = 0.0
+        m.steps_since_fit += 1
+        if env.replica_rank() == 0:
+            maybe_refit()
+    else:
+        entry["accum_n"] += 1
+        entry["accum_t"] += seconds
+
+
+def _profile_arrays(profile: dict[str, dict[str, float]]) -> tuple[np.ndarray, ...]:
+    rows = []
+    for key, e in profile.items():
+        if e["optim_n"] == 0:
+            continue
+        nodes, replicas, bsz = (int(v) for v in key.split(","))
+        optim = e["optim_t"] / e["optim_n"]
+        if e["accum_n"] > 0:
+            compute = e["accum_t"] / e["accum_n"]
+        else:
+            # No accumulation measured: compute time is the step minus its sync wait.
+            compute = max(optim - e["sync_t"] / e["optim_n"], 0.5 * optim)
+        rows.append((nodes, replicas, bsz, compute, optim))
+    return tuple(np.array(col) for col in zip(*rows)) if rows else ()
+
+
+def maybe_refit(force: bool = False) -> bool:
+    """Refit the throughput model if enough new steps were profiled since the last fit.
+
+    Returns:
+        True if a new model was fitted.
+    """
+    m = metrics()
+    due = (m.perf_params is None and m.steps_since_fit >= FIRST_FIT_STEPS) or \
+        (m.steps_since_fit >= REFIT_EVERY_STEPS
+         and time.monotonic() - m.last_fit_time >= REFIT_MIN_INTERVAL_S)
+    if not (due or force):
+        return False
+    arrays = _profile_arrays(m.profile)
+    if not arrays:
+        return False
+    try:
+        m.perf_params = fit_perf_params(*arrays)
+    except ValueError as exc:  # e.g. a degenerate profile; keep the previous model
+        LOG.debug("throughput fit skipped: %s", exc)
+        return False
+    m.steps_since_fit = 0
+    m.last_fit_time = time.monotonic()
+    return True
+
+
+def goodput_fn() -> GoodputFunction | None:
+    """The job's current goodput model, or None before it has both a throughput fit and
+    gradient statistics."""
+    m = metrics()
+    if m.perf_params is None or m.grad_params is None or m.init_batch_size is None:
+        return None
+    return GoodputFunction(m.perf_params, m.grad_params, m.init_batch_size)
+
+
+def sched_hints() -> SchedHints | None:
+    """What this job tells a scheduler (None before the training loader is known)."""
+    m = metrics()
+    if m.init_batch_size is None:
+        return None
+    shapes = [tuple(int(v) for v in key.split(",")) for key, e in m.profile.items()
+              if e["optim_n"] > 0]
+    return SchedHints(
+        perf_params=m.perf_params,
+        grad_params=m.grad_params,
+        init_batch_size=m.init_batch_size,
+        max_batch_size=m.max_batch_size,
+        local_bsz_bounds=m.local_bsz_bounds,
+        gradient_accumulation=m.gradient_accumulation,
+        max_profiled_replicas=max((s[1] for s in shapes), default=0),
+        max_profiled_nodes=max((s[0] for s in shapes), default=0),
+        restart_cost_s=m.restart_cost_s,
+    )
+
+
+def describe() -> dict[str, Any]:
+    """A flat summary for logs and reporters (fitted model presence, steps profiled)."""
+    m = metrics()
+    return {"profiled_shapes": len(m.profile), "fitted": m.perf_params is not None,
+            "restart_cost_s": m.restart_cost_s}

@@ -1,0 +1,487 @@
+"""Gradient noise scale and AdaScale gain: the statistical-efficiency half of goodput.
+
+Notation (see ``shared/design/ALGORITHMS.md`` section 2): ``G`` is the true (expected)
+gradient, ``Sigma`` the covariance of a single-sample gradient, ``M0`` the user's initial
+total batch size and ``M`` the total batch of one optimizer step (``r = M / M0``).
+
+A gradient averaged over ``b`` samples has ``E|g|^2 = |G|^2 + tr(Sigma) / b``. Given ``n``
+independent gradients ``g_1..g_n`` of ``b = M / n`` samples each (replicas and/or
+accumulation micro-batches) and their average ``g``, with ``local = mean_i |g_i|^2`` and
+``total = |g|^2``, the two-batch estimators
+
+* ``sqr = (n * total - local) / (n - 1)``  (unbiased for ``|G|^2``)
+* ``var = (local - total) * (M / M0) / (n - 1)``  (unbiased for ``tr(Sigma) / M0``)
+
+are computed every step and smoothed by :class:`GradientNoiseScale`. Nothing here needs a
+process group: the caller (``AdaptiveDataParallel``'s communication hook) measures the
+two squared norms and hands them over as floats.
+
+Also here: the Adam preconditioning helpers (:func:`preconditioned_sqr_norm`,
+:func:`adam_preconditioner`, :func:`is_adam_family`) so that for Adam-type optimizers the
+noise can be measured in the space the optimizer actually steps in.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Tuple
+
+import torch
+
+if TYPE_CHECKING:  # imported lazily at run time (see grad_params)
+    from adaptdl_core.goodput import GradParams
+
+__all__ = [
+    "GradientNoiseScale",
+    "preconditioned_sqr_norm",
+    "adam_preconditioner",
+    "is_adam_family",
+]
+
+# Smallest value reported by ``var_avg`` (and absolute floor of ``sqr_avg``).
+_TINY = 1e-30
+# ``sqr_avg`` never drops below this fraction of ``var_avg``: caps the noise scale at
+# 1e6 * M0 samples. Only matters for degenerate streams (every raw |G|^2 exactly 0).
+_MIN_SQR_TO_VAR = 1e-6
+_STATE_VERSION = 1
+
+
+def _as_float(name: str, value: Any) -> float:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number, got {value!r}") from None
+    return out
+
+
+class GradientNoiseScale:
+    """Running estimates of ``|G|^2`` and ``tr(Sigma) / M0`` and what follows from them.
+
+    Feed it one measurement per optimizer step with :meth:`update`; read the smoothed
+    estimates with :meth:`sqr_avg` / :meth:`var_avg`, the AdaScale gain with :meth:`gain`,
+    the noise scale with :meth:`noise_scale` and the statistical efficiency with
+    :meth:`efficiency`. :attr:`progress` counts training progress in "M0-equivalent
+    steps" (advanced by :meth:`accumulate_progress`).
+
+    **Smoothing.** Each raw estimate goes into an exponential moving average whose decay
+    for a step of total batch ``M`` is ``smoothing ** (M / M0)``: the forgetting rate is
+    constant per *sample*, so a step at 4x the batch counts as much as 4 steps at ``M0``.
+    The averages are bias-corrected like Adam's moments (divided by the total weight given
+    so far), so the estimate after the first update equals the first raw estimate.
+
+    **Floor on |G|^2 (against "perfect scaling").** With little signal, the raw ``sqr``
+    estimates scatter around a value near (or below) zero, and a smoothed value that is
+    clipped at zero would make ``gain(r) == r``: every step would count as ``r`` steps.
+    Instead :meth:`sqr_avg` is floored at ``sqr_floor_fraction`` (default 0.25) times a
+    bias-corrected EMA of ``|raw sqr|``, the typical size of one step's raw estimate. When
+    there is real signal this EMA is about ``|G|^2`` itself and the floor never binds; in
+    pure noise it is the per-step noise of the estimator, so the reported ``|G|^2`` is never
+    smaller than what a single step could resolve. Consequence: the noise scale is capped
+    at about ``M * sqrt(d_eff) / (1.5 * sqr_floor_fraction)`` samples (``M`` the batch
+    measured at, ``d_eff = tr(Sigma)^2 / tr(Sigma^2)`` the effective dimension of the
+    gradient noise), ``2.7 * M * sqrt(d_eff)`` by default: the efficiency reported at the
+    measured batch is at least ~0.7 of what a perfect estimator would give, extrapolation
+    to much larger batches is pessimistic (never optimistic), and the cap rises as the
+    batch grows and the measurement sharpens. Example: pure noise (``|G|^2 = 0``) measured
+    at ``M0`` with ``d_eff = 4`` gives ``gain(32)`` about 5-6 instead of 32. A second floor
+    keeps ``sqr_avg >= 1e-6 * var_avg``.
+
+    Args:
+        init_batch_size: ``M0``, the user's initial total batch size (integer ``>= 1``).
+        smoothing: per-``M0``-samples EMA decay in ``(0, 1)``; 0.999 averages over roughly
+            the last ``1000 * M0`` samples.
+        sqr_floor_fraction: the fraction (``>= 0``, keyword only) described above; 0 turns
+            the relative floor off.
+
+    Raises:
+        ValueError: for an out-of-range argument.
+    """
+
+    def __init__(self, init_batch_size: int, smoothing: float = 0.999, *,
+                 sqr_floor_fraction: float = 0.25) -> None:
+        if isinstance(init_batch_size, bool) or not isinstance(init_batch_size, int) \
+                or init_batch_size < 1:
+            raise ValueError(f"init_batch_size must be an integer >= 1, got {init_batch_size!r}")
+        smoothing = _as_float("smoothing", smoothing)
+        if not 0.0 < smoothing < 1.0:
+            raise ValueError(f"smoothing must be in (0, 1), got {smoothing!r}")
+        sqr_floor_fraction = _as_float("sqr_floor_fraction", sqr_floor_fraction)
+        if not (math.isfinite(sqr_floor_fraction) and sqr_floor_fraction >= 0.0):
+            raise ValueError(f"sqr_floor_fraction must be >= 0, got {sqr_floor_fraction!r}")
+        self._init_batch_size = init_batch_size
+        self._smoothing = smoothing
+        self._floor_fraction = sqr_floor_fraction
+        #: Training progress in M0-equivalent optimizer steps (see :meth:`accumulate_progress`).
+        self.progress: float = 0.0
+        self._reset_estimates()
+
+    def _reset_estimates(self) -> None:
+        # Biased EMAs (Adam's m without the bias correction) and the total weight ``_weight``
+        # they carry (the bias correction); ``_weight_sq`` = sum of squared weights / M,
+        # for the effective sample size.
+        self._sqr_ema = 0.0
+        self._var_ema = 0.0
+        self._abs_sqr_ema = 0.0
+        self._weight = 0.0
+        self._weight_sq = 0.0
+        self._num_updates = 0
+        self._num_skipped = 0
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def init_batch_size(self) -> int:
+        """``M0``, the initial total batch size (samples)."""
+        return self._init_batch_size
+
+    @property
+    def smoothing(self) -> float:
+        """The per-``M0``-samples EMA decay."""
+        return self._smoothing
+
+    @property
+    def num_updates(self) -> int:
+        """Number of measurements accepted by :meth:`update`."""
+        return self._num_updates
+
+    @property
+    def num_skipped(self) -> int:
+        """Number of measurements rejected by :meth:`update` as non-finite."""
+        return self._num_skipped
+
+    @property
+    def has_estimate(self) -> bool:
+        """Whether at least one measurement has been accepted."""
+        return self._weight > 0.0
+
+    # ------------------------------------------------------------------ updates
+
+    def update(self, local_sqr: float, total_sqr: float, num_grads: int,
+               batch_size: int) -> None:
+        """Add one optimizer step's measurement.
+
+        Args:
+            local_sqr: ``mean_i |g_i|^2`` over the ``num_grads`` independent gradients
+                (each the mean gradient of ``batch_size / num_grads`` samples).
+            total_sqr: ``|mean_i g_i|^2``, the squared norm of their average (the gradient
+                actually applied).
+            num_grads: ``n >= 2``, the number of independent gradients. With a single
+                gradient per step the caller must pair it with another one (e.g. the
+                previous step's, passing ``num_grads=2`` and ``batch_size`` = the two
+                steps' total): ``n == 1`` carries no information about the noise. (Pairs
+                of consecutive steps are slightly biased, the parameters differ; updating
+                with overlapping pairs every step counts each sample twice in the decay,
+                i.e. halves the averaging window.)
+            batch_size: ``M``, the total number of samples behind the ``n`` gradients
+                (``>= num_grads``).
+
+        A measurement with a non-finite norm (AMP overflow, NaN) is skipped and counted in
+        :attr:`num_skipped`; the estimates are left untouched.
+
+        Raises:
+            ValueError: if ``num_grads < 2``, ``batch_size < num_grads``, a norm is
+                negative, or an argument is not a number.
+        """
+        try:
+            n = int(num_grads)
+            integral = not isinstance(num_grads, bool) and n == num_grads
+        except (TypeError, ValueError, OverflowError):
+            integral = False
+        if not integral:
+            raise ValueError(f"num_grads must be an integer, got {num_grads!r}")
+        if n < 2:
+            raise ValueError(
+                f"num_grads must be >= 2 (got {num_grads!r}): one gradient cannot separate "
+                "signal from noise; pair it with another independent gradient (e.g. the "
+                "previous step's) and pass num_grads=2")
+        m = _as_float("batch_size", batch_size)
+        if not (math.isfinite(m) and m >= n):
+            raise ValueError(f"batch_size must be >= num_grads ({n}), got {batch_size!r}")
+        local = _as_float("local_sqr", local_sqr)
+        total = _as_float("total_sqr", total_sqr)
+        if not (math.isfinite(local) and math.isfinite(total)):
+            self._num_skipped += 1
+            return
+        if local < 0.0 or total < 0.0:
+            raise ValueError(f"squared norms must be >= 0, got local_sqr={local_sqr!r}, "
+                             f"total_sqr={total_sqr!r}")
+        scale = m / self._init_batch_size
+        sqr = (n * total - local) / (n - 1)
+        var = (local - total) * scale / (n - 1)
+        if not (math.isfinite(sqr) and math.isfinite(var)):  # overflow of huge inputs
+            self._num_skipped += 1
+            return
+        decay = self._smoothing ** scale
+        keep = 1.0 - decay
+        self._sqr_ema = decay * self._sqr_ema + keep * sqr
+        self._var_ema = decay * self._var_ema + keep * var
+        self._abs_sqr_ema = decay * self._abs_sqr_ema + keep * abs(sqr)
+        self._weight = decay * self._weight + keep
+        self._weight_sq = decay * decay * self._weight_sq + keep * keep / m
+        self._num_updates += 1
+
+    # ------------------------------------------------------------------ estimates
+
+    def sqr_avg(self) -> float:
+        """Smoothed estimate of ``|G|^2`` (squared gradient units), always ``> 0``.
+
+        It is the bias-corrected EMA of the raw estimates, floored at
+        ``sqr_floor_fraction`` times the EMA of their absolute values and at
+        ``1e-6 * var_avg()`` (see the class docstring). Returns 0.0 before any measurement.
+        """
+        if not self.has_estimate:
+            return 0.0
+        raw = self._sqr_ema / self._weight
+        floor = self._floor_fraction * self._abs_sqr_ema / self._weight
+        return max(raw, floor, _MIN_SQR_TO_VAR * self.var_avg(), _TINY)
+
+    def raw_sqr_avg(self) -> float:
+        """The bias-corrected EMA of the raw ``|G|^2`` estimates, without any floor (may be
+        ``<= 0``); 0.0 before any measurement. For diagnostics only."""
+        return self._sqr_ema / self._weight if self.has_estimate else 0.0
+
+    def var_avg(self) -> float:
+        """Smoothed estimate of ``tr(Sigma) / M0``: the variance (summed over coordinates) of
+        a gradient averaged over ``M0`` samples. Floored at ``1e-30``; 0.0 before any
+        measurement."""
+        if not self.has_estimate:
+            return 0.0
+        return max(self._var_ema / self._weight, _TINY)
+
+    def gain(self, scale: float) -> float:
+        """AdaScale gain ``(var + sqr) / (var / scale + sqr)`` for batch scale ``scale =
+        M / M0``: how many ``M0``-batch steps one step at batch ``M`` is worth.
+
+        For ``scale >= 1`` the result lies in ``[1, scale]`` (for ``0 < scale < 1`` in
+        ``[scale, 1]``). Before any measurement, or when no gradient noise has been measured
+        (``var_avg()`` at its floor), returns 1.0: no evidence that a larger batch helps.
+
+        Raises:
+            ValueError: if ``scale`` is not a finite number ``> 0``.
+        """
+        r = _as_float("scale", scale)
+        if not (math.isfinite(r) and r > 0.0):
+            raise ValueError(f"scale must be a finite number > 0, got {scale!r}")
+        if not self.has_estimate or self._var_ema / self._weight <= _TINY:
+            return 1.0
+        var = self.var_avg()
+        sqr = self.sqr_avg()
+        g = (var + sqr) / (var / r + sqr)
+        lo, hi = min(1.0, r), max(1.0, r)
+        return min(max(g, lo), hi)
+
+    def noise_scale(self) -> float:
+        """The gradient noise scale ``phi = M0 * var / sqr`` in samples (McCandlish's
+        ``B_simple``): batches much smaller than ``phi`` scale almost perfectly, batches much
+        larger are wasteful. 0.0 before any measurement."""
+        if not self.has_estimate:
+            return 0.0
+        return self._init_batch_size * self.var_avg() / self.sqr_avg()
+
+    def efficiency(self, batch_size: float) -> float:
+        """Statistical efficiency ``E(M) = gain(M / M0) / (M / M0)`` in ``(0, 1]``: the value
+        of one sample at total batch ``M`` in units of a sample at ``M0``. Batches at or
+        below ``M0`` get 1 (as in :meth:`adaptdl_core.goodput.GoodputFunction.efficiency`).
+
+        Raises:
+            ValueError: if ``batch_size`` is not a finite number ``> 0``.
+        """
+        m = _as_float("batch_size", batch_size)
+        if not (math.isfinite(m) and m > 0.0):
+            raise ValueError(f"batch_size must be a finite number > 0, got {batch_size!r}")
+        r = max(m / self._init_batch_size, 1.0)
+        return self.gain(r) / r
+
+    def confidence(self) -> float:
+        """Effective number of samples behind the current estimates (0.0 before any).
+
+        This is Kish's effective sample size of the EMA, with each step's measurement
+        treated as carrying information in proportion to its batch ``M``:
+        ``(sum_k w_k)^2 / sum_k (w_k^2 / M_k)`` with ``w_k`` the EMA weights. After the first
+        update it equals that step's ``M``; at a steady batch it tends to
+        ``M * (1 + d) / (1 - d)`` with ``d = smoothing ** (M / M0)``, about
+        ``2 / (1 - smoothing) * M0`` (2000 ``M0`` for the default) whatever ``M``. It is a
+        heuristic amount of evidence (the estimators' variance also depends on the number
+        of gradients ``n``), useful to hold off decisions until it reaches a few ``M0``.
+        """
+        if self._weight_sq <= 0.0:
+            return 0.0
+        return self._weight * self._weight / self._weight_sq
+
+    def grad_params(self) -> "GradParams":
+        """The estimates as ``adaptdl_core.goodput.GradParams(sqr=sqr_avg(),
+        var=var_avg())`` (``(0.0, 0.0)`` before any measurement, which the goodput model
+        treats as "no benefit from larger batches")."""
+        from adaptdl_core.goodput import GradParams  # lazy: keep this module light
+
+        return GradParams(self.sqr_avg(), self.var_avg())
+
+    # ------------------------------------------------------------------ progress
+
+    def accumulate_progress(self, scale: float) -> float:
+        """Advance :attr:`progress` by ``gain(scale)`` and return the increment.
+
+        Call it once per optimizer step with that step's ``scale = M / M0``. (An epoch of
+        adaptive training ends when ``progress`` reaches ``len(dataset) / M0`` times the
+        number of epochs.)
+
+        Raises:
+            ValueError: as :meth:`gain`.
+        """
+        g = self.gain(scale)
+        self.progress += g
+        return g
+
+    # ------------------------------------------------------------------ state
+
+    def state_dict(self) -> Dict[str, Any]:
+        """The full state as a dict of plain Python ``int``/``float`` (JSON- and
+        ``torch.load(weights_only=True)``-safe)."""
+        return {
+            "version": _STATE_VERSION,
+            "init_batch_size": int(self._init_batch_size),
+            "progress": float(self.progress),
+            "sqr_ema": float(self._sqr_ema),
+            "var_ema": float(self._var_ema),
+            "abs_sqr_ema": float(self._abs_sqr_ema),
+            "weight": float(self._weight),
+            "weight_sq": float(self._weight_sq),
+            "num_updates": int(self._num_updates),
+            "num_skipped": int(self._num_skipped),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore a state from :meth:`state_dict`.
+
+        ``smoothing`` and ``sqr_floor_fraction`` stay those of this object. If the state was
+        saved with a different ``init_batch_size``, the quantities measured in ``M0`` units
+        (the variance and ``progress``) are converted to this object's ``M0``.
+
+        Raises:
+            ValueError: if the state is malformed (missing keys, non-finite values, unknown
+                version); the object is then left unchanged.
+        """
+        try:
+            version = int(state["version"])
+            if version != _STATE_VERSION:
+                raise ValueError(f"unknown GradientNoiseScale state version {version}")
+            old_m0 = int(state["init_batch_size"])
+            values = {key: float(state[key]) for key in
+                      ("progress", "sqr_ema", "var_ema", "abs_sqr_ema", "weight",
+                       "weight_sq")}
+            counts = {key: int(state[key]) for key in ("num_updates", "num_skipped")}
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"malformed GradientNoiseScale state: {exc!r}") from None
+        if old_m0 < 1 or not all(math.isfinite(v) for v in values.values()) \
+                or values["weight"] < 0 or values["weight_sq"] < 0:
+            raise ValueError("malformed GradientNoiseScale state: bad values")
+        ratio = old_m0 / self._init_batch_size  # var and progress are per-M0 quantities
+        self.progress = values["progress"] * ratio
+        self._sqr_ema = values["sqr_ema"]
+        self._var_ema = values["var_ema"] * ratio
+        self._abs_sqr_ema = values["abs_sqr_ema"]
+        self._weight = values["weight"]
+        self._weight_sq = values["weight_sq"]
+        self._num_updates = counts["num_updates"]
+        self._num_skipped = counts["num_skipped"]
+
+    def __repr__(self) -> str:
+        return (f"GradientNoiseScale(init_batch_size={self._init_batch_size}, "
+                f"sqr={self.sqr_avg():.4g}, var={self.var_avg():.4g}, "
+                f"progress={self.progress:.4g}, updates={self._num_updates})")
+
+
+# ---------------------------------------------------------------------- Adam helpers
+
+def is_adam_family(optimizer: Any) -> bool:
+    """Whether ``optimizer`` preconditions by ``sqrt(v_hat) + eps`` with an ``exp_avg_sq``
+    state, Adam-style: ``torch.optim.Adam``, ``AdamW``, ``NAdam``, ``RAdam`` and their
+    subclasses.
+
+    Left out on purpose: ``Adamax`` (infinity-norm second moment, no ``exp_avg_sq``),
+    ``SparseAdam`` (sparse updates), ``Adagrad``/``RMSprop`` (no bias-corrected EMA); these
+    are treated like SGD (AdaScale, plain-gradient noise). For RAdam the preconditioner
+    is only used once its variance rectification switches on (after about 5 steps); the
+    noise is still measured in the preconditioned space, a close approximation.
+    """
+    return isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW, torch.optim.NAdam,
+                                  torch.optim.RAdam))
+
+
+def preconditioned_sqr_norm(grad: torch.Tensor, exp_avg_sq: Optional[torch.Tensor],
+                            eps: float, bias_correction2: float) -> float:
+    """Squared norm of ``grad`` in Adam's preconditioned space:
+    ``sum((grad / (sqrt(exp_avg_sq / bias_correction2) + eps)) ** 2)``.
+
+    Args:
+        grad: a gradient (any shape, any float dtype, any device).
+        exp_avg_sq: Adam's (biased) second-moment state for the same parameter, or
+            ``None`` before the first optimizer step; then the plain ``|grad|^2`` is
+            returned.
+        eps: Adam's ``eps`` (``>= 0``).
+        bias_correction2: ``1 - beta2 ** step`` (in ``(0, 1]``).
+
+    Returns:
+        A Python float. Elementwise work is done in float32 (float64 for float64 input),
+        the sum is accumulated in float64: the two-batch estimators subtract nearly equal
+        norms, so accumulation error matters. On a CUDA tensor this synchronises.
+
+    Raises:
+        ValueError: if the shapes differ, ``eps < 0`` or ``bias_correction2`` is not in
+            ``(0, 1]``.
+    """
+    g = grad.detach()
+    work = torch.float64 if g.dtype == torch.float64 else torch.float32
+    if exp_avg_sq is None:
+        if not g.numel():
+            return 0.0
+        return float(g.to(work).pow(2).sum(dtype=torch.float64).item())
+    if tuple(exp_avg_sq.shape) != tuple(g.shape):
+        raise ValueError(f"exp_avg_sq shape {tuple(exp_avg_sq.shape)} != grad shape "
+                         f"{tuple(g.shape)}")
+    eps = float(eps)
+    bc2 = float(bias_correction2)
+    if not (eps >= 0.0 and math.isfinite(eps)):
+        raise ValueError(f"eps must be >= 0, got {eps!r}")
+    if not 0.0 < bc2 <= 1.0:
+        raise ValueError(f"bias_correction2 must be in (0, 1], got {bias_correction2!r}")
+    if not g.numel():
+        return 0.0
+    gw = g.to(work)
+    denom = exp_avg_sq.detach().to(device=gw.device, dtype=work).div(bc2).sqrt_()
+    denom.add_(eps)
+    return float(gw.div(denom).pow_(2).sum(dtype=torch.float64).item())
+
+
+def adam_preconditioner(optimizer: torch.optim.Optimizer, param: torch.Tensor
+                        ) -> Tuple[Optional[torch.Tensor], float, float]:
+    """The arguments of :func:`preconditioned_sqr_norm` for one parameter of an
+    Adam-family optimizer: ``(exp_avg_sq, eps, bias_correction2)``.
+
+    ``exp_avg_sq`` is ``max_exp_avg_sq`` for AMSGrad groups (what Adam divides by) and
+    ``None`` while the parameter has no state yet (before its first step), in which case
+    ``bias_correction2`` is 1.0.
+
+    Raises:
+        ValueError: if ``param`` is not in any of the optimizer's groups, or the group has
+            no ``betas``/``eps`` (not an Adam-family optimizer).
+    """
+    for group in optimizer.param_groups:
+        if any(p is param for p in group["params"]):
+            break
+    else:
+        raise ValueError("param is not managed by this optimizer")
+    if "betas" not in group or "eps" not in group:
+        raise ValueError(f"{type(optimizer).__name__} is not an Adam-family optimizer")
+    eps = float(group["eps"])
+    state = optimizer.state.get(param, {})
+    key = "max_exp_avg_sq" if group.get("amsgrad", False) else "exp_avg_sq"
+    v = state.get(key)
+    step = state.get("step")
+    if v is None or step is None:
+        return None, eps, 1.0
+    step_f = float(step.item()) if isinstance(step, torch.Tensor) else float(step)
+    if step_f <= 0:
+        return None, eps, 1.0
+    beta2 = float(group["betas"][1])
+    return v, eps, 1.0 - beta2 ** step_f
