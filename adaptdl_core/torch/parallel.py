@@ -24,7 +24,8 @@ from adaptdl_core.torch import _metrics
 from adaptdl_core.torch.data import current_dataloader
 from adaptdl_core.torch.gradient_noise_scale import (GradientNoiseScale, adam_preconditioner,
                                                      is_adam_family, preconditioned_sqr_norm)
-from adaptdl_core.torch.scaling_rules import ScalingRuleBase, default_rule_for
+from adaptdl_core.torch.scaling_rules import (ScalingRuleBase, default_rule_for,
+                                              rescale_adam_state)
 
 __all__ = ["AdaptiveDataParallel"]
 
@@ -169,6 +170,10 @@ class AdaptiveDataParallel(DistributedDataParallel):
         if self._gns is None:
             self._attach_rule(init_bsz)
         scale = loader.current_batch_size / init_bsz
+        previous = self.scaling_rule.scale
+        if self._precondition and self.adaptdl_optimizer.state and previous != scale:
+            # Adam's second moments estimate E[g^2] at the old batch: rescale, not zero.
+            rescale_adam_state(self.adaptdl_optimizer, previous, scale, self._gns)
         self._update_noise(loader.current_batch_size)
         self.scaling_rule.set_scale(scale)
         result = self._inner_step(*args, **kwargs)
@@ -200,7 +205,11 @@ class AdaptiveDataParallel(DistributedDataParallel):
         replicas = env.num_replicas()
         if self._last_done > self._last_ready:
             _metrics.record_sync_time(self._last_done - self._last_ready)
-        if replicas > 1:
+        if self._precondition and not self.adaptdl_optimizer.state:
+            # Before Adam's first step there is no preconditioner: such a measurement
+            # would be in other units than all later ones.
+            self._prev_grads = None
+        elif replicas > 1:
             self._gns.update(self._local_sqr, self._total_sqr, replicas, batch_size)
         else:
             # One gradient per step carries no noise information: pair consecutive steps
