@@ -42,8 +42,9 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
 # Registration order matters: State.sync() may run collectives, which every replica must
 # issue in the same order.
 _STATES: dict[str, "State"] = {}
-# The checkpoint this process restored from, fixed at the first load so that a checkpoint
-# written during this run is never read back by states created later in the same run.
+# The checkpoint States load from: the newest one at the first load; after each save in
+# this run, the new checkpoint, which carries over (hard links) the restored files of the
+# States this run has not created yet, so those still load their pre-restart values.
 _RESTORE_DIR: str | None | bool = False
 # Modules holding per-job bookkeeping beside their States register a reset here.
 _RESET_HOOKS: list[Callable[[], None]] = []
@@ -66,9 +67,11 @@ class State:
     """
 
     def __init__(self, name: str):
-        if not isinstance(name, str) or not _NAME_RE.match(name) or name in (".", ".."):
+        if not isinstance(name, str) or not _NAME_RE.fullmatch(name) or name in (".", ".."):
             raise ValueError(f"State name {name!r} is invalid: use a non-empty name of "
                              "letters, digits, '_', '-' and '.'")
+        if name == _MANIFEST:
+            raise ValueError(f"State name {name!r} is reserved for the checkpoint manifest")
         if name in _STATES:
             raise ValueError(f"a State named {name!r} already exists; every State needs a "
                              "unique name (pass name=... to tell two apart)")
@@ -166,8 +169,30 @@ def _write_state_file(directory: str, state: State) -> int:
     return len(data)
 
 
+def _carry_over(tmp: str, source: str | None, names: list[str]) -> None:
+    """Hard-link into ``tmp`` the files of ``source`` that ``tmp`` lacks (in place, the
+    names list grows), so that a checkpoint keeps states this run has not re-created."""
+    if source is None or not os.path.isdir(source):
+        return
+    for entry in os.listdir(source):
+        if entry == _MANIFEST or entry in names:
+            continue
+        # Hard links make this copy free; checkpoint files are never modified in place.
+        os.link(os.path.join(source, entry), os.path.join(tmp, entry))
+        names.append(entry)
+
+
+def _move_restore_point(final: str) -> None:
+    # The new checkpoint holds (carried over) every state of the old restore point that
+    # this run has not created yet, so later loads may read from it.
+    global _RESTORE_DIR
+    if _RESTORE_DIR not in (False, None):
+        _RESTORE_DIR = final
+
+
 def _commit(root: str, tmp: str, names: list[str]) -> str:
     """Write the manifest, then rename ``tmp`` into place as the next checkpoint."""
+    _carry_over(tmp, _restore_dir(), names)
     with open(os.path.join(tmp, _MANIFEST), "w") as f:
         json.dump({"states": names, "time": time.time(),
                    "num_restarts": env.num_restarts(),
@@ -180,6 +205,7 @@ def _commit(root: str, tmp: str, names: list[str]) -> str:
     final = os.path.join(root, f"{_CKPT_PREFIX}{seq}")
     os.rename(tmp, final)
     _fsync_dir(root)
+    _move_restore_point(final)
     # Only now that the new checkpoint is complete may the older ones go.
     for _, old in existing:
         shutil.rmtree(old, ignore_errors=True)
@@ -251,14 +277,7 @@ def save_state(state: State, sync: bool = True) -> str | None:
     try:
         names = [state.name]
         _write_state_file(tmp, state)
-        previous = latest_checkpoint_dir(root)
-        if previous is not None:
-            for entry in os.listdir(previous):
-                if entry in (_MANIFEST, state.name):
-                    continue
-                # Hard links make this copy free; the files are never modified in place.
-                os.link(os.path.join(previous, entry), os.path.join(tmp, entry))
-                names.append(entry)
+        _carry_over(tmp, latest_checkpoint_dir(root), names)
         return _commit(root, tmp, names)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -87,7 +87,9 @@ class _Group:
             try:
                 self.store.wait(keys, timedelta(seconds=self.timeout_s))
             except Exception as exc:
-                missing = [r for r, k in enumerate(keys) if not self._has(k)]
+                # Probing raises if the store itself is gone (replica 0 exited): that is
+                # a lost connection, reported below, not a timeout.
+                missing = [r for r, k in enumerate(keys) if not self.store.check([k])]
                 if missing:
                     raise CollectiveTimeoutError(
                         f"replica {self.rank}: replicas {missing} of {self.size} did not reach "
@@ -107,12 +109,6 @@ class _Group:
                 f"replica {self.rank}: collective #{op} failed talking to the store at "
                 f"{self.addr}:{self.port} ({who}): {exc}") from exc
         return values
-
-    def _has(self, key: str) -> bool:
-        try:
-            return bool(self.store.check([key]))
-        except Exception:
-            return False
 
 
 _GROUP: _Group | None = None

@@ -93,6 +93,8 @@ _FIT_EPS = 1e-9
 # Relative tolerance on the objective for "strictly better" in the local search and the
 # optimality certificate.
 _OBJ_TOL = 1e-9
+# Branch and bound only runs for at most this many movable jobs.
+_BNB_MAX_JOBS = 32
 
 SpeedupFn = Callable[[np.ndarray, np.ndarray], Any]
 Allocations = Dict[Hashable, List[Hashable]]
@@ -484,11 +486,15 @@ class _Options:
     spread: np.ndarray     # True: k replicas do better on 2 nodes than on 1
 
 
-def _job_options(prob: _Problem, j: int, min_gain: float) -> Tuple[_Options, np.ndarray]:
-    """All options of job ``j`` (unpruned, sorted by K then keep-first) and its fits."""
+def _job_options(prob: _Problem, j: int, kcap: Optional[int] = None
+                 ) -> Tuple[_Options, np.ndarray]:
+    """All options of job ``j`` (unpruned, sorted by K then keep-first) and its fits.
+
+    ``kcap`` bounds the replica count (see ``_Solver._replica_caps``)."""
     fits = prob.fits(j, prob.free0)
     total = int(fits.sum())
-    kmin, kmax = int(prob.min_r[j]), int(min(prob.max_r[j], total))
+    kmin = int(prob.min_r[j])
+    kmax = int(min(prob.max_r[j], total, kcap if kcap is not None else total))
     ks = np.arange(kmin, kmax + 1, dtype=np.int64) if kmax >= kmin else np.zeros(0, np.int64)
     cum = np.cumsum(np.sort(fits)[::-1])
     n_min = np.searchsorted(cum, ks, side="left").astype(np.int64) + 1
@@ -510,7 +516,7 @@ def _job_options(prob: _Problem, j: int, min_gain: float) -> Tuple[_Options, np.
     spread_list = [np.zeros(1, bool), spread]
     kb = int(prob.base[j].sum())
     if (prob.base_known[j] and kmin <= kb <= prob.max_r[j]
-            and np.all(prob.base[j] <= fits)):
+            and (kcap is None or kb <= kcap) and np.all(prob.base[j] <= fits)):
         nb = int(np.count_nonzero(prob.base[j]))
         s_keep = float(prob.speedup(j, np.array([nb]), np.array([kb]))[0]) * (1 + _KEEP_BONUS)
         k_list.append(np.array([kb]))
@@ -567,17 +573,21 @@ def _knapsack(weights: List[np.ndarray], z: List[np.ndarray], g: List[np.ndarray
     dg = np.zeros(n_states)
     choices: List[np.ndarray] = []
     shifts: List[np.ndarray] = []
+    # When no job's idle flag depends on its option, the first part is a constant.
+    use_z = any(np.ptp(zj) > 0 for zj in z if len(zj))
     for w, zj, gj in zip(weights, z, g):
         w = np.asarray(w, dtype=np.int64).reshape(len(zj), d)
         shift = w @ strides
-        valid = np.all(coords[:, None, :] >= w[None, :, :], axis=2)
+        valid = np.all(coords[:, None, :] >= w[None, :, :], axis=2) if d else np.ones(
+            (n_states, len(zj)), dtype=bool)
         src = np.where(valid, rows[:, None] - shift[None, :], 0)
-        Z = np.where(valid, dz[src] + zj[None, :], np.inf)
         G = np.where(valid, dg[src] + gj[None, :], np.inf)
-        G = np.where(Z <= Z.min(axis=1, keepdims=True) + 0.5, G, np.inf)
+        if use_z:
+            Z = np.where(valid, dz[src] + zj[None, :], np.inf)
+            G = np.where(Z <= Z.min(axis=1, keepdims=True) + 0.5, G, np.inf)
         gmin = G.min(axis=1, keepdims=True)
         ch = np.argmax(G <= gmin + 1e-12 * np.maximum(np.abs(gmin), 1.0), axis=1)
-        dz = Z[rows, ch]
+        dz = Z[rows, ch] if use_z else dz + (zj[0] if len(zj) else 0.0)
         dg = G[rows, ch]
         choices.append(ch.astype(np.int32))
         shifts.append(shift)
@@ -715,53 +725,100 @@ class _Solver:
         self.max_bnb_nodes = max_bnb_nodes
         self.evals = 0
         self.movable = [j for j in range(prob.J) if not prob.pinned[j]]
+        self.details: Dict[str, Any] = {}
+        self.target: Dict[int, float] = {}
+        self.bound: Optional[Tuple[float, float]] = None
+        # Slot case: every movable job requests the same resources per replica.
+        self.slot_q: Optional[np.ndarray] = None
+        if self.movable:
+            q = prob.req[self.movable[0]]
+            if all(np.array_equal(prob.req[j], q) for j in self.movable):
+                self.slot_q = q
+        kcap = self._replica_caps()
+        self.capped = bool(kcap)
         self.options: Dict[int, _Options] = {}
         # Candidate options (indices, by K, keep first) for packing and the searches.
         self.cands: Dict[int, np.ndarray] = {}
         for j in self.movable:
-            self.options[j], _ = _job_options(prob, j, min_gain)
-            self.cands[j] = _prune(self.options[j], self.options[j].k, min_gain)
+            opts, _ = _job_options(prob, j, kcap.get(j))
+            self.options[j] = opts
+            # An unchanged allocation needs its own nodes, so unlike in the relaxation it
+            # cannot stand in for a move of the same size: prune moves among themselves.
+            moves = np.flatnonzero(~opts.keep)
+            sub = _Options(opts.k[moves], opts.keep[moves], opts.s[moves], opts.n_min[moves],
+                           opts.spread[moves])
+            idx = np.concatenate([moves[_prune(sub, sub.k, min_gain)], np.flatnonzero(opts.keep)])
+            self.cands[j] = idx[np.lexsort((~opts.keep[idx], opts.k[idx]))]
         pinned = np.flatnonzero(prob.pinned)
         z, g = prob.cost(np.array([prob.effective(j, prob.base[j])[0] for j in pinned]))
         self.pinned_cost = (float(z.sum()), float(g.sum()))
-        self.details: Dict[str, Any] = {}
         self._setup_relaxation()
+
+    def _slot_counts(self) -> np.ndarray:
+        q = self.slot_q
+        nz = q > 0
+        return np.floor(np.min(self.prob.free0[:, nz] / q[nz], axis=1) + _FIT_EPS).astype(np.int64)
+
+    def _replica_caps(self) -> Dict[int, int]:
+        """Upper bounds on each job's replicas in every optimum of the relaxation (p <= 0).
+
+        The lexicographic objective runs as many jobs as possible, so at least ``R`` jobs
+        run, ``R`` being how many jobs that surely can run (positive speedup at their
+        minimum) fit together at their minimum sizes; a running job therefore leaves room
+        for the ``R - 1`` smallest others. This shrinks the DP (and the speedup evaluations
+        of a first round) a lot when jobs outnumber or match the slots. Only the slot case.
+        """
+        prob = self.prob
+        if prob.p > 0 or self.slot_q is None or len(self.movable) < 2:
+            return {}
+        cap = int(self._slot_counts().sum())
+        lows: Dict[int, int] = {}
+        for j in self.movable:
+            fits = prob.fits(j, prob.free0)
+            kmin = int(prob.min_r[j])
+            if kmin > min(int(prob.max_r[j]), int(fits.sum())):
+                continue
+            cum = np.cumsum(np.sort(fits)[::-1])
+            n_min = int(np.searchsorted(cum, kmin, side="left")) + 1
+            if prob.speedup(j, np.array([n_min]), np.array([kmin]))[0] * prob.factor[j] > 0:
+                lows[j] = kmin
+        w = np.sort(np.array(list(lows.values()), dtype=np.int64))
+        csum = np.cumsum(w)
+        r = int(np.searchsorted(csum, cap, side="right"))     # jobs surely running
+        if r < 2:
+            return {}
+        sum_r, sum_r1, w_r = int(csum[r - 1]), int(csum[r - 2]), int(w[r - 1])
+        caps = {}
+        for j in self.movable:
+            others = sum_r - lows[j] if j in lows and lows[j] <= w_r else sum_r1
+            caps[j] = max(cap - others, 0)
+        return caps
 
     # -- the relaxation ------------------------------------------------------------------
     def _setup_relaxation(self) -> None:
         """Choose the DP's capacity model: replica slots (all movable jobs request the same
         resources) or aggregate units of the most binding resource types."""
         prob = self.prob
-        self.slot_q: Optional[np.ndarray] = None
         self.slots: Optional[np.ndarray] = None
         self.dims: List[int] = []
         self.units: List[float] = []
+        self.thinned = False
         if not self.movable:
             self.cap = np.zeros(0, np.int64)
             self.weights = {}
-            self.scale = 1
             self.mode = "none"
+            self.n_states = 1
             return
-        q = prob.req[self.movable[0]]
-        if all(np.array_equal(prob.req[j], q) for j in self.movable):
-            self.slot_q = q
-            nz = q > 0
-            self.slots = np.floor(np.min(prob.free0[:, nz] / q[nz], axis=1)
-                                  + _FIT_EPS).astype(np.int64)
+        if self.slot_q is not None:
+            self.slots = self._slot_counts()
             self.cap = np.array([int(self.slots.sum())], dtype=np.int64)
             self.weights = {j: self.options[j].k[:, None] for j in self.movable}
             self.mode = "slots"
         else:
             self._setup_mixed()
             self.mode = "aggregate[" + ",".join(prob.resource_names[r] for r in self.dims) + "]"
-        n_states = int(np.prod(self.cap + 1)) if self.cap.size else 1
-        # Coarsen a too large 1-D capacity: feasible, but then no longer a bound.
-        self.scale = 1
-        if self.cap.size == 1:
-            while (self._cells(n_states // self.scale + 1) > self.max_dp_cells
-                   and self.scale < n_states):
-                self.scale *= 2
-        self.details.update(mode=self.mode, dp_scale=self.scale, dp_states=n_states)
+        self.n_states = int(np.prod(self.cap + 1)) if self.cap.size else 1
+        self.details.update(mode=self.mode, dp_states=self.n_states, replica_caps=self.capped)
 
     def _cells(self, n_states: int) -> int:
         return n_states * sum(int(self.options[j].k.size) for j in self.movable)
@@ -814,28 +871,136 @@ class _Solver:
             index = index * (c + 1) + min(left, c)
         return index
 
-    def _dp_inputs(self, order: List[int], weights: Dict[int, np.ndarray]):
-        ws, zs, gs, idxs = [], [], [], []
-        for j in order:
-            opts = self.options[j]
-            w = weights[j]
-            idx = _prune(opts, w.sum(axis=1), self.min_gain)
-            if self.scale > 1:
-                w = -(-w // self.scale)
-            z, g = self.prob.cost(opts.s[idx])
-            ws.append(w[idx])
+    def _dp_inputs(self, order: List[int], weights: Dict[int, np.ndarray],
+                   fast: bool = True, ub: Optional[float] = None):
+        """Per-job option weights and costs for the knapsack: pruned, reduced, thinned.
+
+        * Pruning drops options no better than a lighter one (``min_gain``).
+        * With ``fast`` and ``p <= 0``, if every job that can run fits at its lightest
+          positive option, idling such a job is never optimal: those options are dropped,
+          the idle count becomes a constant and the DP skips the lexicographic part.
+        * With a constant idle count and one capacity dimension, Lagrangian reduced-cost
+          fixing drops every option that cannot be part of a solution costing at most
+          ``ub`` (default: the Lagrangian primal solution, which is feasible): exact.
+        * Only if the work still exceeds ``max_dp_cells`` is each job's option list
+          thinned to a geometric sample (then the DP is a heuristic; sets ``thinned``).
+        """
+        prob = self.prob
+        idxs = [_prune(self.options[j], weights[j].sum(axis=1), self.min_gain) for j in order]
+        if fast and prob.p <= 0:
+            light = []
+            for j, idx in zip(order, idxs):
+                pos = idx[self.options[j].s[idx] > 0]
+                if pos.size:
+                    light.append(weights[j][pos].min(axis=0))
+            if light and np.all(np.sum(light, axis=0) <= self.cap):
+                idxs = [idx[self.options[j].s[idx] > 0] if np.any(self.options[j].s[idx] > 0)
+                        else idx for j, idx in zip(order, idxs)]
+        const_z = prob.p > 0 or all(
+            np.ptp(prob.cost(self.options[j].s[idx])[0]) == 0 for j, idx in zip(order, idxs))
+        if const_z and self.cap.size == 1 and len(order) > 1:
+            idxs = self._reduced_cost_fixing(order, weights, idxs, ub)
+        thinned = False
+        n_opts = sum(idx.size for idx in idxs)
+        if self.n_states * n_opts > self.max_dp_cells:
+            thin_to = max(8, self.max_dp_cells // (self.n_states * max(len(order), 1)))
+            for i, (j, idx) in enumerate(zip(order, idxs)):
+                if idx.size > thin_to:
+                    # Keep the lightest options, the unchanged allocation and a geometric
+                    # sample of the rest.
+                    pos = np.unique(np.concatenate([
+                        np.arange(min(4, idx.size)),
+                        np.round(np.geomspace(1, idx.size - 1, thin_to)).astype(np.int64),
+                        np.flatnonzero(self.options[j].keep[idx])]))
+                    idxs[i] = idx[pos]
+                    thinned = True
+        ws, zs, gs = [], [], []
+        for j, idx in zip(order, idxs):
+            z, g = prob.cost(self.options[j].s[idx])
+            ws.append(weights[j][idx])
             zs.append(z)
             gs.append(g)
-            idxs.append(idx)
-        return ws, zs, gs, idxs
+        self.details["dp_options"] = int(sum(idx.size for idx in idxs))
+        return ws, zs, gs, idxs, thinned
 
-    def _dp(self, weights: Dict[int, np.ndarray]) -> Tuple[Dict[int, int], Tuple[float, float]]:
-        """Best option per movable job under the relaxation; returns choices and bound."""
-        ws, zs, gs, idxs = self._dp_inputs(self.movable, weights)
-        cap = self.cap // self.scale if self.scale > 1 else self.cap
-        picked, bound = _knapsack(ws, zs, gs, cap)
+    def _reduced_cost_fixing(self, order: List[int], weights: Dict[int, np.ndarray],
+                             idxs: List[np.ndarray], ub: Optional[float]) -> List[np.ndarray]:
+        """Drop options that no solution of cost <= ``ub`` can use (1-D capacity).
+
+        For a multiplier ``lam >= 0`` the Lagrangian bound is
+        ``L = sum_j min_k (g_jk + lam w_jk) - lam C``; a solution using option ``k`` of job
+        ``j`` costs at least ``L + rc_jk`` with ``rc_jk = g_jk + lam w_jk - min_k(...)``, so
+        options with ``L + rc_jk > ub`` are never in a solution that good. ``lam`` is
+        found by bisection on the total weight; ``ub`` defaults to the best feasible
+        Lagrangian primal solution seen.
+        """
+        prob = self.prob
+        cap = float(self.cap[0])
+        m = max(idx.size for idx in idxs)
+        J = len(order)
+        G = np.full((J, m), np.inf)
+        W = np.zeros((J, m))
+        for i, (j, idx) in enumerate(zip(order, idxs)):
+            G[i, :idx.size] = prob.cost(self.options[j].s[idx])[1]
+            W[i, :idx.size] = weights[j][idx, 0]
+        rows = np.arange(J)
+
+        def solve(lam: float):
+            val = G + lam * W
+            pick = np.argmin(val, axis=1)
+            weight = float(W[rows, pick].sum())
+            return float(val[rows, pick].sum()) - lam * cap, weight, float(G[rows, pick].sum())
+
+        best_l, lam_best = -math.inf, 0.0
+        primal = math.inf
+        lval, weight, gsum = solve(0.0)
+        best_l, lam_best = lval, 0.0
+        if weight <= cap:
+            primal = gsum
+        else:
+            lo, hi = 0.0, 1.0
+            while True:
+                lval, weight, gsum = solve(hi)
+                if lval > best_l:
+                    best_l, lam_best = lval, hi
+                if weight <= cap:
+                    primal = min(primal, gsum)
+                    break
+                lo, hi = hi, hi * 4.0
+                if hi > 1e18:
+                    return idxs
+            for _ in range(40):
+                mid = 0.5 * (lo + hi)
+                lval, weight, gsum = solve(mid)
+                if lval > best_l:
+                    best_l, lam_best = lval, mid
+                if weight <= cap:
+                    primal = min(primal, gsum)
+                    hi = mid
+                else:
+                    lo = mid
+                if hi - lo <= 1e-12 * hi:
+                    break
+        threshold = primal if ub is None else ub
+        if not math.isfinite(threshold) or not math.isfinite(best_l):
+            return idxs
+        val = G + lam_best * W
+        rc = val - val.min(axis=1, keepdims=True)
+        tol = 1e-9 * max(1.0, abs(threshold)) + 1e-12 * float(np.abs(G[np.isfinite(G)]).sum())
+        keep = best_l + rc <= threshold + tol
+        out = [idx[keep[i, :idx.size]] for i, idx in enumerate(idxs)]
+        if any(o.size == 0 for o in out):        # numerical safety net; cannot happen
+            return idxs
+        self.details["lagrangian"] = {"lambda": lam_best, "bound": best_l, "primal": primal}
+        return out
+
+    def _dp(self, weights: Dict[int, np.ndarray]
+            ) -> Tuple[Dict[int, int], Tuple[float, float], bool]:
+        """Best option per movable job under the relaxation: choices, bound, thinned?"""
+        ws, zs, gs, idxs, thinned = self._dp_inputs(self.movable, weights)
+        picked, bound = _knapsack(ws, zs, gs, self.cap)
         choice = {j: int(idxs[i][picked[i]]) for i, j in enumerate(self.movable)}
-        return choice, (bound[0] + self.pinned_cost[0], bound[1] + self.pinned_cost[1])
+        return choice, (bound[0] + self.pinned_cost[0], bound[1] + self.pinned_cost[1]), thinned
 
     # -- packing -------------------------------------------------------------------------
     def _pack(self, choice: Dict[int, int]) -> _State:
@@ -929,6 +1094,67 @@ class _Solver:
                 best_cost, best = total, (cj, ci)
         return best
 
+    def _repack_pair(self, state: _State, n1: int, n2: int) -> bool:
+        """Re-pack the jobs living only on nodes ``n1`` and ``n2`` so that each sits on one
+        node (slot case): a 0/1 knapsack on ``n1``'s free slots, fewest moves first.
+
+        Fixes what best-fit packing cannot see, e.g. free slots 6 + 7 with items
+        3, 2, 2, 2, 2, 2: best fit puts the 3 into the 6 and must split a 2. Keeps the
+        result only if the objective improves.
+        """
+        prob = self.prob
+        items = [j for j in self.movable if state.counts[j].any()
+                 and not np.any(np.delete(state.counts[j], [n1, n2]))]
+        if len(items) < 2 or len(items) > 32:
+            return False
+        before = state.objective()
+        old = {j: (state.counts[j].copy(), state.s_opt[j]) for j in items}
+        for j in items:
+            state.remove(j)
+        q = self.slot_q
+        nz = q > 0
+        f1, f2 = (int(np.floor(np.min(state.free[n, nz] / q[nz]) + _FIT_EPS)) for n in (n1, n2))
+        sizes = [int(old[j][0].sum()) for j in items]
+        # dp[u]: fewest items moved away from their majority node with u slots used on n1.
+        INF = 10 ** 9
+        dp = np.full(f1 + 1, INF)
+        dp[0] = 0
+        take = np.zeros((len(items), f1 + 1), dtype=bool)
+        for t, (j, k) in enumerate(zip(items, sizes)):
+            on1 = old[j][0][n1] * 2 >= k
+            stay2 = dp + (1 if on1 else 0)                 # item goes to n2
+            go1 = np.full(f1 + 1, INF)
+            if k <= f1:
+                go1[k:] = dp[:f1 + 1 - k] + (0 if on1 else 1)
+            take[t] = go1 < stay2
+            dp = np.minimum(stay2, go1)
+        total = sum(sizes)
+        feasible = [u for u in range(f1 + 1) if dp[u] < INF and total - u <= f2]
+        ok = False
+        if feasible:
+            u = min(feasible, key=lambda u: (dp[u], u))
+            placement = {}
+            for t in range(len(items) - 1, -1, -1):
+                if take[t, u]:
+                    placement[items[t]] = n1
+                    u -= sizes[t]
+                else:
+                    placement[items[t]] = n2
+            for j, k in zip(items, sizes):
+                counts = np.zeros(prob.M, np.int64)
+                counts[placement[j]] = k
+                state.add(j, counts)
+            self.evals += len(items)
+            if _better(state.objective(), before):
+                ok = True
+            else:
+                for j in items:
+                    state.remove(j)
+        if not ok:
+            for j in items:
+                state.add(j, old[j][0], old[j][1])
+        return ok
+
     def _local_search(self, state: _State, deadline: float) -> _State:
         prob = self.prob
         movable = self.movable
@@ -939,7 +1165,27 @@ class _Solver:
         improved = True
         while improved and not out_of_budget():
             improved = False
-            # Move 1: re-place one job (grow into free room, consolidate, shrink).
+            if self.bound is not None and not _better(self.bound, state.objective()):
+                break                                   # provably optimal already
+            # Move 1 (slot case): re-pack two nodes around jobs that fell short of their DP
+            # target (split by fragmentation).
+            if self.slot_q is not None:
+                short = [j for j in movable
+                         if state.s_opt[j] < self.target.get(j, 0.0) * (1 - 1e-9)]
+                pairs = []
+                for j in short:
+                    for n1 in np.flatnonzero(state.counts[j]).tolist():
+                        pairs.extend((min(n1, n2), max(n1, n2)) for n2 in range(prob.M)
+                                     if n2 != n1)
+                for n1, n2 in dict.fromkeys(pairs):
+                    if out_of_budget():
+                        break
+                    if self._repack_pair(state, n1, n2):
+                        improved = True
+                        break
+            if improved:
+                continue
+            # Move 2: re-place one job (grow into free room, consolidate, shrink).
             for j in movable:
                 if out_of_budget():
                     break
@@ -955,18 +1201,24 @@ class _Solver:
                     state.add(j, old, old_s)
             if improved:
                 continue
-            # Move 2: a receiver and a donor are re-placed together: every option of the
+            # Move 3: a receiver and a donor are re-placed together: every option of the
             # receiver, each followed by the donor's best response (a greedy receiver would
             # grab everything freed and starve the donor).
+            # Receivers: first the jobs that fell short of their DP target (packing losses),
+            # then any job that could do better; donors: first the jobs sharing its nodes.
             z_now, g_now = prob.cost(state.s_opt)
             z_best, g_best = prob.cost(np.array([self.options[j].s.max() for j in movable]))
             potential = (z_now[movable] - z_best) * 1e6 + (g_now[movable] - g_best)
-            receivers = [movable[i] for i in np.argsort(-potential, kind="stable")
-                         if potential[i] > 0]
+            short = np.array([state.s_opt[j] < self.target.get(j, 0.0) * (1 - 1e-9)
+                              for j in movable])
+            order = np.lexsort((-potential, ~short))
+            receivers = [movable[i] for i in order if short[i] or potential[i] > 0]
             for j in receivers:
-                for i in movable:
-                    if i == j or not state.counts[i].any():
-                        continue
+                mine = state.counts[j] > 0
+                donors = sorted((i for i in movable if i != j and state.counts[i].any()),
+                                key=lambda i: (not np.any(state.counts[i][mine] > 0),
+                                               -int(state.counts[i].sum()), i))
+                for i in donors:
                     if out_of_budget():
                         break
                     before = state.objective()
@@ -1044,44 +1296,48 @@ class _Solver:
             # Multi-node splits: per class, a non-increasing tuple of per-node counts.
             if int(fits[multi_nodes].sum()) < k or multi_nodes.size < 2:
                 continue
-            produced = 0
-            limit = 64
+            caps = [int(fits[g[0]]) for g in group_list]
+            room = np.cumsum([len(g) * c for g, c in zip(group_list, caps)][::-1])[::-1]
+            room = np.append(room, 0).tolist()     # room[gi]: capacity of groups gi..
+            budget = {"visits": 0, "produced": 0}
 
             def rec(gi: int, left: int, used: int, counts: np.ndarray) -> None:
-                nonlocal produced, exhaustive
-                if produced >= limit:
+                nonlocal exhaustive
+                budget["visits"] += 1
+                if budget["visits"] > 4000 or budget["produced"] >= 64:
                     exhaustive = False
                     return
                 if left == 0:
                     if used >= 2:
-                        produced += 1
+                        budget["produced"] += 1
                         add(counts.copy())
                     return
-                if gi == len(group_list):
+                if gi == len(group_list) or room[gi] < left:
                     return
-                members = group_list[gi]
-                cap_n = int(fits[members[0]])
+                members, cap_n = group_list[gi], caps[gi]
 
                 def fill(mi: int, hi: int, left2: int, used2: int) -> None:
-                    if mi == len(members) or hi == 0 or left2 == 0:
-                        rec(gi + 1, left2, used2, counts)
+                    # Members mi.. of this group take at most hi each (non-increasing).
+                    if (len(members) - mi) * hi + room[gi + 1] < left2:
                         return
-                    for c in range(min(hi, left2), -1, -1):
+                    for c in range(min(hi, left2), 0, -1):
                         counts[members[mi]] = c
-                        if c == 0:
-                            rec(gi + 1, left2, used2, counts)
-                        else:
+                        if mi + 1 < len(members) and left2 > c:
                             fill(mi + 1, c, left2 - c, used2 + 1)
+                        else:
+                            rec(gi + 1, left2 - c, used2 + 1, counts)
                         counts[members[mi]] = 0
-                        if produced >= limit:
+                        if not exhaustive:
                             return
+                    rec(gi + 1, left2, used2, counts)      # the rest of this group unused
 
                 fill(0, cap_n, left, used)
 
             rec(0, k, 0, np.zeros(prob.M, np.int64))
         return sorted(out.values(), key=lambda t: _Key(t[0])), exhaustive
 
-    def _branch_and_bound(self, incumbent: _State, deadline: float) -> Tuple[_State, bool]:
+    def _branch_and_bound(self, incumbent: _State, bound: Tuple[float, float],
+                          deadline: float) -> Tuple[_State, bool]:
         """Depth-first branch and bound over jobs' placements, pruned by DP suffix bounds.
 
         Returns the best state found and whether the search completed (then it is optimal).
@@ -1090,7 +1346,16 @@ class _Solver:
         order = sorted(self.movable, key=lambda j: (-int(incumbent.counts[j].sum()),
                                                     prob.jobs[j].creation_timestamp, j))
         T = len(order)
-        ws, zs, gs, _ = self._dp_inputs(order[::-1], self.weights)
+        inc = incumbent.objective()
+        if abs(inc[0] - bound[0]) < 0.5:
+            # Any better solution idles no more jobs than the relaxation: the suffix DPs may
+            # forbid idling runnable jobs and drop options that cannot beat the incumbent.
+            ws, zs, gs, _, thinned = self._dp_inputs(order[::-1], self.weights, fast=True,
+                                                     ub=inc[1] - self.pinned_cost[1])
+        else:
+            ws, zs, gs, _, thinned = self._dp_inputs(order[::-1], self.weights, fast=False)
+        if thinned:
+            return incumbent, False
         tables: List[Tuple[np.ndarray, np.ndarray]] = []
         _knapsack(ws, zs, gs, self.cap, tables)
         n_states = tables[0][0].size if tables else 1
@@ -1143,8 +1408,11 @@ class _Solver:
         deadline = start + (time_limit_s if time_limit_s is not None else math.inf)
         if not self.movable:
             return _State(prob), True, 0.0
-        exact_bound = self.scale == 1
-        choice, bound = self._dp(self.weights)
+        choice, bound, thinned = self._dp(self.weights)
+        exact_bound = not thinned
+        self.thinned = thinned
+        self.target = {j: float(self.options[j].s[choice[j]]) for j in self.movable}
+        self.bound = bound if exact_bound else None
         state = self._pack(choice)
         obj = state.objective()
         # The bound is a valid lower bound on the cost, so "not worse" means optimal.
@@ -1168,10 +1436,16 @@ class _Solver:
             obj = state.objective()
             certified = exact_bound and not _better(bound, obj)
             self.details["stage"] = "local_search"
+            # The tree search can only finish on small instances; larger ones keep the
+            # local-search result (its gap is reported).
             if not certified and exact_bound and self.max_bnb_nodes > 0 and len(
-                    self.movable) <= 200:
-                state, certified = self._branch_and_bound(state, deadline)
+                    self.movable) <= _BNB_MAX_JOBS:
+                state, certified = self._branch_and_bound(state, bound, deadline)
                 obj = state.objective()
+                # Replica caps only hold for solutions running as many jobs as the
+                # relaxation; otherwise the search may have missed larger counts.
+                if self.capped and abs(obj[0] - bound[0]) > 0.5:
+                    certified = False
                 self.details["stage"] = "branch_and_bound"
         if certified:
             gap = 0.0
@@ -1256,8 +1530,10 @@ class PolluxPolicy:
             the mixed-resource case less binding resource types are dropped.
         max_search_evals: budget of candidate placements the local search may evaluate.
         max_bnb_nodes: budget of search-tree nodes for the branch and bound that runs when
-            the DP bound is not attained (0 disables it). Small instances complete and are
-            then certified optimal; larger ones keep the local-search result.
+            the DP bound is not attained, for at most 32 movable jobs (0 disables it).
+            Small instances complete and are then certified optimal; larger ones keep the
+            local-search result. The budgets bound the worst case at roughly 0.5-1 s of one
+            CPU per round; rounds whose DP bound is attained take milliseconds.
         time_limit_s: optional wall-clock limit for the local search and branch and bound
             (``None``: only the budgets apply, which keeps results deterministic).
 
@@ -1266,8 +1542,8 @@ class PolluxPolicy:
     """
 
     def __init__(self, p: float = -1.0, *, min_gain: float = 1e-6,
-                 max_dp_cells: int = 20_000_000, max_search_evals: int = 20_000,
-                 max_bnb_nodes: int = 5_000, time_limit_s: Optional[float] = None) -> None:
+                 max_dp_cells: int = 4_000_000, max_search_evals: int = 5_000,
+                 max_bnb_nodes: int = 2_000, time_limit_s: Optional[float] = None) -> None:
         self.p = _check_p(p)
         if not _is_real(min_gain) or not (0 <= float(min_gain) < 1):
             raise ValueError(f"min_gain must be a number in [0, 1), got {min_gain!r}")
@@ -1338,8 +1614,8 @@ class PolluxPolicy:
 def optimize(jobs: Mapping[Hashable, JobInfo], nodes: Mapping[Hashable, NodeInfo],
              base_allocations: Optional[Mapping[Hashable, Sequence[Hashable]]] = None, *,
              p: float = -1.0, now: Optional[float] = None, min_gain: float = 1e-6,
-             max_dp_cells: int = 20_000_000, max_search_evals: int = 20_000,
-             max_bnb_nodes: int = 5_000, time_limit_s: Optional[float] = None) -> Allocations:
+             max_dp_cells: int = 4_000_000, max_search_evals: int = 5_000,
+             max_bnb_nodes: int = 2_000, time_limit_s: Optional[float] = None) -> Allocations:
     """Allocate replicas to jobs maximising ``FITNESS_p`` (see :class:`PolluxPolicy`).
 
     Returns job key -> list of node keys (one entry per replica; ``[]`` = idle) for every

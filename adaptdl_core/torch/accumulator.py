@@ -81,8 +81,9 @@ class Accumulator(collections.abc.MutableMapping):
         self._sync_count[epoch] += 1
         saved = history.setdefault(epoch, [])
         if count < len(saved):
-            # This block already ran before the restart: replay what it saw.
-            self._synchronized = saved[count]
+            # This block already ran before the restart: replay what it saw (a copy, so
+            # that the block may modify it and a later restart can replay it again).
+            self._synchronized = copy.deepcopy(saved[count])
             self._state.updates.clear()
         else:
             self._state.sync()
@@ -135,6 +136,25 @@ class Accumulator(collections.abc.MutableMapping):
                             "`with accum.synchronized():`")
         updates = self._state.updates
         updates[key] = updates[key] + value.delta if key in updates else value.delta
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        """``dict.get`` in synchronized mode; ``default`` in accumulation mode."""
+        return self._view().get(key, default)
+
+    def pop(self, key: Any, *default: Any) -> Any:
+        """``dict.pop`` in synchronized mode; as on an empty dict in accumulation mode."""
+        return self._view().pop(key, *default)
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        """``dict.setdefault`` (synchronized mode only).
+
+        Raises:
+            TypeError: in accumulation mode, where only ``+=``/``-=`` updates exist.
+        """
+        if self._synchronized is None:
+            raise TypeError("setdefault() needs synchronized mode; in accumulation mode use "
+                            "accum[key] += value")
+        return self._synchronized.setdefault(key, default)
 
     def __delitem__(self, key: Any) -> None:
         self._view().__delitem__(key)
