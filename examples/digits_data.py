@@ -1,0 +1,90 @@
+"""Data and model for the digits examples (scikit-learn's bundled 8x8 handwritten digits).
+
+Shared by ``standalone_digits.py`` and the Ray Tune example. Nothing is downloaded: the
+1797 images ship with scikit-learn.
+
+    from digits_data import DigitsCNN, load_digits_datasets
+
+    train_dataset, test_dataset = load_digits_datasets()
+    model = DigitsCNN()
+    logits = model(train_dataset[0][0].unsqueeze(0))   # shape (1, 10)
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.data import TensorDataset
+
+__all__ = ["load_digits_datasets", "DigitsCNN", "NUM_CLASSES"]
+
+NUM_CLASSES = 10
+
+
+def load_digits_datasets(test_fraction: float = 0.2,
+                         seed: int = 0) -> tuple[TensorDataset, TensorDataset]:
+    """Split scikit-learn's digits into a training and a test set.
+
+    The split is stratified by class and depends only on ``seed``, so every replica and
+    every restart of a job sees the same two sets. Pixels (0..16 in the raw data) are
+    scaled to [0, 1] and then standardised with the mean and standard deviation of the
+    *training* pixels.
+
+    Arguments:
+        test_fraction: share of the 1797 images held out for testing, in (0, 1)
+            (0.2 gives 1437 training and 360 test images).
+        seed: seed of the split.
+
+    Returns:
+        ``(train_dataset, test_dataset)``: :class:`~torch.utils.data.TensorDataset` s of
+        ``(image, label)`` pairs, with float32 images shaped ``(1, 8, 8)`` and int64
+        labels in ``0..9``.
+
+    Raises:
+        ValueError: if ``test_fraction`` is not strictly between 0 and 1.
+    """
+    if not 0.0 < test_fraction < 1.0:
+        raise ValueError(f"load_digits_datasets(test_fraction={test_fraction!r}): "
+                         "must be strictly between 0 and 1")
+    # Imported here so that importing this module (e.g. for DigitsCNN) stays cheap.
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    digits = load_digits()
+    images = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    labels = torch.tensor(digits.target, dtype=torch.int64)
+    train_idx, test_idx = train_test_split(torch.arange(len(labels)).numpy(),
+                                           test_size=test_fraction, random_state=seed,
+                                           stratify=labels.numpy())
+    train_x, test_x = images[train_idx], images[test_idx]
+    mean, std = train_x.mean(), train_x.std()
+    return (TensorDataset((train_x - mean) / std, labels[train_idx]),
+            TensorDataset((test_x - mean) / std, labels[test_idx]))
+
+
+class DigitsCNN(torch.nn.Module):
+    """A small CNN for 1x8x8 digit images (about 10k parameters; fast on one CPU core).
+
+    Two 3x3 convolutions (16 and 32 channels, ReLU), a 2x2 max-pool down to 4x4, and a
+    linear layer to the class logits.
+
+    Arguments:
+        num_classes: number of output logits.
+
+    Shape:
+        input ``(N, 1, 8, 8)`` float; output ``(N, num_classes)`` logits.
+    """
+
+    def __init__(self, num_classes: int = NUM_CLASSES):
+        super().__init__()
+        self.features = torch.nn.Sequential(
+            torch.nn.Conv2d(1, 16, kernel_size=3, padding=1),   # 16 x 8 x 8
+            torch.nn.ReLU(),
+            torch.nn.Conv2d(16, 32, kernel_size=3, padding=1),  # 32 x 8 x 8
+            torch.nn.ReLU(),
+            torch.nn.MaxPool2d(2),                              # 32 x 4 x 4
+            torch.nn.Flatten(),
+        )
+        self.head = torch.nn.Linear(32 * 4 * 4, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
