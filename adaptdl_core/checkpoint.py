@@ -138,13 +138,25 @@ def load_state(state: State) -> bool:
         True if the state was found and loaded, False otherwise (first run, no checkpoint
         path, or a state that did not exist when the checkpoint was taken).
     """
+    global _RESTORE_DIR
     ckpt = _restore_dir()
     if ckpt is None:
         return False
+    if not os.path.isdir(ckpt):
+        # Replica 0 saved a newer checkpoint (carrying over the files of states not yet
+        # created) and removed this one; other replicas follow it here.
+        _RESTORE_DIR = ckpt = latest_checkpoint_dir()
+        if ckpt is None:
+            return False
     path = os.path.join(ckpt, state.name)
-    if not os.path.isfile(path):
-        return False
-    with open(path, "rb") as f:
+    try:
+        f = open(path, "rb")
+    except FileNotFoundError:
+        if os.path.isdir(ckpt):
+            return False  # the checkpoint does not hold this state
+        _RESTORE_DIR = False  # removed between the check and the open: look again
+        return load_state(state)
+    with f:
         state.load(f)
     return True
 

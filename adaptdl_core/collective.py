@@ -16,8 +16,10 @@ The same store also serves as the rendezvous for ``torch.distributed`` (see
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import functools
+import math
 import logging
 import pickle
 import threading
@@ -149,8 +151,12 @@ def initialize(master_addr: str | None = None, master_port: int | None = None,
     if port == 0 and size > 1:
         raise ValueError("master_port=0 cannot work for several replicas: set "
                          "ADAPTDL_MASTER_PORT to a port free on the master's host")
-    if not timeout_s > 0:
-        raise ValueError(f"timeout={timeout_s!r} must be a positive number of seconds")
+    if isinstance(rank, bool) or isinstance(size, bool):
+        raise ValueError("replica_rank and num_replicas must be integers, not bools")
+    if not (isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s)
+            and 0 < timeout_s <= env.MAX_TIMEOUT_S):
+        raise ValueError(f"timeout={timeout_s!r} must be a finite number of seconds in "
+                         f"(0, {env.MAX_TIMEOUT_S:g}]")
     with _LOCK:
         if _GROUP is not None:
             raise RuntimeError("adaptdl_core.collective is already initialized; "
@@ -161,16 +167,31 @@ def initialize(master_addr: str | None = None, master_port: int | None = None,
             raise RuntimeError(
                 f"replica {rank}: could not {'create' if rank == 0 else 'reach'} the store at "
                 f"{addr}:{port} within {timeout_s:g} s: {exc}") from exc
+    atexit.register(teardown)
     LOG.debug("collective initialized: rank %d of %d, store %s:%d", rank, size, addr, _GROUP.port)
 
 
 def teardown() -> None:
-    """Disconnect from the store; pending asynchronous operations finish first."""
+    """Disconnect from the store; pending asynchronous operations finish first.
+
+    Replica 0 hosts the store, so before closing it waits (at most the timeout) until
+    every other replica has torn down too: otherwise a replica still reading the values
+    of the last collective would lose them. Runs automatically at interpreter exit.
+    """
     global _GROUP
     with _LOCK:
         group, _GROUP = _GROUP, None
-    if group is not None:
-        group.executor.shutdown(wait=True)
+    if group is None:
+        return
+    group.executor.shutdown(wait=True)
+    try:
+        if group.rank != 0:
+            group.store.set(f"adaptdl/left/{group.rank}", b"1")
+        elif group.size > 1:
+            group.store.wait([f"adaptdl/left/{r}" for r in range(1, group.size)],
+                             timedelta(seconds=group.timeout_s))
+    except Exception as exc:  # a replica that died or a store already gone: just leave
+        LOG.debug("teardown of replica %d: %s", group.rank, exc)
 
 
 def is_initialized() -> bool:

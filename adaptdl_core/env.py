@@ -23,6 +23,7 @@ invalid values raise :class:`ValueError` naming the variable and what is expecte
 
 from __future__ import annotations
 
+import math
 import os
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
 ]
 
 DEFAULT_TIMEOUT_S = 30.0
+MAX_TIMEOUT_S = 7 * 24 * 3600.0  # a week: beyond that a wait is a hang, not a timeout
 
 
 def _get_int(name: str, default: int, minimum: int) -> int:
@@ -161,6 +163,7 @@ def timeout() -> float:
         value = float(raw)
     except ValueError:
         raise ValueError(f"ADAPTDL_TIMEOUT={raw!r} is not a number of seconds") from None
-    if not value > 0:
-        raise ValueError(f"ADAPTDL_TIMEOUT={value} must be > 0 seconds")
+    if not (math.isfinite(value) and 0 < value <= MAX_TIMEOUT_S):
+        raise ValueError(f"ADAPTDL_TIMEOUT={raw!r} must be a finite number of seconds in "
+                         f"(0, {MAX_TIMEOUT_S:g}]")
     return value

@@ -67,6 +67,14 @@ def _as_shapes(num_nodes: ArrayLike, num_replicas: ArrayLike) -> Tuple[np.ndarra
     return nodes, replicas
 
 
+def _is_pollux_model(goodput_fn: Any) -> bool:
+    try:
+        from adaptdl_core.goodput import GoodputFunction
+    except ImportError:  # pragma: no cover - partial checkout
+        return False
+    return isinstance(goodput_fn, GoodputFunction)
+
+
 class SpeedupFunction:
     """Speedup of a job from its goodput model, memoised per ``(num_nodes, num_replicas)``.
 
@@ -89,6 +97,10 @@ class SpeedupFunction:
         atomic_bsz_range: ``(lo, hi)`` bounds on the per-replica batch, passed on.
         accumulation: whether gradient accumulation may be used, passed on.
         base_replicas: replicas of the base shape (on one node), ``>= 1``.
+        collapse_nodes: evaluate every ``N >= 2`` as ``N = 2`` (exact when the model
+            depends on the node count only through ``N == 1`` vs ``N > 1``, as
+            :class:`adaptdl_core.goodput.GoodputFunction` does). ``None``: on for that
+            class, off for any other model.
 
     Raises:
         ValueError: if ``goodput_fn`` has no ``optimize`` method, ``base_replicas`` is not a
@@ -98,13 +110,19 @@ class SpeedupFunction:
 
     def __init__(self, goodput_fn: GoodputOptimizer, max_batch_size: Optional[int] = None,
                  atomic_bsz_range: Optional[Tuple[Optional[int], Optional[int]]] = None,
-                 accumulation: bool = False, *, base_replicas: int = 1) -> None:
+                 accumulation: bool = False, *, base_replicas: int = 1,
+                 collapse_nodes: Optional[bool] = None) -> None:
         if not callable(getattr(goodput_fn, "optimize", None)):
             raise ValueError("goodput_fn must have an optimize(num_nodes, num_replicas, ...) "
                              f"method, got {type(goodput_fn).__name__}")
         if (isinstance(base_replicas, bool) or not isinstance(base_replicas, (int, np.integer))
                 or base_replicas < 1):
             raise ValueError(f"base_replicas must be an integer >= 1, got {base_replicas!r}")
+        if collapse_nodes is None:
+            collapse_nodes = _is_pollux_model(goodput_fn)
+        # The Pollux throughput model only distinguishes N == 1 from N > 1, so every N >= 2
+        # can share one evaluation (halves the work of a first allocation round).
+        self._collapse = bool(collapse_nodes)
         self._goodput_fn = goodput_fn
         self._max_batch_size = max_batch_size
         self._atomic_bsz_range = atomic_bsz_range
@@ -159,12 +177,16 @@ class SpeedupFunction:
         if not np.any(ok):
             return out[()]
         n_ok, k_ok = nodes[ok], replicas[ok]
+        if self._collapse:
+            n_ok = np.minimum(n_ok, 2)
         self._grow(int(n_ok.max()), int(k_ok.max()))
         values = self._table[n_ok, k_ok]
         missing = np.isnan(values)
         if np.any(missing):
-            pairs = np.unique(np.stack([n_ok[missing], k_ok[missing]]), axis=1)
-            self._table[pairs[0], pairs[1]] = self._goodput(pairs[0], pairs[1]) / self._base_goodput
+            # Distinct missing shapes, deduplicated through a 1-D key (fast np.unique).
+            key = np.unique(n_ok[missing] * (int(k_ok.max()) + 1) + k_ok[missing])
+            n_new, k_new = np.divmod(key, int(k_ok.max()) + 1)
+            self._table[n_new, k_new] = self._goodput(n_new, k_new) / self._base_goodput
             values = self._table[n_ok, k_ok]
         out[ok] = values
         return out[()]

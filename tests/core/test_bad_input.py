@@ -169,7 +169,8 @@ BAD_INIT = [
 ]
 
 
-@pytest.mark.parametrize("kwargs,word", BAD_INIT, ids=[f"{w}-{i}" for i, (_, w) in enumerate(BAD_INIT)])
+@pytest.mark.parametrize("kwargs,word", BAD_INIT,
+                         ids=[f"{w}-{i}" for i, (_, w) in enumerate(BAD_INIT)])
 def test_init_process_group_rejects_bad_arguments(no_process_group, kwargs, word):
     handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     with pytest.raises(ValueError) as info:

@@ -173,7 +173,8 @@ def test_only_complete_checkpoint_directories_are_read(ckpt_dir, restart):
     checkpoint.save_all_states()
     restart()
     # Things that look like newer checkpoints but are not complete checkpoint directories.
-    for junk in [".tmp-abc123", "checkpoint-7.tmp", "checkpoint-x", "checkpoint-", "checkpoint-8-old"]:
+    for junk in [".tmp-abc123", "checkpoint-7.tmp", "checkpoint-x", "checkpoint-",
+                 "checkpoint-8-old"]:
         (ckpt_dir / junk).mkdir()
         (ckpt_dir / junk / "s").write_text(json.dumps("junk"))
     (ckpt_dir / "checkpoint-9").write_text("a file, not a directory")
@@ -302,6 +303,41 @@ def test_state_created_after_a_save_in_the_restarted_run_is_still_restored(ckpt_
     y = JsonState("y")  # e.g. an Accumulator or loader created later in the program
     assert checkpoint.load_state(y)
     assert y.value == "y-data"
+
+
+def test_save_all_states_in_a_restarted_run_keeps_states_not_created_yet(ckpt_dir, restart):
+    JsonState("x", 1), JsonState("late", "late-data")
+    checkpoint.save_all_states()
+    restart()
+    x = JsonState("x")
+    assert checkpoint.load_state(x)
+    x.value = 2
+    checkpoint.save_all_states()  # "late" is not registered in this run yet
+    late = JsonState("late")
+    assert checkpoint.load_state(late) and late.value == "late-data"
+    restart()  # and it survives one more restart
+    x, late = JsonState("x"), JsonState("late")
+    assert checkpoint.load_state(x) and x.value == 2
+    assert checkpoint.load_state(late) and late.value == "late-data"
+
+
+def test_other_replicas_restore_states_created_after_a_save(ckpt_dir, restart, monkeypatch):
+    import shutil
+
+    JsonState("x", 1), JsonState("late", "late-data")
+    checkpoint.save_all_states()
+    restart()
+    # This process now plays replica 1 of 2 after a restart from checkpoint-0.
+    monkeypatch.setenv("ADAPTDL_NUM_REPLICAS", "2")
+    monkeypatch.setenv("ADAPTDL_REPLICA_RANK", "1")
+    x = JsonState("x")
+    assert checkpoint.load_state(x)
+    assert checkpoint.save_all_states() is None  # replica 1 writes nothing ...
+    # ... while replica 0 commits checkpoint-1 (carrying "late" over) and removes checkpoint-0.
+    shutil.copytree(ckpt_dir / "checkpoint-0", ckpt_dir / "checkpoint-1")
+    shutil.rmtree(ckpt_dir / "checkpoint-0")
+    late = JsonState("late")  # created after the save, as on replica 0
+    assert checkpoint.load_state(late) and late.value == "late-data"
 
 
 # -- no checkpoint path, other ranks -------------------------------------------------------

@@ -159,3 +159,9 @@ def test_rank_error_names_both_variables(monkeypatch):
         env.replica_rank()
     assert "ADAPTDL_REPLICA_RANK=2" in str(info.value)
     assert "ADAPTDL_NUM_REPLICAS=2" in str(info.value)
+
+
+def test_infinite_timeout_is_rejected(monkeypatch):
+    monkeypatch.setenv("ADAPTDL_TIMEOUT", "inf")
+    with pytest.raises(ValueError, match="ADAPTDL_TIMEOUT"):
+        env.timeout()

@@ -221,6 +221,19 @@ def test_accumulator_get_and_pop_in_accumulation_mode_behave_as_empty_dict():
     assert acc.pop("a", 7) == 7
 
 
+def test_accumulator_setdefault_and_pop_by_mode():
+    acc = adl.Accumulator({"a": 1})
+    with pytest.raises(TypeError, match="synchronized"):
+        acc.setdefault("a", 0)  # accumulation mode has only += and -=
+    with pytest.raises(KeyError):
+        acc.pop("a")
+    with acc.synchronized():
+        assert acc.setdefault("b", 5) == 5 and acc.setdefault("a", 0) == 1
+        assert acc.pop("a") == 1 and acc.pop("a", None) is None
+    with acc.synchronized():
+        assert dict(acc) == {"b": 5}
+
+
 def test_accumulator_nested_synchronized():
     acc = adl.Accumulator()
     acc["x"] += 1

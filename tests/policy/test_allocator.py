@@ -313,6 +313,27 @@ def test_constraints_hold_on_many_random_instances():
         assert 0.0 <= result.gap or math.isnan(result.gap)
 
 
+def test_tiny_budgets_stay_feasible():
+    """A tiny DP budget and no search still give valid allocations."""
+    rng = np.random.default_rng(11)
+    nodes = {n: NodeInfo({"GPU": 8, "CPU": 64}) for n in range(6)}
+    for mixed in (False, True):
+        jobs = {}
+        for i in range(20):
+            res = {"CPU": 6} if mixed and i % 3 == 0 else {"GPU": 1, "CPU": 4}
+            jobs[i] = JobInfo(res, concave(rng.uniform(0, 0.2), 0.8), float(i))
+        policy = PolluxPolicy(max_dp_cells=1, max_search_evals=0, max_bnb_nodes=0,
+                              time_limit_s=5.0)
+        result = policy.allocate(jobs, nodes, {}, now=NOW)
+        assert_constraints(jobs, nodes, {}, result.allocations)
+        assert result.num_idle == 0
+        if mixed:       # two binding resource types: coarsened, so no bound
+            assert not result.optimal and math.isnan(result.gap)
+            assert result.details["dp_coarsened_by"] != [1, 1]
+        else:           # the exact reductions leave few options: still certified
+            assert result.optimal
+
+
 def test_fixed_point_when_nothing_changes():
     """Re-running a round on its own result at the same time changes nothing."""
     rng = np.random.default_rng(5)

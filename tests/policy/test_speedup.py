@@ -80,6 +80,21 @@ def test_memoised_per_shape():
     np.testing.assert_allclose(fn(1, 2), expected(1, 2))
 
 
+def test_collapse_nodes():
+    model = FakeGoodput()
+    fn = SpeedupFunction(model)                      # unknown model: every N evaluated
+    fn(3, 5)
+    assert model.calls[-1][0].tolist() == [3.0]
+    model = FakeGoodput()
+    fn = SpeedupFunction(model, collapse_nodes=True)
+    assert fn(3, 5) == pytest.approx(expected(2, 5))
+    assert model.calls[-1][0].tolist() == [2.0]
+    n_calls = len(model.calls)
+    fn(np.array([2, 4, 5]), np.array([5, 5, 5]))     # all the same (N >= 2) shape
+    assert len(model.calls) == n_calls
+    assert fn(1, 5) == pytest.approx(expected(1, 5))
+
+
 def test_limits_are_passed_to_optimize():
     model = FakeGoodput()
     fn = SpeedupFunction(model, max_batch_size=1024, atomic_bsz_range=(8, 64),

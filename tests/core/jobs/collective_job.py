@@ -11,6 +11,8 @@ happened. Modes:
               ``CollectiveTimeoutError`` (type, message, missing ranks, elapsed seconds).
 ``hostdies``  rank 0 (the store's host) exits once rank 1 waits inside ``allreduce``;
               rank 1 records the error it gets.
+``lastread``  replica 0 leaves right after the last collective while replica 1 is still
+              reading its values; replica 1 records the value or the error.
 ``ckpt``      a single-process training job (AdaptiveDataParallel, AdaptiveDataLoader,
               Accumulator with numpy and tensor values) that checkpoints itself mid-epoch
               with ``request_checkpoint_and_exit``; records what it expects on disk.
@@ -81,15 +83,28 @@ def mode_ops(args, rank, size):
     report["broadcast"] = collective.broadcast({"from": rank, "payload": list(range(rank + 3))})
     report["broadcast_none"] = collective.broadcast(None if rank == 0 else "not me")
     report["big"] = len(collective.allreduce(bytes(200_000)))
+    # Replica 0 hosts the store: it must outlive the others' reads of the last operation
+    # (see mode_lastread), so everyone finishes before anyone tears down.
+    barrier(args.out, rank, size, "finished")
     collective.teardown()
     report["after_teardown"] = collective.is_initialized()
     write(args.out, rank, report)
 
 
+def barrier(out, rank, size, tag, limit=60):
+    """Wait until every rank reached this point (through files, free of any timeout)."""
+    open(os.path.join(out, f"{tag}{rank}"), "w").close()
+    for r in range(size):
+        wait_for(os.path.join(out, f"{tag}{r}"), limit)
+
+
 def mode_timeout(args, rank, size):
     from adaptdl_core import collective
 
+    # Join and start the measured collective together, however late each replica started.
+    barrier(args.out, rank, size, "started")
     collective.initialize()
+    barrier(args.out, rank, size, "joined")
     absent = [int(r) for r in args.absent.split(",") if r]
     hang = [int(r) for r in args.hang.split(",") if r]
     callers = [r for r in range(size) if r not in absent + hang]
@@ -118,7 +133,9 @@ def mode_timeout(args, rank, size):
 def mode_hostdies(args, rank, size):
     from adaptdl_core import collective
 
+    barrier(args.out, rank, size, "started")
     collective.initialize()
+    barrier(args.out, rank, size, "joined")
     if rank == 0:
         group = collective._GROUP
         key = group.key(0, 1)
@@ -134,6 +151,40 @@ def mode_hostdies(args, rank, size):
         report = {"type": None}
     except Exception as exc:
         report = error_info(exc, start)
+    write(args.out, rank, report)
+    os._exit(0)
+
+
+class _SlowReads:
+    """A store whose reads come ``delay`` seconds late (a descheduled replica)."""
+
+    def __init__(self, store, delay):
+        self._store, self._delay = store, delay
+
+    def multi_get(self, keys):
+        time.sleep(self._delay)
+        return self._store.multi_get(keys)
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+
+def mode_lastread(args, rank, size):
+    """The job's last collective: replica 0 tears down and exits as soon as it has its
+    result, while replica 1 is slow to read the values."""
+    from adaptdl_core import collective
+
+    barrier(args.out, rank, size, "started")
+    collective.initialize()
+    barrier(args.out, rank, size, "joined")
+    if rank == 1:
+        collective._GROUP.store = _SlowReads(collective._GROUP.store, 1.0)
+    start = time.monotonic()
+    try:
+        report = {"type": None, "value": collective.allreduce(rank + 1)}
+    except Exception as exc:
+        report = error_info(exc, start)
+    collective.teardown()
     write(args.out, rank, report)
     os._exit(0)
 
@@ -259,7 +310,7 @@ def launch(args):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("mode", choices=["ops", "timeout", "hostdies", "ckpt", "launch"])
+    p.add_argument("mode", choices=["ops", "timeout", "hostdies", "lastread", "ckpt", "launch"])
     p.add_argument("--out", required=True)
     p.add_argument("--absent", default="")
     p.add_argument("--hang", default="")
