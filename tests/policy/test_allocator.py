@@ -683,3 +683,18 @@ def test_with_real_goodput_functions():
     assert_constraints(jobs, nodes, first.allocations, second.allocations)
     # Nothing changed but the clock: no job is restarted.
     assert second.allocations == first.allocations
+
+
+@pytest.mark.xfail(strict=True, raises=IndexError,
+                   reason="BUG (open): with mixed requests and a DP budget so small that it is "
+                          "coarsened, idling is ruled out on exact capacities but the rounded-up "
+                          "requests no longer fit, and the knapsack backtrack fails")
+def test_coarsened_mixed_dp_with_tiny_budget_stays_feasible():
+    rng = np.random.default_rng(3)
+    for _ in range(30):
+        jobs = {i: JobInfo({"GPU": int(rng.integers(1, 3)), "CPU": int(rng.integers(1, 9))},
+                           LinearSpeedup(int(rng.integers(1, 5))), 0.0, max_replicas=8)
+                for i in range(40)}
+        nodes = {n: NodeInfo({"GPU": 8, "CPU": 64}) for n in range(8)}
+        allocations = optimize(jobs, nodes, {}, now=100.0, max_dp_cells=3000)
+        assert_constraints(jobs, nodes, {}, allocations)

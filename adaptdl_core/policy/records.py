@@ -1,0 +1,182 @@
+"""What the allocator takes and gives: job, node and result records, with validation.
+
+Inputs are plain data: :class:`JobInfo` per job (per-replica resources, a speedup
+function, age, replica limits, restart history) and :class:`NodeInfo` per node (capacity).
+An *allocation* of a job is a list of node keys with one entry per replica (a node appears
+as many times as the job has replicas on it; ``[]`` means the job does not run).
+:class:`AllocationResult` is an allocation of every job together with its quality.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Hashable, List, Mapping, Optional
+
+import numpy as np
+
+__all__ = [
+    "DEFAULT_RESTART_COST_S",
+    "JobInfo",
+    "NodeInfo",
+    "AllocationResult",
+]
+
+#: Restart cost (seconds) assumed when a job has not measured its own. Pollux reports
+#: 15-120 s per checkpoint-restart; a 2-worker torch trial on Ray measured 8-16 s on a small
+#: machine. 30 s sits in the middle of the measured range.
+DEFAULT_RESTART_COST_S = 30.0
+
+SpeedupFn = Callable[[np.ndarray, np.ndarray], Any]
+Allocations = Dict[Hashable, List[Hashable]]
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
+        value, (bool, np.bool_))
+
+
+def _check_resources(owner: str, resources: Any, need_positive: bool) -> Dict[str, float]:
+    if not isinstance(resources, Mapping):
+        raise ValueError(f"{owner}.resources must be a dict of resource name -> amount, "
+                         f"got {type(resources).__name__}")
+    out: Dict[str, float] = {}
+    for name, amount in resources.items():
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"{owner}.resources: resource names must be non-empty strings, "
+                             f"got {name!r}")
+        if not _is_real(amount) or not math.isfinite(float(amount)) or float(amount) < 0:
+            raise ValueError(f"{owner}.resources[{name!r}] must be a finite number >= 0, "
+                             f"got {amount!r}")
+        out[name] = float(amount)
+    if need_positive and not any(v > 0 for v in out.values()):
+        raise ValueError(f"{owner}.resources must request a positive amount of at least one "
+                         f"resource, got {dict(resources)!r}")
+    return out
+
+@dataclass
+class JobInfo:
+    """What the allocator knows about one job.
+
+    Attributes:
+        resources: resources one replica needs, e.g. ``{"CPU": 1}`` or
+            ``{"GPU": 1, "CPU": 4}`` (amounts may be fractional; at least one positive).
+        speedup_fn: vectorised ``f(num_nodes, num_replicas) -> speedup`` (see
+            :mod:`adaptdl_core.policy.speedup`), 0 at 0 replicas.
+        creation_timestamp: when the job was submitted, seconds (same clock as ``now``).
+        min_replicas: fewest replicas the job may run with when it runs (``>= 0``); below
+            that it waits with 0 replicas.
+        max_replicas: most replicas it may use; ``None`` means only the cluster limits it.
+        preemptible: ``False`` pins a running job to its current allocation and keeps it
+            off preemptible nodes.
+        num_restarts: checkpoint-restarts the job has gone through so far (``>= 0``).
+        restart_cost_s: measured seconds one checkpoint-restart costs the job (``>= 0``);
+            defaults to :data:`DEFAULT_RESTART_COST_S` when unknown.
+
+    Raises:
+        ValueError: when a field is malformed; the message names the field.
+    """
+
+    resources: Mapping[str, float]
+    speedup_fn: SpeedupFn
+    creation_timestamp: float
+    min_replicas: int = 0
+    max_replicas: Optional[int] = None
+    preemptible: bool = True
+    num_restarts: int = 0
+    restart_cost_s: float = DEFAULT_RESTART_COST_S
+
+    def __post_init__(self) -> None:
+        self.resources = _check_resources("JobInfo", self.resources, need_positive=True)
+        if not callable(self.speedup_fn):
+            raise ValueError("JobInfo.speedup_fn must be callable(num_nodes, num_replicas), "
+                             f"got {type(self.speedup_fn).__name__}")
+        if not _is_real(self.creation_timestamp) or not math.isfinite(
+                float(self.creation_timestamp)):
+            raise ValueError("JobInfo.creation_timestamp must be a finite number of seconds, "
+                             f"got {self.creation_timestamp!r}")
+        self.creation_timestamp = float(self.creation_timestamp)
+        if not _is_int(self.min_replicas) or self.min_replicas < 0:
+            raise ValueError(f"JobInfo.min_replicas must be an integer >= 0, "
+                             f"got {self.min_replicas!r}")
+        self.min_replicas = int(self.min_replicas)
+        if self.max_replicas is not None:
+            if not _is_int(self.max_replicas) or self.max_replicas < 0:
+                raise ValueError(f"JobInfo.max_replicas must be None or an integer >= 0, "
+                                 f"got {self.max_replicas!r}")
+            self.max_replicas = int(self.max_replicas)
+            if self.max_replicas < self.min_replicas:
+                raise ValueError(f"JobInfo.max_replicas ({self.max_replicas}) must be >= "
+                                 f"min_replicas ({self.min_replicas})")
+        if not isinstance(self.preemptible, (bool, np.bool_)):
+            raise ValueError(f"JobInfo.preemptible must be a bool, got {self.preemptible!r}")
+        self.preemptible = bool(self.preemptible)
+        if not _is_int(self.num_restarts) or self.num_restarts < 0:
+            raise ValueError(f"JobInfo.num_restarts must be an integer >= 0, "
+                             f"got {self.num_restarts!r}")
+        self.num_restarts = int(self.num_restarts)
+        if self.restart_cost_s is None:
+            self.restart_cost_s = DEFAULT_RESTART_COST_S
+        if not _is_real(self.restart_cost_s) or not math.isfinite(
+                float(self.restart_cost_s)) or self.restart_cost_s < 0:
+            raise ValueError(f"JobInfo.restart_cost_s must be a finite number >= 0, "
+                             f"got {self.restart_cost_s!r}")
+        self.restart_cost_s = float(self.restart_cost_s)
+
+
+@dataclass
+class NodeInfo:
+    """One node's capacity.
+
+    Attributes:
+        resources: amounts available to jobs, e.g. ``{"CPU": 32, "GPU": 4}``.
+        preemptible: whether the node may disappear (spot instance); non-preemptible jobs
+            are never placed on it.
+
+    Raises:
+        ValueError: when a field is malformed; the message names the field.
+    """
+
+    resources: Mapping[str, float]
+    preemptible: bool = False
+
+    def __post_init__(self) -> None:
+        self.resources = _check_resources("NodeInfo", self.resources, need_positive=False)
+        if not isinstance(self.preemptible, (bool, np.bool_)):
+            raise ValueError(f"NodeInfo.preemptible must be a bool, got {self.preemptible!r}")
+        self.preemptible = bool(self.preemptible)
+
+
+@dataclass(frozen=True)
+class AllocationResult:
+    """An allocation and how good it is.
+
+    Attributes:
+        allocations: job key -> list of node keys, one entry per replica (``[]``: idle).
+        speedups: job key -> effective speedup (speedup at its shape times the restart
+            penalty when its allocation changed).
+        fitness: power mean of ``speedups`` over all jobs (0 if a job idles and ``p <= 0``).
+        num_idle: jobs with effective speedup 0.
+        optimal: ``True`` when the result provably attains the best objective (it matches
+            the dynamic programme's relaxation bound, or the branch and bound completed),
+            up to the ``min_gain`` tolerance.
+        gap: ``1 - fitness_of_running_jobs / bound``, an upper bound on the relative loss
+            against the optimum (0 when optimal; ``inf`` when the relaxation runs more
+            jobs; ``nan`` when the DP had to be thinned and gives no bound).
+        solve_time_s: wall-clock seconds spent in the allocator.
+        details: diagnostics (capacity model, DP size, stage that produced the result,
+            search effort, bound and objective); the keys are not a stable API.
+    """
+
+    allocations: Allocations
+    speedups: Dict[Hashable, float]
+    fitness: float
+    num_idle: int
+    optimal: bool
+    gap: float
+    solve_time_s: float = 0.0
+    details: Dict[str, Any] = field(default_factory=dict)
