@@ -490,6 +490,10 @@ class AdaptiveDataLoader(DataLoader):
                         if self._steps % DECIDE_EVERY_STEPS == 0 and self._decide_batch_size():
                             restart_pass = True  # new local batch: re-create the iterator
                             break
+            else:
+                # The pass is exhausted; samples dropped by drop_last count as passed, or
+                # a multi-pass (adaptive) epoch would find the same empty remainder forever.
+                state.current_index = pass_end
             if not adaptive or not self.training:
                 if not restart_pass:
                     break

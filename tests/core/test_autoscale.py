@@ -13,7 +13,7 @@ ARGS = ["--autoscale", "64", "--noise", "5", "--size", "512", "--epochs", "3"]
 
 def run(replicas, tmp_path, restart, *extra, expect):
     results = run_replicas(JOB, replicas, tmp_path / "ckpt", restart,
-                           ["--record", str(tmp_path), *ARGS, *extra], timeout=240)
+                           ["--record", str(tmp_path), *ARGS, *extra], timeout=120)
     for rank, (status, out) in enumerate(results):
         assert status == expect, f"rank {rank} exited {status}:\n{out[-4000:]}"
 
@@ -60,3 +60,12 @@ def test_replicas_agree_on_every_batch_size(tmp_path):
     hints = json.loads(next((tmp_path / "ckpt").glob("checkpoint-*/sched-hints.json")).read_text())
     assert hints["max_profiled_replicas"] == 2 and hints["init_batch_size"] == 8
     assert hints["perf_params"] is not None and hints["grad_params"]["var"] > 0
+
+
+def test_drop_last_with_multi_pass_epochs_terminates(tmp_path):
+    # Epochs of adaptive training span several passes; a pass whose remainder is smaller
+    # than a batch (dropped) must still count as finished (it once looped forever).
+    run(1, tmp_path, 0, "--drop-last", "--size", "100", "--batch-size", "12", expect=0)
+    events = read_events(tmp_path)
+    assert [e["epoch"] for e in events if e["event"] == "epoch_end"] == [0, 1, 2]
+    assert all(e["local_bsz"] == e["batch_size"] for e in batches(events))

@@ -47,6 +47,7 @@ def main():
                    help="touch this file after the first batch (tests send signals then)")
     p.add_argument("--autoscale", type=int, default=0, help="max batch size (0: fixed)")
     p.add_argument("--accumulation", action="store_true")
+    p.add_argument("--drop-last", action="store_true")
     p.add_argument("--noise", type=float, default=0.1, help="label noise (std)")
     p.add_argument("--sleep", type=float, default=0.0, help="seconds per batch")
     args = p.parse_args()
@@ -64,7 +65,8 @@ def main():
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.9)
     model = adl.AdaptiveDataParallel(model, opt, sched)
     data = IndexedData(args.size, args.noise)
-    train = adl.AdaptiveDataLoader(data, batch_size=args.batch_size, shuffle=True)
+    train = adl.AdaptiveDataLoader(data, batch_size=args.batch_size, shuffle=True,
+                                   drop_last=args.drop_last)
     if args.autoscale:
         train.autoscale_batch_size(args.autoscale, local_bsz_bounds=(4, 64),
                                    gradient_accumulation=args.accumulation)
