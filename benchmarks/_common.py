@@ -1,0 +1,139 @@
+"""Helpers shared by the training benchmarks (step_overhead.py, autobsz.py).
+
+Nothing here imports torch, so the parent (orchestrating) processes stay light; the
+measurements themselves run in child processes started with :func:`launch`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterable, Sequence
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def child_env(rank: int = 0, replicas: int = 1, port: int | None = None,
+              extra: dict | None = None) -> dict:
+    """Environment of one replica: the ADAPTDL_* variables (as tests/core/harness.py sets
+    them), one intra-op thread, the repository on PYTHONPATH, no checkpoint path."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ADAPTDL_")}
+    env.update({
+        "ADAPTDL_MASTER_ADDR": "127.0.0.1",
+        "ADAPTDL_MASTER_PORT": str(port if port is not None else free_port()),
+        "ADAPTDL_REPLICA_RANK": str(rank),
+        "ADAPTDL_NUM_REPLICAS": str(replicas),
+        "ADAPTDL_NUM_RESTARTS": "0",
+        "ADAPTDL_TIMEOUT": "120",
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": os.pathsep.join([str(ROOT)] + ([os.environ["PYTHONPATH"]]
+                                                     if os.environ.get("PYTHONPATH") else [])),
+    })
+    env.update(extra or {})
+    return env
+
+
+def launch(script: str | Path, args: Sequence[str], replicas: int = 1,
+           timeout: float = 600) -> list[tuple[int, str]]:
+    """Run ``replicas`` processes of ``script args`` as one job; returns (status, output)
+    per rank. Processes still running at ``timeout`` are killed (by their own pid)."""
+    port = free_port()
+    procs = [subprocess.Popen([sys.executable, str(script), *args],
+                              env=child_env(rank, replicas, port), cwd=str(ROOT),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for rank in range(replicas)]
+    results = []
+    for proc in procs:
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate()
+            out += "\n<killed after timeout>"
+        results.append((proc.returncode, out))
+    return results
+
+
+RESULT_MARK = "@@RESULT@@ "
+
+
+def emit_result(obj) -> None:
+    """Print a JSON result line that :func:`parse_result` finds in a child's output."""
+    print(RESULT_MARK + json.dumps(obj), flush=True)
+
+
+def parse_result(output: str):
+    for line in reversed(output.splitlines()):
+        if line.startswith(RESULT_MARK):
+            return json.loads(line[len(RESULT_MARK):])
+    raise RuntimeError("child printed no result; its output ends with:\n" + output[-3000:])
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated quantile (q in [0, 1]) of a non-empty sequence."""
+    xs = sorted(values)
+    pos = q * (len(xs) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    if pos == lo or xs[hi] == xs[lo]:
+        return xs[lo]
+    if math.isinf(xs[hi]):  # e.g. "never reached": avoid inf - inf
+        return xs[hi]
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def median(values: Iterable[float]) -> float:
+    return statistics.median(list(values))
+
+
+def iqr_text(values: Sequence[float], fmt: str = "{:.3f}") -> str:
+    """'median [p25, p75]'."""
+    return (fmt.format(median(values)) + " [" + fmt.format(quantile(values, 0.25)) + ", "
+            + fmt.format(quantile(values, 0.75)) + "]")
+
+
+def markdown_table(header: Sequence[str], rows: Iterable[Sequence]) -> str:
+    lines = ["| " + " | ".join(header) + " |",
+             "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def machine_description() -> str:
+    """CPU model, core count, load average, Python and torch versions (torch read from
+    its metadata, without importing it)."""
+    cpu = platform.processor() or "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        from importlib.metadata import version
+        torch_version = version("torch")
+    except Exception:  # pragma: no cover
+        torch_version = "?"
+    try:
+        load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:  # pragma: no cover
+        load = "?"
+    return (f"{cpu}, {os.cpu_count()} cores, load average {load} at start; "
+            f"Python {platform.python_version()}, torch {torch_version}, {platform.system()}")

@@ -1,0 +1,392 @@
+"""Time to a target test accuracy: autoscaled batch size versus fixed batch sizes.
+
+The task is the digits example (``examples/digits_data.py``: the 10k-parameter digits
+CNN, 1437 training and 360 test images), trained as ``examples/standalone_digits.py``
+does: one process, ``torch.set_num_threads(1)``, SGD (lr 0.05, momentum 0.9, tuned for
+batch 64) with a cosine LR schedule over the epoch budget, ``AdaptiveDataParallel`` and
+an ``AdaptiveDataLoader``. The arms differ only in the batch size:
+
+* ``fixed-B`` for B in 16 .. 512: ``AdaptiveDataLoader(batch_size=B)``, nothing else; the
+  lr stays 0.05 (the user only changes the batch size). AdaScale never rescales it: the
+  rule's scale is ``current_batch_size / batch_size`` = 1 for a fixed loader, and
+  ``gain(1) == 1`` (see ``AdaptiveDataParallel._step`` and ``GradientNoiseScale.gain``).
+* ``auto-64`` (the arm the targets are about): ``batch_size=64`` (the user's choice, the
+  batch the lr was tuned for) plus ``loader.autoscale_batch_size(MAX_BATCH,
+  local_bsz_bounds=(16, MAX_BATCH))``: the loader may grow the batch from 64 up to
+  ``MAX_BATCH`` (never below the initial 64: the goodput search starts there), the lr
+  follows AdaScale, and an epoch lasts until the statistical progress of one pass at
+  batch 64.
+* ``auto-16``: the same from ``batch_size=16`` (lr 0.05 too), for reference: can the
+  autoscaler find the best fixed size when it is allowed to start small?
+
+All arms use ``drop_last=False`` (the example uses True): with ``drop_last=True`` an
+autoscaled loader never ends its epoch once fewer samples than one batch are left in the
+pass before the epoch's progress target is reached (it looped forever without yielding,
+fixed since in commit 0798e8d), so the last, partial batch of each pass is kept everywhere
+(the published numbers were measured so).
+
+Why ``MAX_BATCH = 256``: the training set has 1437 images, so a batch of 512 is a third of
+it (three steps per pass, the last one partial); 256 still gives 6 steps per pass and is 4x the
+initial batch, enough room for the goodput model to act on. ``--max-batch-size 512``
+runs the other choice.
+
+Every arm is a subprocess (``--worker``; ``init_process_group`` may be called once per
+process). Arms run one at a time, in a random order per seed, for several seeds (the
+seed of the model initialisation; all arms of a seed share it). The training clock runs
+from the start of the epoch loop and is paused while the worker snapshots the weights
+(every 128 training samples and at every epoch end; a copy of 10k parameters), so the
+evaluation -- done on the snapshots after training -- costs no training time and does not
+disturb the loader's step-time profile. Reported per arm: the training time at which the
+test accuracy first reaches 0.95 and 0.97, the final accuracy after the epoch budget,
+and the samples and wall time the budget took.
+
+Usage: ``python benchmarks/autobsz.py [--quick] [--seeds N] [--epochs E]
+[--max-batch-size M] [--json PATH]`` (default: 5 seeds x 8 arms x 30 epochs, about 8
+minutes on a busy 2-core machine; ``--quick``: 3 seeds x 5 arms (no ``auto-16``) x 15
+epochs, about 2.5 minutes).
+Targets: auto no slower than 1.05 x the best fixed size, final accuracy within 1 point.
+
+``--gns-check ARM`` (a few seconds) prints, instead, the library's gradient-noise-scale
+estimate next to the exact one (per-sample gradients over the training set) along one
+run of ARM (``fixed-64``, ``auto-64``, ...): the diagnostic behind the README's analysis.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common  # noqa: E402
+
+TARGETS = (0.95, 0.97)
+AUTO = "auto-64"           # the arm the targets are about
+INIT_BATCH = 64
+LR = 0.05
+MOMENTUM = 0.9
+MAX_BATCH = 256
+MIN_LOCAL = 16
+SNAP_EVERY = 128           # training samples between weight snapshots
+TIME_TARGET = 1.05         # auto <= 1.05 x best fixed time to target
+ACC_TARGET = 0.01          # auto final accuracy >= best fixed - 1 point
+
+FIXED = {False: (16, 32, 64, 128, 256, 512), True: (16, 64, 256, 512)}
+SEEDS = {False: 5, True: 3}
+EPOCHS = {False: 30, True: 15}
+
+
+# ----------------------------------------------------------------------------- worker
+def worker(args: argparse.Namespace) -> None:
+    import torch
+    import torch.nn.functional as F
+
+    sys.path.insert(0, str(_common.ROOT / "examples"))
+    from digits_data import DigitsCNN, load_digits_datasets
+
+    import adaptdl_core.torch as adl
+
+    torch.set_num_threads(1)
+    torch.manual_seed(args.seed)
+    adl.init_process_group("gloo")
+    train, test = load_digits_datasets()
+    model = DigitsCNN()
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.epochs)
+    ddp = adl.AdaptiveDataParallel(model, optimizer, scheduler)
+    auto = args.arm.startswith("auto-")
+    batch = int(args.arm.split("-")[1])
+    loader = adl.AdaptiveDataLoader(train, batch_size=batch,
+                                    shuffle=True, drop_last=False)  # see the docstring
+    if auto:
+        loader.autoscale_batch_size(args.max_batch_size,
+                                    local_bsz_bounds=(min(MIN_LOCAL, batch), args.max_batch_size))
+
+    snaps = []          # (train seconds, samples, steps, epoch, batch size, weights)
+    bsz_samples = {}    # batch size -> training samples used at it
+    lr_factors = []     # (steps, AdaScale lr factor) when it changes
+    paused = 0.0
+    samples = steps = since_snap = 0
+
+    def snapshot(epoch: int) -> None:
+        nonlocal paused, since_snap
+        t0 = time.perf_counter()
+        weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        snaps.append((t0 - start - paused, samples, steps, epoch, loader.current_batch_size,
+                      weights))
+        since_snap = 0
+        paused += time.perf_counter() - t0
+
+    start = time.perf_counter()
+    snapshot(-1)
+    for epoch in adl.remaining_epochs_until(args.epochs):
+        model.train()
+        for images, labels in loader:
+            optimizer.zero_grad()
+            F.cross_entropy(ddp(images), labels).backward()
+            optimizer.step()
+            n = len(labels)
+            samples += n
+            steps += 1
+            since_snap += n
+            bsz_samples[n] = bsz_samples.get(n, 0) + n
+            factor = ddp.scaling_rule.last_lr_factor
+            if not lr_factors or abs(lr_factors[-1][1] - factor) > 0.05 * lr_factors[-1][1]:
+                lr_factors.append((steps, round(factor, 3)))
+            if since_snap >= SNAP_EVERY:
+                snapshot(epoch)
+        if since_snap:
+            snapshot(epoch)
+        scheduler.step()
+    total = time.perf_counter() - start - paused
+
+    # Evaluation of the snapshots, after training.
+    x, y = test.tensors
+    evaluator = DigitsCNN()
+    evaluator.eval()
+    trace = []
+    with torch.no_grad():
+        for t, n, k, epoch, bsz, weights in snaps:
+            evaluator.load_state_dict(weights)
+            acc = float((evaluator(x).argmax(dim=1) == y).float().mean())
+            trace.append([round(t, 4), n, k, epoch, bsz, round(acc, 4)])
+    _common.emit_result({
+        "trace": trace, "train_s": total, "samples": samples, "steps": steps,
+        "final_acc": trace[-1][5], "bsz_samples": bsz_samples, "lr_factors": lr_factors[:50],
+        "gns": repr(ddp.gns)})
+
+
+# ----------------------------------------------------------------------------- parent
+def time_to(trace: list, target: float) -> float:
+    for t, _n, _k, _e, _b, acc in trace:
+        if acc >= target:
+            return t
+    return math.inf
+
+
+def fmt_time(values: list[float]) -> str:
+    reached = [v for v in values if math.isfinite(v)]
+    if len(reached) < len(values) / 2:
+        return f"not reached ({len(reached)}/{len(values)})"
+    # the median over all seeds (unreached counts as infinite), with the spread
+    med = _common.median(values)
+    lo, hi = _common.quantile(values, 0.25), _common.quantile(values, 0.75)
+    note = "" if len(reached) == len(values) else f", {len(reached)}/{len(values)} reached"
+    return f"{med:.2f} [{lo:.2f}, {hi:.2f}]{note}".replace("inf", "never")
+
+
+def report(runs: dict, seeds: list[int], arms: list[str], epochs: int,
+           max_batch: int) -> str:
+    rows = []
+    per_arm = {}
+    for name in arms:
+        res = [runs[(name, s)] for s in seeds]
+        per_arm[name] = res
+        bsz = {}
+        for r in res:
+            for k, v in r["bsz_samples"].items():
+                bsz[int(k)] = bsz.get(int(k), 0) + v
+        total = sum(bsz.values())
+        mix = ", ".join(f"{k}: {100 * v / total:.0f}%" for k, v in sorted(bsz.items())
+                        if v / total >= 0.01)
+        rows.append([f"`{name}`"] + [fmt_time([time_to(r["trace"], t) for r in res])
+                                      for t in TARGETS]
+                    + [_common.iqr_text([r["final_acc"] for r in res], "{:.4f}"),
+                       f"{_common.median([r['train_s'] for r in res]):.2f}",
+                       f"{_common.median([r['samples'] for r in res]) / 1437:.1f}",
+                       mix if name.startswith("auto") else name.split("-")[1]])
+    table = _common.markdown_table(
+        ["arm"] + [f"time to {t:.2f} (s): median [p25, p75]" for t in TARGETS]
+        + ["final accuracy: median [p25, p75]", f"{epochs}-epoch time (s)",
+           "passes over the data", "batch sizes (share of samples)"], rows)
+
+    # Auto versus the best fixed size, per target.
+    verdict = []
+    auto = per_arm[AUTO]
+    fixed_names = [n for n in arms if n.startswith("fixed-")]
+    for t in TARGETS:
+        med = {n: _common.median([time_to(r["trace"], t) for r in per_arm[n]])
+               for n in fixed_names}
+        best = min(med, key=med.get)
+        auto_t = [time_to(r["trace"], t) for r in auto]
+        best_t = [time_to(r["trace"], t) for r in per_arm[best]]
+        ratio_med = _common.median(auto_t) / med[best] if math.isfinite(med[best]) else math.nan
+        paired = [a / b for a, b in zip(auto_t, best_t) if math.isfinite(a) and math.isfinite(b)]
+        verdict.append([f"time to {t:.2f}", f"`{best}` ({med[best]:.2f} s)",
+                        f"{_common.median(auto_t):.2f} s",
+                        f"{ratio_med:.3f}",
+                        (_common.iqr_text(paired) + f" (n={len(paired)})") if paired else "-",
+                        "yes" if ratio_med <= TIME_TARGET else
+                        f"no ({100 * (ratio_med - TIME_TARGET):+.1f} pts over 1.05)"])
+    accs = {n: _common.median([r["final_acc"] for r in per_arm[n]]) for n in fixed_names}
+    best = max(accs, key=accs.get)
+    auto_acc = _common.median([r["final_acc"] for r in auto])
+    verdict.append([f"final accuracy after {epochs} epochs", f"`{best}` ({accs[best]:.4f})",
+                    f"{auto_acc:.4f}", f"{auto_acc - accs[best]:+.4f} (difference)", "",
+                    "yes" if auto_acc >= accs[best] - ACC_TARGET else
+                    f"no ({100 * (accs[best] - ACC_TARGET - auto_acc):.1f} pts short)"])
+    summary = _common.markdown_table(
+        ["criterion", "best fixed arm (median)", "auto (median)", "ratio of medians",
+         "per-seed ratio auto / best: median [p25, p75]", "target met?"], verdict)
+    return (f"### `{AUTO}` (64 -> at most {max_batch}) versus fixed batch sizes: "
+            f"{len(seeds)} seeds, {epochs} epochs\n\n" + summary + "\n\n" + table)
+
+
+# ------------------------------------------------------------------ --gns-check (diagnostic)
+def gns_check(arm: str, seed: int, steps: int) -> None:
+    """Print the library's gradient-noise estimate next to the exact one along a run.
+
+    One process (so the library pairs consecutive steps' gradients); at a few steps the
+    exact ``|G|^2`` and ``tr(Sigma)`` over the whole training set are computed from
+    per-sample gradients (``torch.func``), and the noise scale ``B = tr(Sigma) / |G|^2``
+    compared with the library's ``gns.noise_scale()``.
+    """
+    import torch
+    import torch.nn.functional as F
+    from torch.func import functional_call, grad, vmap
+
+    sys.path.insert(0, str(_common.ROOT / "examples"))
+    from digits_data import DigitsCNN, load_digits_datasets
+
+    import adaptdl_core.torch as adl
+
+    torch.set_num_threads(1)
+    torch.manual_seed(seed)
+    adl.init_process_group("gloo")
+    train, _ = load_digits_datasets()
+    xs, ys = train.tensors
+    model = DigitsCNN()
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    ddp = adl.AdaptiveDataParallel(model, optimizer)
+    batch = int(arm.split("-")[1])
+    loader = adl.AdaptiveDataLoader(train, batch_size=batch, shuffle=True, drop_last=False)
+    if arm.startswith("auto-"):
+        loader.autoscale_batch_size(MAX_BATCH, local_bsz_bounds=(min(MIN_LOCAL, batch),
+                                                                 MAX_BATCH))
+
+    def exact() -> tuple[float, float]:
+        params = {k: v.detach() for k, v in model.named_parameters()}
+
+        def loss(p, x, y):
+            return F.cross_entropy(functional_call(model, p, (x[None],)), y[None])
+
+        g = vmap(grad(loss), in_dims=(None, 0, 0))(params, xs, ys)
+        flat = torch.cat([v.reshape(len(xs), -1) for v in g.values()], 1).double()
+        mean = flat.mean(0)
+        return float(mean.pow(2).sum()), float(((flat - mean) ** 2).sum(1).mean())
+
+    checks = {3, 5, 10, 20, 40, 80, 160, 320, 640}
+    rows, step = [], 0
+    for _epoch in adl.remaining_epochs_until(1000):
+        for images, labels in loader:
+            optimizer.zero_grad()
+            F.cross_entropy(ddp(images), labels).backward()
+            optimizer.step()
+            step += 1
+            if step in checks:
+                sqr, trace = exact()
+                g = ddp.gns
+                rows.append([step, loader.current_batch_size, f"{trace / sqr:.0f}",
+                             f"{g.noise_scale():.0f}", f"{g.noise_scale() / (trace / sqr):.2f}",
+                             f"{g.gain(MAX_BATCH / batch):.2f}"])
+            if step >= steps:
+                break
+        if step >= steps:
+            break
+    print(f"### Gradient noise scale, `{arm}`, seed {seed}: library (1 replica, "
+          f"consecutive-step pairs) vs exact over the training set\n")
+    print(_common.markdown_table(
+        ["step", "batch", "exact B = tr(Sigma)/|G|^2", "library noise_scale()",
+         "library / exact", f"library gain({MAX_BATCH}/{batch})"], rows))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="3 seeds, 5 arms, 15 epochs")
+    p.add_argument("--seeds", type=int, help="number of seeds (default 5; quick 3)")
+    p.add_argument("--epochs", type=int, help="epoch budget (default 30; quick 15)")
+    p.add_argument("--max-batch-size", type=int, default=MAX_BATCH,
+                   help=f"the auto arm's max_batch_size (default {MAX_BATCH})")
+    p.add_argument("--json", help="also write every run's trace here")
+    p.add_argument("--from-json", metavar="PATH",
+                   help="print the tables of a run saved with --json, without measuring")
+    p.add_argument("--gns-check", metavar="ARM",
+                   help="instead: print the library's noise-scale estimate vs the exact one "
+                        "along one run of ARM (e.g. fixed-64 or auto-64; seconds)")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--arm", help=argparse.SUPPRESS)
+    p.add_argument("--worker-gns", help=argparse.SUPPRESS)
+    p.add_argument("--seed", type=int, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.epochs is None:
+        args.epochs = EPOCHS[args.quick]
+    if args.worker_gns:
+        gns_check(args.worker_gns, seed=0, steps=320)
+        return
+    if args.worker:
+        worker(args)
+        return
+    if args.from_json:
+        with open(args.from_json) as f:
+            saved = json.load(f)
+        runs = {(k.split("/seed")[0], int(k.split("/seed")[1])): v
+                for k, v in saved["runs"].items()}
+        seeds = sorted({s for _, s in runs})
+        arms = list(dict.fromkeys(a for a, _ in sorted(runs, key=lambda k: (
+            not k[0].startswith("auto"), k[0].startswith("auto-16"),
+            int(k[0].split("-")[1]) if k[0].startswith("fixed") else 0))))
+        print(f"Machine: {saved['machine']}\n\nCommand: {saved['command']}\n")
+        print(report(runs, seeds, arms, saved["epochs"], saved["max_batch_size"]))
+        return
+    if args.gns_check:
+        out = _common.launch(Path(__file__).resolve(), ["--worker-gns", args.gns_check],
+                             replicas=1, timeout=600)
+        print(out[0][1])
+        return
+    seeds = list(range(args.seeds if args.seeds else SEEDS[args.quick]))
+    arms = [AUTO] + ([] if args.quick else ["auto-16"]) \
+        + [f"fixed-{b}" for b in FIXED[args.quick]]
+    machine = _common.machine_description()
+    started = time.perf_counter()
+    runs = {}
+    for seed in seeds:
+        order = list(arms)
+        random.Random(1000 + seed).shuffle(order)
+        for arm in order:
+            out = _common.launch(Path(__file__).resolve(),
+                                 ["--worker", "--arm", arm, "--seed", str(seed),
+                                  "--epochs", str(args.epochs),
+                                  "--max-batch-size", str(args.max_batch_size)],
+                                 replicas=1, timeout=600)
+            status, text = out[0]
+            if status != 0:
+                raise RuntimeError(f"{arm} seed {seed} exited {status}:\n{text[-3000:]}")
+            res = _common.parse_result(text)
+            runs[(arm, seed)] = res
+            print(f"# seed {seed} {arm}: {res['train_s']:.2f} s, final "
+                  f"{res['final_acc']:.4f}, to 0.97: {time_to(res['trace'], 0.97):.2f} s",
+                  file=sys.stderr, flush=True)
+    total = time.perf_counter() - started
+    cmd = "python benchmarks/autobsz.py" + (" --quick" if args.quick else "")
+    if args.seeds:
+        cmd += f" --seeds {args.seeds}"
+    if args.epochs != EPOCHS[args.quick]:
+        cmd += f" --epochs {args.epochs}"
+    if args.max_batch_size != MAX_BATCH:
+        cmd += f" --max-batch-size {args.max_batch_size}"
+    print(f"Machine: {machine}\n")
+    print(f"Command: {cmd} (total {total:.0f} s)\n")
+    print(report(runs, seeds, arms, args.epochs, args.max_batch_size))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"machine": machine, "command": f"{cmd} (total {total:.0f} s)",
+                       "epochs": args.epochs, "max_batch_size": args.max_batch_size,
+                       "runs": {f"{k[0]}/seed{k[1]}": v for k, v in runs.items()}}, f)
+
+
+if __name__ == "__main__":
+    main()
