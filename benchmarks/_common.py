@@ -10,7 +10,6 @@ import json
 import math
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
@@ -18,55 +17,40 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from adaptdl_core import launch  # noqa: E402  (light: no torch import)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+free_port = launch.free_port
 
 
 def child_env(rank: int = 0, replicas: int = 1, port: int | None = None,
               extra: dict | None = None) -> dict:
-    """Environment of one replica: the ADAPTDL_* variables (as tests/core/harness.py sets
-    them), one intra-op thread, the repository on PYTHONPATH, no checkpoint path."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ADAPTDL_")}
-    env.update({
-        "ADAPTDL_MASTER_ADDR": "127.0.0.1",
-        "ADAPTDL_MASTER_PORT": str(port if port is not None else free_port()),
-        "ADAPTDL_REPLICA_RANK": str(rank),
-        "ADAPTDL_NUM_REPLICAS": str(replicas),
-        "ADAPTDL_NUM_RESTARTS": "0",
+    """Environment of one replica: the job's ADAPTDL_* variables (no checkpoint path),
+    one intra-op thread, the repository on PYTHONPATH."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("ADAPTDL_")}
+    return launch.replica_env(rank, replicas, port if port is not None else free_port(),
+                              base_env=base, extra_env={
         "ADAPTDL_TIMEOUT": "120",
         "OMP_NUM_THREADS": "1",
         "MKL_NUM_THREADS": "1",
         "PYTHONUNBUFFERED": "1",
         "PYTHONPATH": os.pathsep.join([str(ROOT)] + ([os.environ["PYTHONPATH"]]
                                                      if os.environ.get("PYTHONPATH") else [])),
-    })
-    env.update(extra or {})
-    return env
+        **(extra or {})})
 
 
-def launch(script: str | Path, args: Sequence[str], replicas: int = 1,
-           timeout: float = 600) -> list[tuple[int, str]]:
+def launch_job(script: str | Path, args: Sequence[str], replicas: int = 1,
+               timeout: float = 600) -> list[tuple[int, str]]:
     """Run ``replicas`` processes of ``script args`` as one job; returns (status, output)
-    per rank. Processes still running at ``timeout`` are killed (by their own pid)."""
+    per rank. Processes still running at ``timeout`` are killed."""
     port = free_port()
     procs = [subprocess.Popen([sys.executable, str(script), *args],
                               env=child_env(rank, replicas, port), cwd=str(ROOT),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for rank in range(replicas)]
-    results = []
-    for proc in procs:
-        try:
-            out, _ = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, _ = proc.communicate()
-            out += "\n<killed after timeout>"
-        results.append((proc.returncode, out))
-    return results
+    return launch.wait_replicas(procs, timeout)
 
 
 RESULT_MARK = "@@RESULT@@ "

@@ -343,7 +343,7 @@ def main() -> None:
         print(report(runs, seeds, arms, saved["epochs"], saved["max_batch_size"]))
         return
     if args.gns_check:
-        out = _common.launch(Path(__file__).resolve(), ["--worker-gns", args.gns_check],
+        out = _common.launch_job(Path(__file__).resolve(), ["--worker-gns", args.gns_check],
                              replicas=1, timeout=600)
         print(out[0][1])
         return
@@ -357,7 +357,7 @@ def main() -> None:
         order = list(arms)
         random.Random(1000 + seed).shuffle(order)
         for arm in order:
-            out = _common.launch(Path(__file__).resolve(),
+            out = _common.launch_job(Path(__file__).resolve(),
                                  ["--worker", "--arm", arm, "--seed", str(seed),
                                   "--epochs", str(args.epochs),
                                   "--max-batch-size", str(args.max_batch_size)],

@@ -18,7 +18,6 @@ Usage: ``python benchmarks/fit_accuracy.py`` (a few seconds).
 
 from __future__ import annotations
 
-import csv
 import sys
 import time
 from pathlib import Path
@@ -31,36 +30,7 @@ if str(ROOT) not in sys.path:
 
 from adaptdl_core.goodput import GoodputFunction, GradParams, fit_perf_params  # noqa: E402
 
-TRACES = ROOT / "tests" / "data" / "pollux_traces"
-MODELS = ("bert", "cifar10", "imagenet", "ncf")
-
-
-def _read(path: Path) -> list:
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
-
-
-def load_placements(model: str):
-    """(nodes, replicas, local_bsz, T_c, T_o) arrays from ``placements.csv``."""
-    rows = _read(TRACES / model / "placements.csv")
-    placement = [r["placement"].strip() for r in rows]
-    nodes = np.array([len(p) for p in placement], dtype=float)
-    replicas = np.array([sum(int(c) for c in p) for p in placement], dtype=float)
-    bsz = np.array([float(r["local_bsz"]) for r in rows])
-    step = np.array([float(r["step_time"]) for r in rows])
-    sync = np.array([float(r["sync_time"]) for r in rows])
-    return nodes, replicas, bsz, step - sync, step
-
-
-def load_scalability(model: str):
-    """(nodes, replicas, local_bsz, T_c, T_o) arrays from ``scalability.csv``."""
-    rows = _read(TRACES / model / "scalability.csv")
-
-    def col(name):
-        return np.array([float(r[name]) for r in rows])
-
-    step = col("step_time")
-    return col("num_nodes"), col("num_replicas"), col("local_bsz"), step - col("sync_time"), step
+from tests.data.traces import MODELS, load_placements, load_scalability  # noqa: E402
 
 
 def predicted_step_time(params, nodes, replicas, bsz) -> np.ndarray:

@@ -198,7 +198,7 @@ def run_config(model: str, replicas: int, steps: int, rounds: int, warmup: int) 
     args = ["--worker", "--model", model, "--steps", str(steps), "--rounds", str(rounds),
             "--warmup", str(warmup)]
     started = time.perf_counter()
-    outputs = _common.launch(Path(__file__).resolve(), args, replicas=replicas, timeout=600)
+    outputs = _common.launch_job(Path(__file__).resolve(), args, replicas=replicas, timeout=600)
     for rank, (status, out) in enumerate(outputs):
         if status != 0:
             raise RuntimeError(f"{model} x{replicas} rank {rank} exited {status}:\n{out[-3000:]}")

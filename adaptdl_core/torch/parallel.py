@@ -21,6 +21,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from adaptdl_core import checkpoint, env
 from adaptdl_core.torch import _metrics
+from adaptdl_core.torch import data as _data
 from adaptdl_core.torch.data import current_dataloader
 from adaptdl_core.torch.gradient_noise_scale import (GradientNoiseScale, adam_preconditioner,
                                                      is_adam_family, preconditioned_sqr_norm)
@@ -161,7 +162,6 @@ class AdaptiveDataParallel(DistributedDataParallel):
         self._accumulating = False
         _metrics.metrics()  # make sure the metrics State exists before any checkpoint
         if _training_loader() is None:
-            from adaptdl_core.torch import data as _data
             _data._LOOPS.training = loader
             _metrics.set_batch_size_limits(loader._target_batch_size, loader.max_batch_size,
                                            loader.local_bsz_bounds,
@@ -234,8 +234,7 @@ class AdaptiveDataParallel(DistributedDataParallel):
         self._reset_step_measurements()
 
 
-def _training_loader():
-    from adaptdl_core.torch import data as _data
+def _training_loader() -> "_data.AdaptiveDataLoader | None":
     return _data._LOOPS.training
 
 

@@ -2,7 +2,6 @@
 (synthetic data with known parameters, and real Pollux measurements)."""
 
 import ast
-import csv
 import math
 import time
 from pathlib import Path
@@ -11,8 +10,8 @@ import numpy as np
 import pytest
 
 from adaptdl_core.goodput import GoodputFunction, GradParams, PerfParams, fit_perf_params
+from tests.data.traces import load_placements, load_scalability
 
-TRACES = Path(__file__).resolve().parents[1] / "data" / "pollux_traces"
 MODELS = ("bert", "cifar10", "imagenet", "ncf")
 
 
@@ -55,32 +54,6 @@ def profile_grid(max_nodes=4, per_node=4, bszs=(16, 32, 64, 128, 256)):
                 rows.append((n, k, b))
     n, k, b = np.array(rows, dtype=float).T
     return n, k, b
-
-
-def load_placements(model):
-    """(N, K, b, T_c, T_o) from placements.csv: T_o = step_time, T_c = step_time - sync_time.
-
-    step_time is a whole optimizer step without accumulation, i.e. the micro-batch that ends
-    the step, sync included (T_o). sync_time is the part spent blocked on the all-reduce
-    after the backward pass, so the rest is the compute of one micro-batch (T_c).
-    """
-    with open(TRACES / model / "placements.csv", newline="") as f:
-        rows = list(csv.DictReader(f))
-    placement = [r["placement"].strip() for r in rows]
-    n = np.array([len(p) for p in placement], dtype=float)
-    k = np.array([sum(int(c) for c in p) for p in placement], dtype=float)
-    b = np.array([float(r["local_bsz"]) for r in rows])
-    step = np.array([float(r["step_time"]) for r in rows])
-    sync = np.array([float(r["sync_time"]) for r in rows])
-    return n, k, b, step - sync, step
-
-
-def load_scalability(model):
-    with open(TRACES / model / "scalability.csv", newline="") as f:
-        rows = list(csv.DictReader(f))
-    col = lambda c: np.array([float(r[c]) for r in rows])  # noqa: E731
-    step = col("step_time")
-    return col("num_nodes"), col("num_replicas"), col("local_bsz"), step - col("sync_time"), step
 
 
 # ----------------------------------------------------------------------------- module hygiene

@@ -1,0 +1,160 @@
+"""Start the replicas of one standalone job on this machine with the ``ADAPTDL_*`` variables.
+
+From the shell::
+
+    python -m adaptdl_core.launch --replicas 2 --checkpoint-path /tmp/ckpt train.py --lr 0.1
+
+starts ``train.py`` twice (ranks 0 and 1) with a free master port, waits for both, and
+exits with their status: 0 when all finished, 143 when all were checkpointed and stopped
+(Ctrl-C reaches every replica of the terminal's process group), else the first failure.
+Restart the same command with another ``--replicas`` and ``--restarts N`` to resume.
+
+From Python (tests, benchmarks, other launchers): :func:`replica_env`,
+:func:`start_replicas` and :func:`wait_replicas`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Mapping, Sequence
+
+__all__ = ["free_port", "replica_env", "start_replicas", "wait_replicas", "job_status", "main"]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on ``host`` right now (the OS picks it)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def replica_env(rank: int, num_replicas: int, master_port: int, *,
+                master_addr: str = "127.0.0.1", checkpoint_path: str | Path | None = None,
+                num_restarts: int = 0, extra_env: Mapping[str, str] | None = None,
+                base_env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of replica ``rank``: ``base_env`` (default: this process's),
+    the ``ADAPTDL_*`` variables of the job, then ``extra_env``.
+
+    Raises:
+        ValueError: if ``rank`` is not in ``[0, num_replicas)`` or ``num_restarts < 0``.
+    """
+    if not 0 <= rank < num_replicas:
+        raise ValueError(f"rank={rank} must be in [0, num_replicas={num_replicas})")
+    if num_restarts < 0:
+        raise ValueError(f"num_restarts={num_restarts} must be >= 0")
+    env = dict(os.environ if base_env is None else base_env)
+    env.update({
+        "ADAPTDL_MASTER_ADDR": master_addr,
+        "ADAPTDL_MASTER_PORT": str(master_port),
+        "ADAPTDL_REPLICA_RANK": str(rank),
+        "ADAPTDL_NUM_REPLICAS": str(num_replicas),
+        "ADAPTDL_NUM_RESTARTS": str(num_restarts),
+    })
+    if checkpoint_path is not None:
+        env["ADAPTDL_CHECKPOINT_PATH"] = str(checkpoint_path)
+    env.update(extra_env or {})
+    return env
+
+
+def start_replicas(command: Sequence[str], num_replicas: int, *,
+                   checkpoint_path: str | Path | None = None, num_restarts: int = 0,
+                   master_port: int | None = None, extra_env: Mapping[str, str] | None = None,
+                   capture_output: bool = False, cwd: str | Path | None = None
+                   ) -> list[subprocess.Popen]:
+    """Start ``num_replicas`` processes running ``command``, rank 0 first.
+
+    Arguments:
+        command: the program and its arguments, e.g. ``[sys.executable, "train.py"]``.
+        num_replicas: how many replicas (>= 1).
+        checkpoint_path: ``ADAPTDL_CHECKPOINT_PATH`` for all replicas (None: not set).
+        num_restarts: ``ADAPTDL_NUM_RESTARTS`` (increase it on every restart).
+        master_port: the store port on rank 0 (default: a free one).
+        extra_env: more variables for every replica.
+        capture_output: collect stdout and stderr together (text) instead of inheriting.
+        cwd: working directory of the replicas.
+
+    Raises:
+        ValueError: for an empty command or ``num_replicas < 1``.
+    """
+    if not command:
+        raise ValueError("start_replicas(command=...): the command is empty")
+    if num_replicas < 1:
+        raise ValueError(f"start_replicas(num_replicas={num_replicas}): must be >= 1")
+    port = master_port if master_port is not None else free_port()
+    output = dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) \
+        if capture_output else {}
+    return [subprocess.Popen(list(command), cwd=cwd, **output,
+                             env=replica_env(rank, num_replicas, port,
+                                             checkpoint_path=checkpoint_path,
+                                             num_restarts=num_restarts, extra_env=extra_env))
+            for rank in range(num_replicas)]
+
+
+def wait_replicas(procs: Sequence[subprocess.Popen], timeout: float | None = None
+                  ) -> list[tuple[int, str | None]]:
+    """Wait for every replica; returns ``(exit status, captured output or None)`` per rank.
+
+    A replica still running ``timeout`` seconds into its wait is killed, and its output
+    ends with a line saying so.
+    """
+    results = []
+    for proc in procs:
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate()
+            if out is not None:
+                out += f"\n<killed by the launcher after {timeout:g} s>"
+        results.append((proc.returncode, out))
+    return results
+
+
+def job_status(statuses: Sequence[int]) -> int:
+    """One exit status for the job: the first failure (a status other than 0 and 143),
+    else 0 if every replica finished, else 143 (the job stopped after a checkpoint)."""
+    failures = [s for s in statuses if s not in (0, 143)]
+    if failures:
+        return failures[0]
+    return 0 if all(s == 0 for s in statuses) else 143
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The ``python -m adaptdl_core.launch`` command line; returns the job's status."""
+    parser = argparse.ArgumentParser(
+        prog="python -m adaptdl_core.launch",
+        description="Run the replicas of one elastic training job on this machine.")
+    parser.add_argument("--replicas", type=int, default=1, help="number of replicas")
+    parser.add_argument("--checkpoint-path", default=None,
+                        help="checkpoint directory (resume from it when it holds one)")
+    parser.add_argument("--restarts", type=int, default=0,
+                        help="restarts so far; increase it each time you resume")
+    parser.add_argument("--master-port", type=int, default=None, help="default: a free port")
+    parser.add_argument("script", help="the training script")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments")
+    opts = parser.parse_args(argv)
+    if opts.replicas < 1:
+        parser.error("--replicas must be >= 1")
+    if opts.restarts < 0:
+        parser.error("--restarts must be >= 0")
+    procs = start_replicas([sys.executable, opts.script, *opts.args], opts.replicas,
+                           checkpoint_path=opts.checkpoint_path, num_restarts=opts.restarts,
+                           master_port=opts.master_port)
+    while True:
+        try:
+            statuses = [status for status, _ in wait_replicas(procs)]
+            break
+        except KeyboardInterrupt:
+            # The replicas got the same Ctrl-C and are checkpointing: keep waiting for
+            # them (a second Ctrl-C reaches them too and stops them at once).
+            continue
+    return job_status(statuses)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
