@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 import types
+import weakref
 from typing import IO, Any
 
 import torch
@@ -89,6 +90,8 @@ class AdaptiveDataParallel(DistributedDataParallel):
             LOG.info("restored model, optimizer and schedulers from the checkpoint")
         self.register_comm_hook(self, _average_and_measure_hook)
         self._install_step_wrapper()
+        global _CURRENT
+        _CURRENT = weakref.ref(self)
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
         """Run the model; gradients are synchronised only on the last micro-batch of an
@@ -232,6 +235,14 @@ class AdaptiveDataParallel(DistributedDataParallel):
                 self._gns.update(local, total, 2, 2 * batch_size)
                 self._prev_grads = None
         self._reset_step_measurements()
+
+
+_CURRENT: "weakref.ref[AdaptiveDataParallel] | None" = None
+
+
+def current_model() -> "AdaptiveDataParallel | None":
+    """The most recently created :class:`AdaptiveDataParallel` still alive, or ``None``."""
+    return None if _CURRENT is None else _CURRENT()
 
 
 def _training_loader() -> "_data.AdaptiveDataLoader | None":

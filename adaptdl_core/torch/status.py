@@ -1,0 +1,63 @@
+"""A snapshot of the job's adaptive state, for reporters and schedulers.
+
+:func:`training_status` is what the Ray Tune integration adds to every result under the
+``adaptdl/`` prefix; any other reporter (TensorBoard, a progress bar, a log line) can use
+it too. It reads only in-process state: no collective, safe to call on any replica.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from adaptdl_core import env
+from adaptdl_core.torch import _metrics
+from adaptdl_core.torch.data import current_dataloader
+from adaptdl_core.torch.parallel import _training_loader, current_model
+
+__all__ = ["training_status", "sched_hints_dict"]
+
+
+def training_status() -> dict[str, Any]:
+    """The job's shape and adaptive state right now.
+
+    Returns:
+        A flat dict of plain numbers:
+
+        - ``replicas``, ``nodes``, ``restarts``: the job's shape and restart count;
+        - ``batch_size``, ``local_bsz``, ``accum_steps``: the current global batch of an
+          optimizer step, the per-replica micro-batch and the extra micro-batches per step
+          (0 before a training loader exists);
+        - ``goodput`` (samples/s) and ``efficiency`` (statistical efficiency in (0, 1]) of
+          the current configuration predicted by the fitted model (0 before a model exists);
+        - ``gain``: the AdaScale gain of the current batch (1 before any noise estimate);
+        - ``noise_scale``: the gradient noise scale in samples (0 before any estimate);
+        - ``progress``: statistical progress in steps at the initial batch size.
+    """
+    status: dict[str, Any] = {
+        "replicas": env.num_replicas(), "nodes": env.num_nodes(),
+        "restarts": env.num_restarts(), "batch_size": 0, "local_bsz": 0, "accum_steps": 0,
+        "goodput": 0.0, "efficiency": 0.0, "gain": 1.0, "noise_scale": 0.0,
+        "progress": float(_metrics.metrics().progress),
+    }
+    loader = _training_loader() or current_dataloader()
+    if loader is not None:
+        status.update(batch_size=loader.current_batch_size, local_bsz=loader.current_local_bsz,
+                      accum_steps=loader.accumulation_steps)
+        fn = _metrics.goodput_fn()
+        if fn is not None:
+            status["goodput"] = float(fn(env.num_nodes(), env.num_replicas(),
+                                         loader.current_local_bsz, loader.accumulation_steps))
+            status["efficiency"] = float(fn.efficiency(loader.current_batch_size))
+    model = current_model()
+    if model is not None:
+        status["gain"] = float(model.gain)
+        if model.gns is not None:
+            status["noise_scale"] = float(model.gns.noise_scale())
+    return status
+
+
+def sched_hints_dict() -> dict[str, Any] | None:
+    """The job's scheduler hints (:class:`~adaptdl_core.sched_hints.SchedHints` as a
+    JSON-serialisable dict), or ``None`` before a training loader exists."""
+    hints = _metrics.sched_hints()
+    return None if hints is None else hints.to_dict()
