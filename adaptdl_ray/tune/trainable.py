@@ -1,0 +1,274 @@
+"""AdaptDLTrainableCreator: one Tune trial = N data-parallel replicas of a training function.
+
+The trial actor itself does no training. It starts one worker actor per bundle of its
+placement group (see :mod:`.worker_group`), runs the user's function on all of them and
+hands rank 0's reports to Tune, one result per ``step``. Tune's class-trainable hooks give
+exact pauses:
+
+* ``save_checkpoint`` (called by Tune when the trial pauses, e.g. to be resized) asks the
+  replicas to checkpoint at the next batch boundary, waits for them, and stores rank 0's
+  checkpoint (tar-packed by :mod:`.transfer`) plus a small JSON record in Tune's checkpoint
+  directory. Reports made between the request and the stop are kept and handed to Tune
+  after the resume, so none is lost or repeated.
+* ``load_checkpoint`` (after Tune relaunches the trial, possibly with another number of
+  bundles) keeps the bytes; the first ``step`` sends them to every new replica through the
+  object store, and the job resumes at the same epoch and sample.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import os
+import time
+from typing import Any, Callable, Mapping
+
+import numpy as np
+from ray import tune
+
+from adaptdl_ray.tune import transfer
+from adaptdl_ray.tune.resources import ReplicaSpec, num_replicas_of, placement_group_factory
+from adaptdl_ray.tune.worker import METRIC_PREFIX
+from adaptdl_ray.tune.worker_group import WorkerGroup
+
+LOG = logging.getLogger(__name__)
+
+__all__ = ["AdaptDLTrainableCreator", "AdaptDLTrainable", "is_adaptdl_trainable",
+           "replica_spec_of"]
+
+_STATE_DIR = "adaptdl"
+_RECORD_FILE = "adaptdl_trial.json"
+_POLL_S = 1.0
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    return repr(value)
+
+
+class AdaptDLTrainable(tune.Trainable):
+    """Base class of the trainables made by :func:`AdaptDLTrainableCreator` (do not
+    subclass it directly; the creator fills in the training function and the replica
+    spec)."""
+
+    _adaptdl_fn: Callable[[dict], Any] | None = None
+    _adaptdl_spec: ReplicaSpec | None = None
+    _adaptdl_stop_timeout_s: float = 120.0
+    _adaptdl_collective_timeout_s: float | None = None
+
+    @classmethod
+    def default_resource_request(cls, config: dict) -> Any:
+        """``min_replicas`` replicas until a scheduler decides otherwise."""
+        return placement_group_factory(cls._adaptdl_spec, cls._adaptdl_spec.min_replicas)
+
+    # -- Tune hooks -------------------------------------------------------------------
+    def setup(self, config: dict) -> None:
+        if self._adaptdl_fn is None or self._adaptdl_spec is None:
+            raise TypeError("AdaptDLTrainable is a base class: create trainables with "
+                            "adaptdl_ray.tune.AdaptDLTrainableCreator(train_fn)")
+        self._config = config
+        self._setup_walltime = time.time()
+        self._archive: bytes | None = None
+        self._queue: list[dict] = []  # rank 0's reports not yet returned to Tune
+        self._record: dict[str, Any] = {"restarts": 0, "finished": False,
+                                         "last_result": None, "resize_s": 0.0,
+                                         "save_s": None}
+        self._measure_resize = False
+        self._group = self._new_group()
+
+    def _new_group(self) -> WorkerGroup:
+        import ray
+        pg = ray.util.get_current_placement_group()
+        n = num_replicas_of(self.trial_resources) if pg is not None else \
+            self._adaptdl_spec.min_replicas
+        info = {"trial_name": self.trial_name, "trial_id": self.trial_id,
+                "experiment_name": None, "trial_resources": self.trial_resources}
+        return WorkerGroup(n, self._adaptdl_spec.resources, pg, info)
+
+    def load_checkpoint(self, checkpoint_dir: str) -> None:
+        with open(os.path.join(checkpoint_dir, _RECORD_FILE)) as f:
+            record = json.load(f)
+        self._archive = transfer.pack_latest_checkpoint(os.path.join(checkpoint_dir,
+                                                                    _STATE_DIR))
+        self._queue = list(record.pop("pending", []))
+        record["restarts"] = int(record["restarts"]) + 1
+        self._record.update(record)
+        self._measure_resize = record.get("save_s") is not None
+
+    def step(self) -> dict:
+        if self._queue:
+            return self._decorate(self._queue.pop(0))
+        if self._record["finished"]:
+            return self._final_result()
+        if self._group is None:
+            self._record["restarts"] += 1
+            self._setup_walltime = time.time()
+            self._group = self._new_group()
+        if not self._group.started:
+            self._group.start(self._adaptdl_fn, self._config, archive=self._archive,
+                              num_restarts=self._record["restarts"], job_id=self.trial_id,
+                              timeout_s=self._adaptdl_collective_timeout_s)
+        while True:
+            self._queue.extend(self._group.next_results(_POLL_S))
+            if self._queue:
+                return self._decorate(self._queue.pop(0))
+            outcomes = self._group.finished()  # raises WorkerFailed on a failure
+            if outcomes is None:
+                continue
+            self._queue.extend(self._group.next_results(0.0))
+            if any(o["status"] == "checkpointed" for o in outcomes):
+                # The job stopped itself (request_checkpoint_and_exit in the function):
+                # continue from its checkpoint in fresh processes.
+                self._relaunch_from_checkpoint()
+                continue
+            self._record["finished"] = True
+            return self._decorate(self._queue.pop(0)) if self._queue else self._final_result()
+
+    def save_checkpoint(self, checkpoint_dir: str) -> dict | None:
+        t0 = time.time()
+        if self._group is not None and self._group.started and not self._record["finished"]:
+            outcomes = self._group.stop(self._adaptdl_stop_timeout_s)
+            self._queue.extend(self._group.next_results(0.0))
+            if all(o["status"] == "finished" for o in outcomes):
+                self._record["finished"] = True
+        if self._group is not None and self._group.started:
+            self._archive = self._group.checkpoint_archive() or self._archive
+            self._group.shutdown()
+            self._group = None
+        if self._archive is not None:
+            transfer.unpack(self._archive, os.path.join(checkpoint_dir, _STATE_DIR))
+        record = dict(self._record, pending=self._queue, save_s=time.time() - t0,
+                      saved_at=t0)
+        with open(os.path.join(checkpoint_dir, _RECORD_FILE), "w") as f:
+            json.dump(record, f, default=_jsonable)
+        LOG.info("trial %s checkpointed in %.2f s (%d pending results)", self.trial_id,
+                 record["save_s"], len(self._queue))
+        return None
+
+    def cleanup(self) -> None:
+        if getattr(self, "_group", None) is not None:
+            self._group.shutdown()
+            self._group = None
+
+    def reset_config(self, new_config: dict) -> bool:
+        return False  # fresh worker processes for every trial
+
+    # -- helpers ---------------------------------------------------------------------
+    def _relaunch_from_checkpoint(self) -> None:
+        self._archive = self._group.checkpoint_archive() or self._archive
+        self._group.shutdown()
+        self._group = None
+        self._record["restarts"] += 1
+        self._setup_walltime = time.time()
+        self._group = self._new_group()
+        self._group.start(self._adaptdl_fn, self._config, archive=self._archive,
+                          num_restarts=self._record["restarts"], job_id=self.trial_id,
+                          timeout_s=self._adaptdl_collective_timeout_s)
+
+    def _decorate(self, result: dict) -> dict:
+        if self._measure_resize and result.get(METRIC_PREFIX + "restarts") == \
+                self._record["restarts"]:
+            first_step = self._group.first_step_walltime() if self._group else None
+            resumed = (first_step or time.time()) - self._setup_walltime
+            self._record["resize_s"] = float(self._record["save_s"] or 0.0) + max(resumed, 0.0)
+            self._measure_resize = False
+        result = dict(result)
+        result[METRIC_PREFIX + "resize_s"] = self._record["resize_s"]
+        self._record["last_result"] = {k: v for k, v in result.items()
+                                       if not k.startswith(METRIC_PREFIX + "hints")}
+        return result
+
+    def _final_result(self) -> dict:
+        result = dict(self._record["last_result"] or {})
+        result["done"] = True
+        return result
+
+
+def is_adaptdl_trainable(trainable_cls: Any) -> bool:
+    """True for a class made by :func:`AdaptDLTrainableCreator`."""
+    return isinstance(trainable_cls, type) and issubclass(trainable_cls, AdaptDLTrainable) \
+        and trainable_cls._adaptdl_spec is not None
+
+
+def replica_spec_of(trainable_cls: Any) -> ReplicaSpec:
+    """The :class:`ReplicaSpec` of an AdaptDL trainable.
+
+    Raises:
+        TypeError: if ``trainable_cls`` was not made by :func:`AdaptDLTrainableCreator`.
+    """
+    if not is_adaptdl_trainable(trainable_cls):
+        name = getattr(trainable_cls, "__name__", repr(trainable_cls))
+        raise TypeError(f"AdaptDLScheduler can only schedule trainables created with "
+                        f"adaptdl_ray.tune.AdaptDLTrainableCreator(train_fn); got {name}. "
+                        "Wrap your training function: "
+                        "tune.run(AdaptDLTrainableCreator(train_fn), ...)")
+    return trainable_cls._adaptdl_spec
+
+
+def AdaptDLTrainableCreator(train_fn: Callable[[dict], Any], *,  # noqa: N802 (AdaptDL's name)
+                            num_cpus_per_worker: float = 1.0, num_gpus_per_worker: float = 0.0,
+                            resources_per_worker: Mapping[str, float] | None = None,
+                            min_replicas: int = 1, max_replicas: int | None = None,
+                            stop_timeout_s: float = 120.0,
+                            collective_timeout_s: float | None = None,
+                            name: str | None = None) -> type[AdaptDLTrainable]:
+    """Make a Tune trainable that runs ``train_fn(config)`` on N data-parallel replicas.
+
+    ``train_fn`` is an ordinary adaptdl_core training function (``init_process_group``,
+    ``AdaptiveDataParallel``, ``AdaptiveDataLoader``, ``remaining_epochs_until``...) that
+    calls ``ray.tune.report(metrics)``; only rank 0's reports reach Tune, with the
+    ``adaptdl/...`` metrics added. The number of replicas is the number of bundles after
+    the head bundle of the trial's placement group, which :class:`AdaptDLScheduler` sets.
+
+    Args:
+        train_fn: ``fn(config)``; it is pickled and run in each worker actor.
+        num_cpus_per_worker: CPUs of each replica's bundle (also its torch threads).
+        num_gpus_per_worker: GPUs of each replica's bundle.
+        resources_per_worker: extra custom resources per replica.
+        min_replicas, max_replicas: bounds on the replica count (``max`` ``None``: the
+            cluster is the limit).
+        stop_timeout_s: how long a pause may wait for the replicas to reach a batch
+            boundary and checkpoint.
+        collective_timeout_s: ``ADAPTDL_TIMEOUT`` for the replicas (default: the core's 30 s).
+        name: the trainable's name in Tune (trial names start with it); default
+            ``AdaptDL_<function name>``.
+
+    Returns:
+        a subclass of :class:`AdaptDLTrainable` to pass to ``tune.run`` or ``tune.Tuner``.
+
+    Raises:
+        ValueError: for a non-callable ``train_fn``, a function that cannot take a config
+            argument, non-positive resources, or ``min_replicas > max_replicas`` (the message
+            names the argument).
+    """
+    if not callable(train_fn):
+        raise ValueError(f"train_fn must be a function fn(config), got {type(train_fn).__name__}")
+    try:
+        inspect.signature(train_fn).bind({})
+    except TypeError:
+        raise ValueError(f"train_fn {getattr(train_fn, '__name__', train_fn)!r} must accept "
+                         "one argument (the trial's config dict)") from None
+    except ValueError:
+        pass  # builtins without a signature: let them fail at run time
+    for arg, value in (("num_cpus_per_worker", num_cpus_per_worker),
+                       ("num_gpus_per_worker", num_gpus_per_worker),
+                       ("stop_timeout_s", stop_timeout_s)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise ValueError(f"{arg} must be a number >= 0, got {value!r}")
+    if stop_timeout_s <= 0:
+        raise ValueError(f"stop_timeout_s must be > 0, got {stop_timeout_s!r}")
+    resources = {"CPU": float(num_cpus_per_worker), "GPU": float(num_gpus_per_worker)}
+    resources.update(resources_per_worker or {})
+    spec = ReplicaSpec(resources, min_replicas=min_replicas, max_replicas=max_replicas)
+    cls_name = name or f"AdaptDL_{getattr(train_fn, '__name__', 'trainable')}"
+    return type(cls_name, (AdaptDLTrainable,), {
+        "_adaptdl_fn": staticmethod(train_fn),
+        "_adaptdl_spec": spec,
+        "_adaptdl_stop_timeout_s": float(stop_timeout_s),
+        "_adaptdl_collective_timeout_s": collective_timeout_s,
+        "__doc__": f"AdaptDL trainable running {cls_name} on N data-parallel replicas.",
+    })
