@@ -19,6 +19,7 @@ Tune bookkeeping only; the decisions come from :class:`adaptdl_core.policy.Pollu
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from typing import Any, Callable
@@ -41,6 +42,8 @@ __all__ = ["AdaptDLScheduler"]
 # choose_trial_to_run runs thousands of times a second when Tune is idle: re-divide the
 # cluster from there at most this often.
 _MIN_CHECK_INTERVAL_S = 0.5
+# Hints change with every result; write them out at most this often.
+_SAVE_INTERVAL_S = 5.0
 
 
 class AdaptDLScheduler(TrialScheduler):
@@ -77,6 +80,7 @@ class AdaptDLScheduler(TrialScheduler):
         self._restored = False
         self._dirty = False
         self._last_check = 0.0
+        self._last_save = 0.0
         self._queue: list[str] = []  # paused trial ids waiting to run, first come first
         self._metric: str | None = None
         self._mode: str | None = None
@@ -108,13 +112,14 @@ class AdaptDLScheduler(TrialScheduler):
         job_info(spec, self._nodes_fn(), created=record.created, hints=None)
         self._reallocate(tune_controller, reason=f"trial {trial.trial_id} added")
         if trial.status == Trial.PENDING:
-            if record.target == 0:
-                # Admission control: hold the trial back until the policy gives it replicas.
+            if record.target > 0 and self._fits(tune_controller, trial, record.target):
+                self._set_resources(trial, spec, record.target)
+            else:
+                # Admission control: hold the trial back until the policy gives it replicas
+                # and the trials it takes them from have shrunk.
                 trial.set_status(Trial.PAUSED)
                 record.waiting_since = time.time()
                 self._enqueue(trial.trial_id)
-            else:
-                self._set_resources(trial, spec, record.target)
         elif trial.status == Trial.PAUSED:
             self._enqueue(trial.trial_id)
         self._save()
@@ -124,14 +129,19 @@ class AdaptDLScheduler(TrialScheduler):
         if record is None:  # added before this scheduler saw it (should not happen)
             self.on_trial_add(tune_controller, trial)
             record = self._state.trials[trial.trial_id]
-        self._absorb(record, result)
+        if self._metric and self._metric not in result:
+            shown = sorted(k for k in result if not k.startswith(METRIC_PREFIX))
+            raise ValueError(f"trial {trial.trial_id} reported no {self._metric!r} (the metric "
+                             f"given to tune.run/TuneConfig); it reported {shown}. Report it "
+                             "with tune.report({...}) from the training function")
+        if self._absorb(record, result) or time.time() - self._last_save >= _SAVE_INTERVAL_S:
+            self._save()
         decision = self._base.on_trial_result(tune_controller, trial, result)
         if decision != TrialScheduler.CONTINUE:
             return decision
         self._maybe_reallocate(tune_controller)
         current = num_replicas_of(trial.placement_group_factory)
-        if record.target > current and not self._fits(
-                tune_controller, trial, record.target - current):
+        if record.target > current and not self._fits(tune_controller, trial, record.target):
             # Grow only once the shrinking trials have freed the room; pausing now would
             # leave this trial idle while it waits.
             return TrialScheduler.CONTINUE
@@ -187,10 +197,12 @@ class AdaptDLScheduler(TrialScheduler):
                 f"{len(self._queue)} waiting; base: {self._base.debug_string()}")
 
     # -- internals ------------------------------------------------------------------
-    def _absorb(self, record: TrialRecord, result: dict) -> None:
+    def _absorb(self, record: TrialRecord, result: dict) -> bool:
+        """Take the trial's hints, restarts and resize cost from a result; True if the
+        restarts or resize cost changed (worth saving at once)."""
+        before = (record.restarts, record.resize_s)
         hints = result.get(HINTS_KEY)
         if isinstance(hints, str) and hints:
-            import json
             try:
                 record.hints = json.loads(hints)
             except ValueError:
@@ -201,6 +213,7 @@ class AdaptDLScheduler(TrialScheduler):
         resize_s = result.get(METRIC_PREFIX + "resize_s")
         if isinstance(resize_s, (int, float)) and resize_s > 0:
             record.resize_s = float(resize_s)
+        return (record.restarts, record.resize_s) != before
 
     def _trial_ended(self, trial: Trial) -> None:
         record = self._state.trials.get(trial.trial_id)
@@ -277,20 +290,19 @@ class AdaptDLScheduler(TrialScheduler):
             placement += [key] * min(fits, count - len(placement))
         return placement
 
-    def _fits(self, tune_controller: Any, trial: Trial, extra_replicas: int) -> bool:
-        """Whether ``extra_replicas`` more replicas of ``trial`` fit in what the cluster's
-        running and starting trials leave free (aggregate over nodes)."""
+    def _fits(self, tune_controller: Any, trial: Trial, replicas: int) -> bool:
+        """Whether ``trial`` could hold ``replicas`` replicas next to what the other running
+        and starting trials hold now (aggregate over nodes)."""
         free: dict[str, float] = {}
         for node in self._nodes_fn().values():
             for k, v in node.resources.items():
                 free[k] = free.get(k, 0.0) + v
         for other in tune_controller.get_trials():
-            # A running trial's own replicas count as used: it asks for extra ones.
-            if other.status in (Trial.RUNNING, Trial.PENDING):
+            if other is not trial and other.status in (Trial.RUNNING, Trial.PENDING):
                 for k, v in other.placement_group_factory.required_resources.items():
                     free[k] = free.get(k, 0.0) - v
         spec = replica_spec_of(trial.get_trainable_cls())
-        return all(free.get(k, 0.0) + 1e-9 >= v * extra_replicas
+        return all(free.get(k, 0.0) + 1e-9 >= v * replicas
                    for k, v in spec.resources.items())
 
     # -- persistence ----------------------------------------------------------------
@@ -312,6 +324,7 @@ class AdaptDLScheduler(TrialScheduler):
             self._dirty = True
 
     def _save(self) -> None:
+        self._last_save = time.time()
         if self._state_dir is None:
             return
         try:

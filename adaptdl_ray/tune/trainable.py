@@ -26,6 +26,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 from ray import tune
+from ray.tune.result import RESULT_DUPLICATE
 
 from adaptdl_ray.tune import transfer
 from adaptdl_ray.tune.resources import ReplicaSpec, num_replicas_of, placement_group_factory
@@ -74,8 +75,7 @@ class AdaptDLTrainable(tune.Trainable):
         self._setup_walltime = time.time()
         self._archive: bytes | None = None
         self._queue: list[dict] = []  # rank 0's reports not yet returned to Tune
-        self._record: dict[str, Any] = {"restarts": 0, "finished": False,
-                                         "last_result": None, "resize_s": 0.0,
+        self._record: dict[str, Any] = {"restarts": 0, "finished": False, "resize_s": 0.0,
                                          "save_s": None}
         self._measure_resize = False
         self._group = self._new_group()
@@ -178,14 +178,12 @@ class AdaptDLTrainable(tune.Trainable):
             self._measure_resize = False
         result = dict(result)
         result[METRIC_PREFIX + "resize_s"] = self._record["resize_s"]
-        self._record["last_result"] = {k: v for k, v in result.items()
-                                       if not k.startswith(METRIC_PREFIX + "hints")}
         return result
 
     def _final_result(self) -> dict:
-        result = dict(self._record["last_result"] or {})
-        result["done"] = True
-        return result
+        # Tune then completes the trial with its last reported result, without logging a
+        # repeated row.
+        return {RESULT_DUPLICATE: True, "done": True}
 
 
 def is_adaptdl_trainable(trainable_cls: Any) -> bool:

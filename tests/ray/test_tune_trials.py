@@ -1,0 +1,175 @@
+"""End-to-end: AdaptDL trials on a real (local) Ray Tune run.
+
+The trials' replicas record every batch's sample indices (tests/ray/trial_jobs.py), so
+the tests can count: every epoch must see every sample exactly once, across resizes.
+"""
+
+from __future__ import annotations
+
+import collections
+import csv
+import glob
+import json
+import os
+import time
+
+import pytest
+
+ray = pytest.importorskip("ray")
+from ray import tune  # noqa: E402
+
+from adaptdl_core.policy import AllocationResult, NodeInfo, PolluxPolicy  # noqa: E402
+from adaptdl_ray.tune import AdaptDLScheduler, AdaptDLTrainableCreator  # noqa: E402
+from tests.ray.trial_jobs import counting_job  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("ray_session")
+
+
+class ScriptedPolicy:
+    """A deterministic grow / shrink sequence: the first round gives ``start`` replicas,
+    later rounds give ``script[r]`` to a job that has restarted ``r`` times (the last entry
+    once the script is exhausted)."""
+
+    def __init__(self, start, script):
+        self.start, self.script = start, list(script)
+        self.rounds = 0
+
+    def allocate(self, jobs, nodes, base_allocations=None, *, now=None):
+        node = next(iter(nodes))
+        allocations = {}
+        for key, job in jobs.items():
+            count = self.start if self.rounds == 0 else \
+                self.script[min(job.num_restarts, len(self.script) - 1)]
+            allocations[key] = [node] * count
+        self.rounds += 1
+        return AllocationResult(allocations, {k: float(len(v)) for k, v in allocations.items()},
+                                1.0, 0, True, 0.0)
+
+
+def read_records(record_dir):
+    events = []
+    for path in glob.glob(os.path.join(record_dir, "*.jsonl")):
+        with open(path) as f:
+            events += [json.loads(line) for line in f]
+    return events
+
+
+def progress_rows(trial):
+    with open(os.path.join(trial.local_path, "progress.csv")) as f:
+        return list(csv.DictReader(f))
+
+
+def check_exactly_once(events, size, epochs):
+    seen = collections.defaultdict(collections.Counter)
+    for e in events:
+        if e["event"] == "batch":
+            seen[e["epoch"]].update(e["idx"])
+    assert sorted(seen) == list(range(epochs))
+    for epoch, counts in seen.items():
+        assert set(counts) == set(range(size)), f"epoch {epoch} missed samples"
+        repeated = {i: c for i, c in counts.items() if c != 1}
+        assert not repeated, f"epoch {epoch} saw samples more than once: {repeated}"
+
+
+def test_trial_grows_shrinks_and_finishes_every_epoch_exactly_once(tmp_path):
+    record_dir = tmp_path / "records"
+    record_dir.mkdir()
+    size, epochs = 240, 3
+    policy = ScriptedPolicy(1, [3, 2, 1])  # 1 -> 3 -> 2 -> 1
+    scheduler = AdaptDLScheduler(allocation_interval_s=1.0, policy=policy)
+    trainable = AdaptDLTrainableCreator(counting_job, max_replicas=3)
+    analysis = tune.run(
+        trainable, scheduler=scheduler, storage_path=str(tmp_path / "results"), verbose=0,
+        config={"record_dir": str(record_dir), "epochs": epochs, "size": size,
+                "batch_size": 12, "sleep": 0.05, "report_every": 5})
+    trial = analysis.trials[0]
+    assert trial.status == "TERMINATED"
+    events = read_records(str(record_dir))
+    check_exactly_once(events, size, epochs)
+    # The trial really ran at 1, 3 and 2 replicas (from the workers' own records) ...
+    starts = sorted((e["restarts"], e["replicas"]) for e in events if e["event"] == "start")
+    shapes = [replicas for _, replicas in dict(starts).items()]  # one per launch, in order
+    assert len(starts) == sum(shapes), starts  # every replica of every launch started
+    assert shapes == [1, 3, 2, 1], shapes
+    assert sum(e["event"] == "finished" for e in events) == shapes[-1]
+    # ... and each resize resumed mid-epoch, not at an epoch start: some epoch was
+    # trained by more than one replica count.
+    per_epoch = collections.defaultdict(set)
+    for e in events:
+        if e["event"] == "batch":
+            per_epoch[e["epoch"]].add(e["replicas"])
+    assert any(len(counts) > 1 for counts in per_epoch.values()), dict(per_epoch)
+    # Every report reached Tune exactly once, in order, with the adaptdl/ metrics.
+    rows = progress_rows(trial)
+    keys = [r["report_key"] for r in rows]
+    assert len(keys) == len(set(keys)), [k for k, c in collections.Counter(keys).items() if c > 1]
+    # (progress.csv keeps the columns of the first row, so epoch ends are told by key.)
+    assert [k for k in keys if k.endswith(":end")] == [f"{e}:end" for e in range(epochs)]
+    restarts = [int(r["adaptdl/restarts"]) for r in rows]
+    assert restarts == sorted(restarts) and restarts[-1] == len(shapes) - 1
+    assert {int(r["adaptdl/replicas"]) for r in rows} >= {1, 2, 3}
+    resize = [float(r["adaptdl/resize_s"]) for r in rows]
+    assert resize[0] == 0.0 and resize[-1] > 0.0
+    # The scheduler's own record agrees with what the workers saw.
+    record = scheduler.state.trials[trial.trial_id]
+    assert record.resizes == len(shapes) - 1
+    assert [n for _, n in record.history] == [1, 3, 2, 1, 0]
+
+
+def test_three_trials_on_four_cpus_never_exceed_the_cluster_and_leak_nothing(tmp_path):
+    record_root = tmp_path / "records"
+    cluster = {"node": NodeInfo({"CPU": 4.0})}
+    usage = []
+
+    class Watch(tune.Callback):
+        def on_step_end(self, iteration, trials, **info):
+            usage.append(sum(t.placement_group_factory.required_resources.get("CPU", 0.0)
+                             for t in trials if t.status == "RUNNING"))
+
+    def config_for(i):
+        d = record_root / str(i)
+        d.mkdir(parents=True)
+        return str(d)
+
+    scheduler = AdaptDLScheduler(allocation_interval_s=2.0, nodes_fn=lambda: cluster,
+                                 policy=PolluxPolicy())
+    trainable = AdaptDLTrainableCreator(counting_job)
+    analysis = tune.run(
+        trainable, scheduler=scheduler, storage_path=str(tmp_path / "results"), verbose=0,
+        callbacks=[Watch()],
+        config={"record_dir": tune.grid_search([config_for(i) for i in range(3)]),
+                "epochs": 2, "size": 96, "batch_size": 8, "sleep": 0.01, "report_every": 4})
+    assert [t.status for t in analysis.trials] == ["TERMINATED"] * 3
+    assert usage and max(usage) <= 4.0, max(usage)
+    for i in range(3):
+        check_exactly_once(read_records(str(record_root / str(i))), 96, 2)
+    # Every placement group the trials created is gone after the run.
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        alive = [pg for pg in ray.util.placement_group_table().values()
+                 if pg["state"] != "REMOVED"]
+        if not alive:
+            break
+        time.sleep(0.5)
+    assert not alive, alive
+
+
+def test_tuner_api_and_worker_failure_is_reported(tmp_path):
+    record_dir = tmp_path / "records"
+    record_dir.mkdir()
+
+    def failing_job(config):
+        import adaptdl_core.env as env
+        counting_job(dict(config, epochs=1))
+        if env.replica_rank() == 0:
+            raise RuntimeError("boom in the training function")
+
+    tuner = tune.Tuner(
+        AdaptDLTrainableCreator(failing_job),
+        param_space={"record_dir": str(record_dir), "size": 32, "batch_size": 8,
+                     "report_every": 2},
+        tune_config=tune.TuneConfig(scheduler=AdaptDLScheduler()),
+        run_config=tune.RunConfig(storage_path=str(tmp_path / "results"), verbose=0))
+    results = tuner.fit()
+    assert results.num_errors == 1
+    assert "boom in the training function" in str(results.errors[0])
