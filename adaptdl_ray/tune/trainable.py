@@ -76,7 +76,7 @@ class AdaptDLTrainable(tune.Trainable):
         self._archive: bytes | None = None
         self._queue: list[dict] = []  # rank 0's reports not yet returned to Tune
         self._record: dict[str, Any] = {"restarts": 0, "finished": False, "resize_s": 0.0,
-                                         "save_s": None}
+                                         "pause": None}
         self._measure_resize = False
         self._group = self._new_group()
 
@@ -97,7 +97,7 @@ class AdaptDLTrainable(tune.Trainable):
         self._queue = list(record.pop("pending", []))
         record["restarts"] = int(record["restarts"]) + 1
         self._record.update(record)
-        self._measure_resize = record.get("save_s") is not None
+        self._measure_resize = record.get("pause") is not None
 
     def step(self) -> dict:
         if self._queue:
@@ -130,8 +130,10 @@ class AdaptDLTrainable(tune.Trainable):
 
     def save_checkpoint(self, checkpoint_dir: str) -> dict | None:
         t0 = time.time()
+        stopped = t0
         if self._group is not None and self._group.started and not self._record["finished"]:
             outcomes = self._group.stop(self._adaptdl_stop_timeout_s)
+            stopped = time.time()
             self._queue.extend(self._group.next_results(0.0))
             if all(o["status"] == "finished" for o in outcomes):
                 self._record["finished"] = True
@@ -141,12 +143,12 @@ class AdaptDLTrainable(tune.Trainable):
             self._group = None
         if self._archive is not None:
             transfer.unpack(self._archive, os.path.join(checkpoint_dir, _STATE_DIR))
-        record = dict(self._record, pending=self._queue, save_s=time.time() - t0,
-                      saved_at=t0)
+        record = dict(self._record, pending=self._queue,
+                      pause={"requested": t0, "stopped": stopped, "saved": time.time()})
         with open(os.path.join(checkpoint_dir, _RECORD_FILE), "w") as f:
             json.dump(record, f, default=_jsonable)
         LOG.info("trial %s checkpointed in %.2f s (%d pending results)", self.trial_id,
-                 record["save_s"], len(self._queue))
+                 record["pause"]["saved"] - t0, len(self._queue))
         return None
 
     def cleanup(self) -> None:
@@ -170,13 +172,15 @@ class AdaptDLTrainable(tune.Trainable):
                           timeout_s=self._adaptdl_collective_timeout_s)
 
     def _decorate(self, result: dict) -> dict:
-        if self._measure_resize and result.get(METRIC_PREFIX + "restarts") == \
-                self._record["restarts"]:
-            first_step = self._group.first_step_walltime() if self._group else None
-            resumed = (first_step or time.time()) - self._setup_walltime
-            self._record["resize_s"] = float(self._record["save_s"] or 0.0) + max(resumed, 0.0)
-            self._measure_resize = False
         result = dict(result)
+        if self._measure_resize and self._group is not None and result.get(
+                METRIC_PREFIX + "restarts") == self._record["restarts"]:
+            # The first report of the resumed job: how long the resize took, by phase.
+            self._measure_resize = False
+            phases = resize_phases(self._record["pause"], self._setup_walltime,
+                                   self._group.timeline())
+            self._record["resize_s"] = phases.pop("total_s")
+            result.update({f"{METRIC_PREFIX}resize/{k}": v for k, v in phases.items()})
         result[METRIC_PREFIX + "resize_s"] = self._record["resize_s"]
         return result
 
@@ -184,6 +188,42 @@ class AdaptDLTrainable(tune.Trainable):
         # Tune then completes the trial with its last reported result, without logging a
         # repeated row.
         return {RESULT_DUPLICATE: True, "done": True}
+
+
+def resize_phases(pause: Mapping[str, float], setup_at: float,
+                  timeline: Mapping[str, float]) -> dict[str, float]:
+    """Split one pause-resize-resume cycle into phases (seconds).
+
+    Args:
+        pause: wall-clock times the pause was ``requested``, the replicas ``stopped`` (the
+            checkpoint written) and the checkpoint was ``saved`` into Tune's directory.
+        setup_at: when the relaunched trial actor began its setup.
+        timeline: the new launch's milestones (``created``, ``workers_up``, ``ready``,
+            ``first_step``; see ``WorkerGroup.timeline``); a missing ``first_step`` means
+            "not seen", and the current time stands in for it.
+
+    Returns:
+        ``checkpoint_s`` (stop at a batch boundary, rank 0 writes), ``save_s`` (checkpoint
+        bytes into Tune's directory, old replicas gone), ``relaunch_s`` (Tune persists the
+        checkpoint, frees and re-creates the placement group, starts the trial actor; also
+        any time the trial waited for resources), ``worker_start_s`` (replica actors up),
+        ``restore_s`` (checkpoint handed over, torch imported, files unpacked),
+        ``first_step_s`` (process group, states loaded, first optimizer step), and their sum
+        ``total_s``.
+    """
+    first = timeline.get("first_step", time.time())
+    ready = timeline.get("ready", first)
+    phases = {
+        "checkpoint_s": pause["stopped"] - pause["requested"],
+        "save_s": pause["saved"] - pause["stopped"],
+        "relaunch_s": setup_at - pause["saved"],
+        "worker_start_s": timeline["workers_up"] - timeline["created"],
+        "restore_s": ready - timeline["workers_up"],
+        "first_step_s": first - ready,
+    }
+    phases = {k: max(float(v), 0.0) for k, v in phases.items()}
+    phases["total_s"] = max(first - pause["requested"], 0.0)
+    return phases
 
 
 def is_adaptdl_trainable(trainable_cls: Any) -> bool:

@@ -73,7 +73,8 @@ class ReplicaWorker:
         self._trial_info = trial_info
         self._results: queue.Queue = queue.Queue()
         self._checkpoint_root: str | None = None
-        self._first_step_walltime: float | None = None
+        # Wall-clock milestones of this launch (seconds since the epoch), for resize costs.
+        self._timeline: dict[str, float] = {}
 
     # -- set-up -------------------------------------------------------------------
     def node_address(self) -> tuple[str, str]:
@@ -98,9 +99,9 @@ class ReplicaWorker:
             num_threads: torch intra-op threads (the CPUs of this worker's bundle).
 
         Returns:
-            ``{"status": "finished" | "checkpointed" | "error", "traceback": str | None,
-            "first_step_walltime": float | None}``.
+            ``{"status": "finished" | "checkpointed" | "error", "traceback": str | None}``.
         """
+        self._timeline["run_called"] = time.time()
         import torch
 
         from adaptdl_core.torch import _interrupt
@@ -115,6 +116,7 @@ class ReplicaWorker:
             transfer.unpack(archive, self._checkpoint_root)
         torch.set_num_threads(max(1, int(num_threads)))
         _install_session(_ReportSession(self, self._trial_info))
+        self._timeline["ready"] = time.time()
         outcome: dict[str, Any] = {"status": "finished", "traceback": None}
         watcher_stop = threading.Event()
         threading.Thread(target=watch_first_step, args=(self, watcher_stop), daemon=True,
@@ -128,7 +130,6 @@ class ReplicaWorker:
             LOG.error("replica %d failed:\n%s", self.rank, outcome["traceback"])
         finally:
             watcher_stop.set()
-        outcome["first_step_walltime"] = self._first_step_walltime
         self._results.put(None)  # wakes a reader blocked in next_results
         return outcome
 
@@ -164,9 +165,11 @@ class ReplicaWorker:
         from adaptdl_core.torch import _interrupt
         _interrupt.request_checkpoint_and_exit()
 
-    def first_step_walltime(self) -> float | None:
-        """Wall-clock time of this launch's first optimizer step, once it happened."""
-        return self._first_step_walltime
+    def timeline(self) -> dict[str, float]:
+        """Milestones of this launch: ``run_called``, ``ready`` (torch imported, checkpoint
+        unpacked, about to call the function) and ``first_step`` (first optimizer step),
+        as wall-clock seconds, each present once reached."""
+        return dict(self._timeline)
 
     def checkpoint_archive(self) -> bytes | None:
         """The newest checkpoint of this worker's checkpoint path as tar bytes (rank 0 holds
@@ -196,6 +199,6 @@ def watch_first_step(worker: ReplicaWorker, stop: threading.Event,
             if start is None:
                 start = steps
             elif steps > start:
-                worker._first_step_walltime = time.time()
+                worker._timeline["first_step"] = time.time()
                 return
         time.sleep(poll_s)

@@ -49,6 +49,7 @@ class WorkerGroup:
     def __init__(self, num_replicas: int, resources_per_replica: Mapping[str, float],
                  placement_group: Any, trial_info: dict[str, Any],
                  timeout_s: float = 300.0) -> None:
+        self.created_at = time.time()
         self.num_replicas = num_replicas
         self.resources_per_replica = dict(resources_per_replica)
         remote_cls = ray.remote(ReplicaWorker)
@@ -76,6 +77,7 @@ class WorkerGroup:
         self.master_addr = self.node_ips[0]
         self.master_port = self._get(self.actors[0].free_port.remote(), timeout_s,
                                      "pick a port on rank 0's node")
+        self.workers_up_at = time.time()
         self._runs: list[ray.ObjectRef] = []
         self.started_at: float | None = None
 
@@ -167,9 +169,12 @@ class WorkerGroup:
         """Rank 0's newest checkpoint as tar bytes (``None`` if it never saved one)."""
         return ray.get(self.actors[0].checkpoint_archive.remote())
 
-    def first_step_walltime(self) -> float | None:
-        """When rank 0 took its first optimizer step in this launch (``None``: not yet)."""
-        return ray.get(self.actors[0].first_step_walltime.remote())
+    def timeline(self) -> dict[str, float]:
+        """Rank 0's launch milestones (see ``ReplicaWorker.timeline``) plus the group's
+        ``created`` and ``workers_up`` times."""
+        out = ray.get(self.actors[0].timeline.remote())
+        out.update(created=self.created_at, workers_up=self.workers_up_at)
+        return out
 
     def shutdown(self) -> None:
         """Remove the workers' local files and kill the actors (idempotent)."""
