@@ -154,6 +154,28 @@ def test_three_trials_on_four_cpus_never_exceed_the_cluster_and_leak_nothing(tmp
     assert not alive, alive
 
 
+def test_two_node_cluster_spans_nodes_and_moves_checkpoints_between_them(tmp_path):
+    """A separate 2-node Ray cluster (ray.cluster_utils.Cluster) in a subprocess."""
+    import subprocess
+    import sys
+    from tests.ray.conftest import REPO_ROOT
+    record_dir = tmp_path / "records"
+    record_dir.mkdir()
+    env = dict(os.environ, PYTHONPATH=REPO_ROOT)
+    proc = subprocess.run([sys.executable, "-m", "tests.ray.two_node_run", str(record_dir),
+                           str(tmp_path / "results")], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=420)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["status"] == "TERMINATED" and summary["num_nodes"] == 2
+    events = read_records(str(record_dir))
+    check_exactly_once(events, 240, 2)
+    starts = sorted((e["restarts"], e["replicas"], e["nodes"]) for e in events
+                    if e["event"] == "start")
+    shapes = sorted(set(starts))
+    assert [(r, n) for _, r, n in shapes] == [(3, 2), (2, 1), (4, 2)], shapes
+
+
 def test_tuner_api_and_worker_failure_is_reported(tmp_path):
     record_dir = tmp_path / "records"
     record_dir.mkdir()

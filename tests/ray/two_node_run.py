@@ -1,0 +1,49 @@
+"""Run one AdaptDL trial on a 2-node ``ray.cluster_utils.Cluster`` (a separate Ray
+instance, hence a separate process from the test session) and print a JSON summary.
+
+Each node has 2 CPUs; the trial is scripted to run on 3 replicas (so it spans both
+nodes), then 2, then 4, so its checkpoint moves between nodes through Tune's checkpoint
+storage and the object store.
+
+Usage: python -m tests.ray.two_node_run RECORD_DIR STORAGE_DIR
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import ray
+from ray import tune
+from ray.cluster_utils import Cluster
+
+from adaptdl_ray.tune import AdaptDLScheduler, AdaptDLTrainableCreator
+from tests.ray.test_tune_trials import ScriptedPolicy
+from tests.ray.trial_jobs import counting_job
+
+
+def main(record_dir: str, storage_dir: str) -> None:
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 2, "include_dashboard": False, "object_store_memory": 100 * 2**20})
+    cluster.add_node(num_cpus=2, object_store_memory=100 * 2**20)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, log_to_driver=False)
+    try:
+        scheduler = AdaptDLScheduler(allocation_interval_s=1.0,
+                                     policy=ScriptedPolicy(3, [2, 4]))
+        analysis = tune.run(
+            AdaptDLTrainableCreator(counting_job, max_replicas=4), scheduler=scheduler,
+            storage_path=storage_dir, verbose=0,
+            config={"record_dir": record_dir, "epochs": 2, "size": 240, "batch_size": 12,
+                    "sleep": 0.05, "report_every": 5})
+        trial = analysis.trials[0]
+        print(json.dumps({"status": trial.status, "trial_id": trial.trial_id,
+                          "num_nodes": len(ray.nodes()),
+                          "history": scheduler.state.trials[trial.trial_id].history}))
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
