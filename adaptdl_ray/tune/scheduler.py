@@ -44,6 +44,8 @@ __all__ = ["AdaptDLScheduler"]
 _MIN_CHECK_INTERVAL_S = 0.5
 # Hints change with every result; write them out at most this often.
 _SAVE_INTERVAL_S = 5.0
+# How long the cluster's node list is reused between allocations.
+_NODES_TTL_S = 5.0
 
 
 class AdaptDLScheduler(TrialScheduler):
@@ -75,6 +77,7 @@ class AdaptDLScheduler(TrialScheduler):
         self._interval = float(allocation_interval_s)
         self._policy = policy or PolluxPolicy(p)
         self._nodes_fn = nodes_fn or cluster_nodes
+        self._nodes_cache: tuple[float, dict[Any, NodeInfo]] | None = None
         self._state = SchedulerState()
         self._state_dir: str | None = None
         self._restored = False
@@ -109,7 +112,7 @@ class AdaptDLScheduler(TrialScheduler):
             record = self._state.trials[trial.trial_id] = TrialRecord(created=time.time())
         self._base.on_trial_add(tune_controller, trial)
         # Raises a clear error if the cluster cannot hold the trial at all.
-        job_info(spec, self._nodes_fn(), created=record.created, hints=None)
+        job_info(spec, self._nodes(), created=record.created, hints=None)
         self._reallocate(tune_controller, reason=f"trial {trial.trial_id} added")
         if trial.status == Trial.PENDING:
             if record.target > 0 and self._fits(tune_controller, trial, record.target):
@@ -167,28 +170,43 @@ class AdaptDLScheduler(TrialScheduler):
         self._base.on_trial_error(tune_controller, trial)
 
     def choose_trial_to_run(self, tune_controller: Any) -> Trial | None:
+        # Tune calls this on every step of its event loop: do real work at most every
+        # _MIN_CHECK_INTERVAL_S (a waiting trial then resumes within that delay).
         now = time.monotonic()
         if now - self._last_check >= _MIN_CHECK_INTERVAL_S:
             self._last_check = now
             self._maybe_reallocate(tune_controller)
-        if self._queue:
-            trials = {t.trial_id: t for t in tune_controller.get_trials()}
-            for trial_id in list(self._queue):
-                trial = trials.get(trial_id)
-                if trial is None or trial.status in (Trial.TERMINATED, Trial.ERROR):
-                    self._queue.remove(trial_id)
-                    continue
-                if trial.status != Trial.PAUSED:
-                    continue  # still saving before its pause
-                record = self._state.trials[trial_id]
-                if record.target == 0 or not self._fits(tune_controller, trial, record.target):
-                    continue
-                self._set_resources(trial, replica_spec_of(trial.get_trainable_cls()),
-                                    record.target)
-                self._queue.remove(trial_id)
-                record.waiting_since = None
+            trial = self._next_waiting_trial(tune_controller)
+            if trial is not None:
                 return trial
-        return self._base.choose_trial_to_run(tune_controller)
+        choice = self._base.choose_trial_to_run(tune_controller)
+        # FIFO-like bases resume any PAUSED trial; the ones this scheduler holds back wait
+        # for their allocation.
+        if choice is not None and choice.trial_id in self._queue:
+            return None
+        return choice
+
+    def _next_waiting_trial(self, tune_controller: Any) -> Trial | None:
+        """The first paused trial (first come, first served) that has replicas and room."""
+        if not self._queue:
+            return None
+        trials = {t.trial_id: t for t in tune_controller.get_trials()}
+        for trial_id in list(self._queue):
+            trial = trials.get(trial_id)
+            if trial is None or trial.status in (Trial.TERMINATED, Trial.ERROR):
+                self._queue.remove(trial_id)
+                continue
+            if trial.status != Trial.PAUSED:
+                continue  # still saving before its pause
+            record = self._state.trials[trial_id]
+            if record.target == 0 or not self._fits(tune_controller, trial, record.target):
+                continue
+            self._set_resources(trial, replica_spec_of(trial.get_trainable_cls()),
+                                record.target)
+            self._queue.remove(trial_id)
+            record.waiting_since = None
+            return trial
+        return None
 
     def debug_string(self) -> str:
         live = [r for r in self._state.trials.values() if r.target > 0]
@@ -251,7 +269,7 @@ class AdaptDLScheduler(TrialScheduler):
         trials = self._live_trials(tune_controller)
         if not trials:
             return
-        nodes = self._nodes_fn()
+        nodes = self._nodes(refresh=True)
         jobs, base = {}, {}
         for trial in trials:
             record = self._state.trials[trial.trial_id]
@@ -290,11 +308,18 @@ class AdaptDLScheduler(TrialScheduler):
             placement += [key] * min(fits, count - len(placement))
         return placement
 
+    def _nodes(self, refresh: bool = False) -> dict[Any, NodeInfo]:
+        """The cluster, re-read at most every _NODES_TTL_S (``ray.nodes()`` is an RPC)."""
+        now = time.monotonic()
+        if refresh or self._nodes_cache is None or now - self._nodes_cache[0] > _NODES_TTL_S:
+            self._nodes_cache = (now, self._nodes_fn())
+        return self._nodes_cache[1]
+
     def _fits(self, tune_controller: Any, trial: Trial, replicas: int) -> bool:
         """Whether ``trial`` could hold ``replicas`` replicas next to what the other running
         and starting trials hold now (aggregate over nodes)."""
         free: dict[str, float] = {}
-        for node in self._nodes_fn().values():
+        for node in self._nodes().values():
             for k, v in node.resources.items():
                 free[k] = free.get(k, 0.0) + v
         for other in tune_controller.get_trials():

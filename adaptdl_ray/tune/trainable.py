@@ -86,7 +86,8 @@ class AdaptDLTrainable(tune.Trainable):
         n = num_replicas_of(self.trial_resources) if pg is not None else \
             self._adaptdl_spec.min_replicas
         info = {"trial_name": self.trial_name, "trial_id": self.trial_id,
-                "experiment_name": None, "trial_resources": self.trial_resources}
+                "experiment_name": None, "trial_resources": self.trial_resources,
+                "trial_dir": self.logdir}
         return WorkerGroup(n, self._adaptdl_spec.resources, pg, info)
 
     def load_checkpoint(self, checkpoint_dir: str) -> None:

@@ -44,6 +44,7 @@ class _ReportSession:
         self.trial_id = trial_info.get("trial_id")
         self.experiment_name = trial_info.get("experiment_name")
         self.trial_resources = trial_info.get("trial_resources")
+        self.trial_dir = trial_info.get("trial_dir")  # on the trial actor's node
         self.run_id = trial_info.get("trial_id")
         self._warned_checkpoint = False
 

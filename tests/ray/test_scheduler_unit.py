@@ -291,3 +291,16 @@ def test_hints_with_a_fitted_model_give_a_goodput_speedup():
 def test_malformed_hints_fall_back_to_the_linear_prior():
     assert type(speedup_from_hints({"init_batch_size": -3})).__name__ == "LinearSpeedup"
     assert type(speedup_from_hints(None)).__name__ == "LinearSpeedup"
+
+
+def test_fifo_base_does_not_resume_trials_held_back():
+    sched = AdaptDLScheduler(nodes_fn=cluster(2), allocation_interval_s=3600)
+    tc = StubController()
+    trials = [tc.add(sched, StubTrial(f"t{i}")) for i in range(4)]
+    tc.start_pending()
+    held = [t for t in trials if t.status == Trial.PAUSED]
+    assert held  # 4 trials, 2 CPUs
+    for _ in range(3):
+        sched._last_check = 0.0  # as if the throttle interval had passed
+        assert sched.choose_trial_to_run(tc) is None
+    assert all(t.status == Trial.PAUSED for t in held)

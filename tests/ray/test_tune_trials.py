@@ -91,6 +91,8 @@ def test_trial_grows_shrinks_and_finishes_every_epoch_exactly_once(tmp_path):
     shapes = [replicas for _, replicas in dict(starts).items()]  # one per launch, in order
     assert len(starts) == sum(shapes), starts  # every replica of every launch started
     assert shapes == [1, 3, 2, 1], shapes
+    # tune.get_context() works inside the replicas.
+    assert {e["trial_id"] for e in events if e["event"] == "start"} == {trial.trial_id}
     assert sum(e["event"] == "finished" for e in events) == shapes[-1]
     # ... and each resize resumed mid-epoch, not at an epoch start: some epoch was
     # trained by more than one replica count.

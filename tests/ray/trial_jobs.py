@@ -50,7 +50,8 @@ def counting_job(config: dict) -> None:
     opt = torch.optim.SGD(net.parameters(), lr=0.05)
     model = adl.AdaptiveDataParallel(net, opt)
     log.write(json.dumps({"event": "start", "replicas": replicas, "restarts": restarts,
-                          "nodes": env.num_nodes(), "epoch": adl.current_epoch()}) + "\n")
+                          "nodes": env.num_nodes(), "epoch": adl.current_epoch(),
+                          "trial_id": tune.get_context().get_trial_id()}) + "\n")
     for epoch in adl.remaining_epochs_until(config["epochs"]):
         for step, (idx, x, y) in enumerate(loader):
             opt.zero_grad()
