@@ -197,3 +197,17 @@ def test_tuner_api_and_worker_failure_is_reported(tmp_path):
     results = tuner.fit()
     assert results.num_errors == 1
     assert "boom in the training function" in str(results.errors[0])
+
+
+def test_run_job_trains_one_elastic_job_alone(tmp_path):
+    from adaptdl_ray import run_job
+    record_dir = tmp_path / "records"
+    record_dir.mkdir()
+    result = run_job(counting_job, {"record_dir": str(record_dir), "epochs": 2, "size": 96,
+                                    "batch_size": 8, "report_every": 4},
+                     storage_path=str(tmp_path / "results"), verbose=0)
+    assert result.metrics["report_key"] == "1:end"
+    events = read_records(str(record_dir))
+    check_exactly_once(events, 96, 2)
+    # Alone on the cluster, the job is not confined to one replica.
+    assert result.metrics["adaptdl/replicas"] >= 2
