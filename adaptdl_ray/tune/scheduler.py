@@ -44,6 +44,9 @@ __all__ = ["AdaptDLScheduler"]
 _MIN_CHECK_INTERVAL_S = 0.5
 # Hints change with every result; write them out at most this often.
 _SAVE_INTERVAL_S = 5.0
+# New trials are released this long after the latest addition, so that a searcher's
+# burst of trials is divided up once rather than trial by trial.
+_SETTLE_S = 1.0
 # How long the cluster's node list is reused between allocations.
 _NODES_TTL_S = 5.0
 
@@ -84,6 +87,7 @@ class AdaptDLScheduler(TrialScheduler):
         self._dirty = False
         self._last_check = 0.0
         self._last_save = 0.0
+        self._last_add = float("-inf")
         self._queue: list[str] = []  # paused trial ids waiting to run, first come first
         self._metric: str | None = None
         self._mode: str | None = None
@@ -113,19 +117,20 @@ class AdaptDLScheduler(TrialScheduler):
         self._base.on_trial_add(tune_controller, trial)
         # Raises a clear error if the cluster cannot hold the trial at all.
         job_info(spec, self._nodes(), created=record.created, hints=None)
-        self._reallocate(tune_controller, reason=f"trial {trial.trial_id} added")
+        self._last_add = time.monotonic()
         if trial.status == Trial.PENDING:
-            if record.target > 0 and self._fits(tune_controller, trial, record.target):
-                self._set_resources(trial, spec, record.target)
-            else:
-                # Admission control: hold the trial back until the policy gives it replicas
-                # and the trials it takes them from have shrunk.
-                trial.set_status(Trial.PAUSED)
-                record.waiting_since = time.time()
-                self._enqueue(trial.trial_id)
-        elif trial.status == Trial.PAUSED:
+            # Admission control: every new trial waits PAUSED and is released by
+            # choose_trial_to_run once the burst of additions has settled, with the replica
+            # count of the latest allocation and only when that fits. (A PENDING trial's
+            # request cannot be changed once Tune has staged it, so setting it here would
+            # fix the count before the next trial's arrival re-divides the cluster.)
+            # Tune names a trial's directory only when it starts it; reporters read it.
+            trial.init_local_path()
+            trial.set_status(Trial.PAUSED)
+            record.waiting_since = time.time()
+        if trial.status == Trial.PAUSED:
             self._enqueue(trial.trial_id)
-        self._save()
+        self._reallocate(tune_controller, reason=f"trial {trial.trial_id} added")
 
     def on_trial_result(self, tune_controller: Any, trial: Trial, result: dict) -> str:
         record = self._state.trials.get(trial.trial_id)
@@ -188,7 +193,7 @@ class AdaptDLScheduler(TrialScheduler):
 
     def _next_waiting_trial(self, tune_controller: Any) -> Trial | None:
         """The first paused trial (first come, first served) that has replicas and room."""
-        if not self._queue:
+        if not self._queue or time.monotonic() - self._last_add < _SETTLE_S:
             return None
         trials = {t.trial_id: t for t in tune_controller.get_trials()}
         for trial_id in list(self._queue):
@@ -273,8 +278,9 @@ class AdaptDLScheduler(TrialScheduler):
         jobs, base = {}, {}
         for trial in trials:
             record = self._state.trials[trial.trial_id]
+            # A released (PENDING) trial holds its request as much as a running one.
             current = num_replicas_of(trial.placement_group_factory) \
-                if trial.status == Trial.RUNNING else 0
+                if trial.status in (Trial.RUNNING, Trial.PENDING) else 0
             jobs[trial.trial_id] = job_info(
                 replica_spec_of(trial.get_trainable_cls()), nodes, created=record.created,
                 hints=record.hints, restarts=record.restarts, restart_cost_s=record.resize_s,

@@ -43,6 +43,9 @@ class StubTrial:
     def set_status(self, status):
         self.status = status
 
+    def init_local_path(self):
+        self.local_path_ready = True
+
     def update_resources(self, pgf):
         if self.status == Trial.RUNNING:
             raise ValueError("Cannot update resources while Trial is running.")
@@ -65,8 +68,16 @@ class StubController:
         scheduler.on_trial_add(self, trial)
         return trial
 
-    def start_pending(self):
-        """What Tune does with PENDING trials: start them."""
+    def start_pending(self, scheduler=None):
+        """What Tune does: resume the paused trials the scheduler chooses (once its settle
+        and throttle delays have passed), then start every PENDING trial."""
+        while scheduler is not None:
+            scheduler._last_add = scheduler._last_check = float("-inf")
+            trial = scheduler.choose_trial_to_run(self)
+            if trial is None or trial.status == Trial.PENDING:  # Tune starts those anyway
+                break
+            assert trial.status == Trial.PAUSED
+            trial.status = Trial.PENDING
         for t in self.trials:
             if t.status == Trial.PENDING:
                 t.status = Trial.RUNNING
@@ -96,7 +107,7 @@ def test_admission_never_exceeds_the_cluster_and_releases_waiting_trials_in_orde
     sched = AdaptDLScheduler(nodes_fn=cluster(4), allocation_interval_s=3600)
     tc = StubController()
     trials = [tc.add(sched, StubTrial(f"t{i}")) for i in range(6)]
-    tc.start_pending()
+    tc.start_pending(sched)
     assert used_cpus(tc) <= 4
     waiting = [t for t in trials if t.status == Trial.PAUSED]
     assert len(waiting) >= 2  # 6 trials, 4 CPUs, 1 CPU per replica
@@ -105,20 +116,33 @@ def test_admission_never_exceeds_the_cluster_and_releases_waiting_trials_in_orde
     finished = next(t for t in trials if t.status == Trial.RUNNING)
     finished.status = Trial.TERMINATED
     sched.on_trial_complete(tc, finished, {})
+    sched._last_check = float("-inf")
     released = sched.choose_trial_to_run(tc)
-    assert released is not None and released.status == Trial.PAUSED
-    assert released is waiting[0] or sched.state.trials[waiting[0].trial_id].target == 0
+    assert released is waiting[0]  # first come, first served
     released.status = Trial.PENDING
-    tc.start_pending()
+    tc.start_pending(sched)
     assert used_cpus(tc) <= 4
+    assert all(t.local_path_ready for t in trials)  # reporters may read their directories
 
 
 def test_a_lone_trial_gets_more_than_one_replica_at_start():
     sched = AdaptDLScheduler(nodes_fn=cluster(8))
     tc = StubController()
     trial = tc.add(sched, StubTrial("solo"))
+    assert trial.status == Trial.PAUSED  # released once additions settle
+    tc.start_pending(sched)
     # Bounded exploration: twice the largest profiled count (none yet -> 2).
-    assert trial.status == Trial.PENDING and trial.replicas == 2
+    assert trial.status == Trial.RUNNING and trial.replicas == 2
+
+
+def test_a_burst_of_trials_is_divided_once_without_stale_requests():
+    sched = AdaptDLScheduler(nodes_fn=cluster(2))
+    tc = StubController()
+    a, b = tc.add(sched, StubTrial("a")), tc.add(sched, StubTrial("b"))
+    tc.start_pending(sched)
+    # Neither starts at the 2 replicas the first would have got alone.
+    assert (a.status, a.replicas, b.status, b.replicas) == (Trial.RUNNING, 1, Trial.RUNNING, 1)
+    assert sched.on_trial_result(tc, a, {}) == TrialScheduler.CONTINUE
 
 
 def test_results_do_not_trigger_allocations_within_the_interval():
@@ -126,7 +150,7 @@ def test_results_do_not_trigger_allocations_within_the_interval():
     sched = AdaptDLScheduler(nodes_fn=cluster(4), allocation_interval_s=3600, policy=policy)
     tc = StubController()
     a, b = tc.add(sched, StubTrial("a")), tc.add(sched, StubTrial("b"))
-    tc.start_pending()
+    tc.start_pending(sched)
     calls = policy.calls
     for _ in range(50):
         for t in (a, b):
@@ -145,7 +169,7 @@ def test_interval_elapsed_reallocates_and_pauses_trials_whose_count_changes(monk
     sched = AdaptDLScheduler(nodes_fn=cluster(4), allocation_interval_s=30, policy=policy)
     tc = StubController()
     a = tc.add(sched, StubTrial("a"))
-    tc.start_pending()
+    tc.start_pending(sched)
     assert a.replicas == 2
     # Profiled at 2 replicas with a perfectly scaling prior: exploration allows 4.
     hints = {"init_batch_size": 32, "max_profiled_replicas": 2, "max_profiled_nodes": 1}
@@ -158,6 +182,7 @@ def test_interval_elapsed_reallocates_and_pauses_trials_whose_count_changes(monk
     assert sched.state.trials["a"].target == 4
     # Tune pauses it; the scheduler then resumes it with 4 replicas.
     a.status = Trial.PAUSED
+    sched._last_check = float("-inf")  # past the throttle delay
     assert sched.choose_trial_to_run(tc) is a
     assert a.replicas == 4
     assert sched.state.trials["a"].resizes == 1
@@ -167,7 +192,7 @@ def test_growth_waits_until_the_room_is_free():
     sched = AdaptDLScheduler(nodes_fn=cluster(4), allocation_interval_s=3600)
     tc = StubController()
     a = tc.add(sched, StubTrial("a"))
-    tc.start_pending()
+    tc.start_pending(sched)
     b = StubTrial("b")
     b.status = Trial.RUNNING
     b.placement_group_factory = placement_group_factory(ReplicaSpec({"CPU": 1}), 3)
@@ -187,7 +212,7 @@ def test_base_scheduler_decides_stopping():
     sched = AdaptDLScheduler(StopAfterTwo(), nodes_fn=cluster(4))
     tc = StubController()
     a = tc.add(sched, StubTrial("a"))
-    tc.start_pending()
+    tc.start_pending(sched)
     assert sched.on_trial_result(tc, a, {"training_iteration": 1}) == TrialScheduler.CONTINUE
     assert sched.on_trial_result(tc, a, {"training_iteration": 2}) == TrialScheduler.STOP
 
@@ -196,7 +221,7 @@ def test_state_survives_a_new_scheduler_instance(tmp_path):
     sched = AdaptDLScheduler(nodes_fn=cluster(4))
     tc = StubController()
     a = tc.add(sched, StubTrial("a", state_dir=str(tmp_path)))
-    tc.start_pending()
+    tc.start_pending(sched)
     hints = {"init_batch_size": 32, "max_profiled_replicas": 2, "max_profiled_nodes": 1}
     sched.on_trial_result(tc, a, {HINTS_KEY: json.dumps(hints), "adaptdl/restarts": 3,
                                   "adaptdl/resize_s": 4.5})
@@ -210,6 +235,7 @@ def test_state_survives_a_new_scheduler_instance(tmp_path):
     record = again.state.trials["a"]
     assert record.created == sched.state.trials["a"].created
     assert record.restarts == 3 and record.resize_s == 4.5 and record.hints == hints
+    again._last_add = float("-inf")  # past the settle delay
     assert again.choose_trial_to_run(tc2) is a2
 
 
@@ -269,7 +295,7 @@ def test_metric_missing_from_results_is_named():
     sched.set_search_properties("mean_accuracy", "max")
     tc = StubController()
     a = tc.add(sched, StubTrial("a"))
-    tc.start_pending()
+    tc.start_pending(sched)
     with pytest.raises(ValueError, match="mean_accuracy.*loss"):
         sched.on_trial_result(tc, a, {"loss": 0.5})
 
@@ -297,7 +323,7 @@ def test_fifo_base_does_not_resume_trials_held_back():
     sched = AdaptDLScheduler(nodes_fn=cluster(2), allocation_interval_s=3600)
     tc = StubController()
     trials = [tc.add(sched, StubTrial(f"t{i}")) for i in range(4)]
-    tc.start_pending()
+    tc.start_pending(sched)
     held = [t for t in trials if t.status == Trial.PAUSED]
     assert held  # 4 trials, 2 CPUs
     for _ in range(3):

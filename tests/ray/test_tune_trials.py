@@ -26,22 +26,22 @@ pytestmark = pytest.mark.usefixtures("ray_session")
 
 
 class ScriptedPolicy:
-    """A deterministic grow / shrink sequence: the first round gives ``start`` replicas,
-    later rounds give ``script[r]`` to a job that has restarted ``r`` times (the last entry
+    """A deterministic grow / shrink sequence: a job gets ``start`` replicas until it has
+    been seen running, then ``script[r]`` once it has restarted ``r`` times (the last entry
     once the script is exhausted)."""
 
     def __init__(self, start, script):
         self.start, self.script = start, list(script)
-        self.rounds = 0
+        self.seen_running = set()
 
     def allocate(self, jobs, nodes, base_allocations=None, *, now=None):
         node = next(iter(nodes))
+        self.seen_running.update(base_allocations or {})
         allocations = {}
         for key, job in jobs.items():
-            count = self.start if self.rounds == 0 else \
-                self.script[min(job.num_restarts, len(self.script) - 1)]
+            count = self.script[min(job.num_restarts, len(self.script) - 1)] \
+                if key in self.seen_running else self.start
             allocations[key] = [node] * count
-        self.rounds += 1
         return AllocationResult(allocations, {k: float(len(v)) for k, v in allocations.items()},
                                 1.0, 0, True, 0.0)
 

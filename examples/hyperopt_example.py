@@ -1,0 +1,397 @@
+"""A HyperOpt sweep of the digits CNN on Ray Tune, with elastic AdaptDL trials.
+
+Every trial runs the training loop of ``standalone_digits.py`` on one or more
+data-parallel replicas (``AdaptDLTrainableCreator``), lets the loader pick its batch size
+(``loader.autoscale_batch_size``), and reports its test accuracy to Tune once per epoch.
+``AdaptDLScheduler`` re-divides the CPUs among the running trials with the Pollux policy:
+it resizes a trial by pausing it at a batch boundary, checkpointing it and relaunching it
+on the new number of replicas, where it continues at the same epoch and sample.
+
+    python examples/hyperopt_example.py            # the default sweep (a few minutes)
+    python examples/hyperopt_example.py --quick    # 3 trials of 2 epochs (for tests)
+    python examples/hyperopt_example.py --tuner    # the same through tune.Tuner
+
+It starts its own local Ray instance and ends with a per-trial summary: configuration,
+final accuracy, replicas over the epochs, restarts and the seconds the resizes cost. See
+examples/README.md for every option.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+import adaptdl_core.torch as adl
+from adaptdl_core import checkpoint, env
+
+# Make `import digits_data` work however the script is started.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from digits_data import DigitsCNN, load_digits_datasets  # noqa: E402
+
+log = logging.getLogger("hyperopt_example")
+
+METRIC = "mean_accuracy"
+BATCH_SIZES = [32, 64, 128]  # the initial global batch sizes searched
+# Columns of Tune's progress table (metric name -> column title).
+PROGRESS_COLUMNS = {"epoch": "epoch", METRIC: "acc", "adaptdl/replicas": "replicas",
+                    "adaptdl/restarts": "restarts", "adaptdl/batch_size": "batch"}
+
+
+# ---------------------------------------------------------------------------------------
+# The training function: standalone_digits.py's main() with the arguments taken from the
+# trial's config, batch-size autoscaling switched on, and one tune.report per epoch.
+# Every replica of a trial runs it; only rank 0's reports reach Tune.
+# ---------------------------------------------------------------------------------------
+def train_digits(config: dict) -> None:
+    from ray import tune
+
+    torch.manual_seed(config["seed"])
+
+    adl.init_process_group("gloo")
+    replicas = env.num_replicas()
+
+    train_dataset, test_dataset = load_digits_datasets()
+    model = DigitsCNN()
+    optimizer = torch.optim.SGD(model.parameters(), lr=config["lr"],
+                                momentum=config["momentum"])
+    lr_scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer,
+                                                              T_max=config["epochs"])
+    model = adl.AdaptiveDataParallel(model, optimizer, lr_scheduler)
+
+    # batch_size is the initial global batch: the loader moves it (up to max_batch_size)
+    # to wherever the measured throughput and gradient noise predict the best goodput.
+    train_loader = adl.AdaptiveDataLoader(train_dataset, batch_size=config["batch_size"],
+                                          shuffle=True, drop_last=True)
+    train_loader.autoscale_batch_size(config["max_batch_size"])
+    test_loader = adl.AdaptiveDataLoader(test_dataset, batch_size=256)
+    accum = adl.Accumulator()
+
+    if checkpoint.latest_checkpoint_dir() is not None:
+        log.info("resuming at epoch %d on %d replica(s) (restart %d)",
+                 adl.finished_epochs(), replicas, env.num_restarts())
+
+    start = time.perf_counter()
+    for epoch in adl.remaining_epochs_until(config["epochs"]):
+        model.train()
+        for images, labels in train_loader:
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model(images), labels)
+            loss.backward()
+            optimizer.step()
+            accum["train_loss"] += loss.item() * len(labels)
+            accum["train_n"] += len(labels)
+
+        model.eval()
+        with torch.no_grad():
+            for images, labels in test_loader:
+                predictions = model(images).argmax(dim=1)
+                accum["correct"] += (predictions == labels).sum().item()
+                accum["test_n"] += len(labels)
+
+        with accum.synchronized():
+            train_loss = accum["train_loss"] / accum["train_n"]
+            accuracy = accum["correct"] / accum["test_n"]
+            accum.clear()
+        log.info("epoch %d: train loss %.4f, test accuracy %.4f, lr %.4f (%.1f s)", epoch,
+                 train_loss, accuracy, lr_scheduler.get_last_lr()[0],
+                 time.perf_counter() - start)
+        # The one addition: hand the epoch's metrics to Tune (the adaptdl/ metrics are
+        # added to them). A resize requested now takes effect at the next batch boundary.
+        tune.report({METRIC: accuracy, "train_loss": train_loss, "epoch": epoch})
+
+        # As in standalone_digits.py: step the scheduler at the END of the epoch body.
+        lr_scheduler.step()
+
+
+# ---------------------------------------------------------------------------------------
+# The sweep
+# ---------------------------------------------------------------------------------------
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    cpus = os.cpu_count() or 1
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--num-samples", type=int, default=8,
+                   help="trials HyperOpt proposes (default 8)")
+    p.add_argument("--epochs", type=int, default=10, help="epochs per trial (default 10)")
+    p.add_argument("--cpus", type=int, default=cpus,
+                   help=f"CPUs of the local Ray instance (default: this machine's, {cpus})")
+    p.add_argument("--cpus-per-replica", type=int, default=1,
+                   help="CPUs (and torch threads) of each replica (default 1)")
+    p.add_argument("--max-concurrent", type=int, default=None,
+                   help="trials running at once (default: as many as the CPUs hold at one "
+                        "replica each, at least 2)")
+    p.add_argument("--interval", type=float, default=10.0,
+                   help="seconds between re-allocations of the CPUs (default 10)")
+    p.add_argument("--max-batch-size", type=int, default=512,
+                   help="upper bound of the autoscaled global batch size (default 512)")
+    p.add_argument("--asha", action="store_true",
+                   help="stop poor trials early (ASHAScheduler as the base scheduler)")
+    p.add_argument("--seed", type=int, default=0, help="seed of HyperOpt (default 0)")
+    p.add_argument("--quick", action="store_true",
+                   help="a short run for tests: 3 trials of 2 epochs")
+    p.add_argument("--tuner", action="store_true",
+                   help="run through tune.Tuner(...).fit() instead of tune.run(...)")
+    p.add_argument("--storage-path", default=None,
+                   help="where Tune keeps the results (default: a temporary directory, "
+                        "removed at the end)")
+    p.add_argument("--summary-json", default=None, metavar="PATH",
+                   help="also write the summary (best trial, every trial) as JSON")
+    p.add_argument("--verbose", type=int, default=1, choices=(0, 1, 2),
+                   help="0: summary only; 1: Tune's progress table (default); "
+                        "2: also every result and the scheduler's decisions")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.num_samples, args.epochs = 3, 2
+    for name in ("num_samples", "epochs", "cpus", "cpus_per_replica"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.cpus < args.cpus_per_replica:
+        p.error("--cpus must be >= --cpus-per-replica (a trial needs one replica)")
+    if args.max_concurrent is None:
+        args.max_concurrent = max(2, args.cpus // args.cpus_per_replica)
+    if args.max_concurrent < 1:
+        p.error("--max-concurrent must be >= 1")
+    if args.interval <= 0:
+        p.error("--interval must be > 0")
+    if args.max_batch_size < max(BATCH_SIZES):
+        p.error(f"--max-batch-size must be >= {max(BATCH_SIZES)}, the largest initial "
+                "batch size searched")
+    return args
+
+
+def search_space(args: argparse.Namespace) -> dict[str, Any]:
+    from ray import tune
+    return {
+        "lr": tune.loguniform(0.005, 0.3),
+        "momentum": tune.uniform(0.5, 0.99),
+        # The *initial* global batch size: autoscaling starts from it.
+        "batch_size": tune.choice(BATCH_SIZES),
+        # Fixed for every trial.
+        "epochs": args.epochs,
+        "max_batch_size": args.max_batch_size,
+        "seed": 0,
+    }
+
+
+def make_searcher(args: argparse.Namespace) -> Any:
+    from ray.tune.search import ConcurrencyLimiter
+    from ray.tune.search.hyperopt import HyperOptSearch
+
+    # The first trial is standalone_digits.py's defaults, a known-good baseline. Half the
+    # trials are random starting points, then TPE proposes the rest. HyperOptSearch alone
+    # lets one trial be pending at a time: the limiter allows several to run at once.
+    searcher = HyperOptSearch(metric=METRIC, mode="max", random_state_seed=args.seed,
+                              n_initial_points=max(1, args.num_samples // 2),
+                              points_to_evaluate=[{"lr": 0.05, "momentum": 0.9,
+                                                   "batch_size": 64}])
+    return ConcurrencyLimiter(searcher, max_concurrent=args.max_concurrent)
+
+
+def make_scheduler(args: argparse.Namespace) -> Any:
+    from adaptdl_ray.tune import AdaptDLScheduler
+
+    base = None
+    if args.asha:
+        from ray.tune.schedulers import ASHAScheduler
+        base = ASHAScheduler(metric=METRIC, mode="max", time_attr="training_iteration",
+                             max_t=args.epochs, grace_period=max(1, args.epochs // 4))
+    return AdaptDLScheduler(base, allocation_interval_s=args.interval)
+
+
+def make_reporter(args: argparse.Namespace) -> Any:
+    from ray.tune import CLIReporter
+    return CLIReporter(metric_columns=PROGRESS_COLUMNS,
+                       parameter_columns={"lr": "lr", "momentum": "momentum",
+                                          "batch_size": "batch0"},
+                       max_report_frequency=15, print_intermediate_tables=True)
+
+
+def run_sweep(args: argparse.Namespace, storage_path: str) -> tuple[Any, Any]:
+    """Run the sweep; returns ``(ResultGrid, scheduler)``."""
+    from ray import tune
+    from ray.tune import ResultGrid
+
+    from adaptdl_ray.tune import AdaptDLTrainableCreator
+
+    trainable = AdaptDLTrainableCreator(train_digits,
+                                        num_cpus_per_worker=args.cpus_per_replica)
+    scheduler = make_scheduler(args)
+    searcher = make_searcher(args)
+    # Ray 2.60's default output engine ignores a custom reporter; the classic one shows
+    # the replica and restart columns.
+    reporter = make_reporter(args) if args.verbose else None
+    name = "adaptdl_hyperopt"
+    if args.tuner:
+        tuner = tune.Tuner(
+            trainable, param_space=search_space(args),
+            tune_config=tune.TuneConfig(search_alg=searcher, scheduler=scheduler,
+                                        num_samples=args.num_samples),
+            run_config=tune.RunConfig(name=name, storage_path=storage_path,
+                                      verbose=args.verbose, progress_reporter=reporter))
+        return tuner.fit(), scheduler
+    analysis = tune.run(trainable, name=name, config=search_space(args),
+                        search_alg=searcher, scheduler=scheduler,
+                        num_samples=args.num_samples, storage_path=storage_path,
+                        verbose=args.verbose, progress_reporter=reporter,
+                        raise_on_failed_trial=False)
+    return ResultGrid(analysis), scheduler
+
+
+# ---------------------------------------------------------------------------------------
+# The summary
+# ---------------------------------------------------------------------------------------
+def read_progress(trial_dir: str) -> list[dict[str, str]]:
+    """All rows of a trial's progress.csv (its result.json may have lost rows after
+    pauses; progress.csv keeps every result)."""
+    path = os.path.join(trial_dir, "progress.csv")
+    if not os.path.exists(path):
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _num(value: str | None, kind: type = float) -> Any:
+    try:
+        return kind(float(value))
+    except (TypeError, ValueError):
+        return None
+
+
+def trial_summary(result: Any) -> dict[str, Any]:
+    """One trial's row of the summary, from its final metrics and its progress.csv."""
+    metrics = result.metrics or {}
+    rows = read_progress(result.path) if result.path else []
+    epochs, replicas, restarts, resize_by_restart = [], [], 0, {}
+    for row in rows:
+        epoch = _num(row.get("epoch"), int)
+        if epoch is None or epoch in epochs:
+            continue  # count an epoch once, should a row ever be repeated
+        epochs.append(epoch)
+        replicas.append(_num(row.get("adaptdl/replicas"), int))
+        restart = _num(row.get("adaptdl/restarts"), int) or 0
+        restarts = max(restarts, restart)
+        # adaptdl/resize_s is the cost of the trial's latest resize: sum one per restart
+        # (a resize followed by another before any report is not seen here).
+        if restart > 0:
+            resize_by_restart[restart] = _num(row.get("adaptdl/resize_s")) or 0.0
+    config = {k: (result.config or {}).get(k) for k in ("lr", "momentum", "batch_size")}
+    return {
+        "trial_id": metrics.get("trial_id") or os.path.basename(result.path or "?"),
+        "config": config,
+        "final_accuracy": metrics.get(METRIC),
+        "epochs": epochs,
+        "replicas": replicas,
+        "final_batch_size": metrics.get("adaptdl/batch_size"),
+        "restarts": restarts,
+        "resize_s": round(sum(resize_by_restart.values()), 2),
+        "error": None if result.error is None else str(result.error).splitlines()[0],
+    }
+
+
+def replicas_over_time(replicas: list[int | None]) -> str:
+    """``[2, 2, 1, 1, 1]`` -> ``"2x2 1x3"`` (replicas x epochs, in order)."""
+    runs: list[list] = []
+    for r in replicas:
+        if runs and runs[-1][0] == r:
+            runs[-1][1] += 1
+        else:
+            runs.append([r, 1])
+    return " ".join(f"{r}x{n}" for r, n in runs) or "-"
+
+
+def format_table(trials: list[dict[str, Any]], best_id: str | None) -> str:
+    header = ("trial", "lr", "momentum", "batch0", "accuracy", "epochs",
+              "replicas x epochs", "final batch", "restarts", "resize s")
+    lines = []
+    for t in trials:
+        c = t["config"]
+        acc = t["final_accuracy"]
+        lines.append((
+            t["trial_id"] + (" *" if t["trial_id"] == best_id else ""),
+            f"{c['lr']:.4f}" if c["lr"] is not None else "-",
+            f"{c['momentum']:.3f}" if c["momentum"] is not None else "-",
+            str(c["batch_size"]),
+            f"{acc:.4f}" if acc is not None else "-",
+            str(len(t["epochs"])), replicas_over_time(t["replicas"]),
+            str(t["final_batch_size"]), str(t["restarts"]), f"{t['resize_s']:.1f}"))
+    widths = [max(len(h), *(len(row[i]) for row in lines)) for i, h in enumerate(header)]
+    out = ["  ".join(h.ljust(w) for h, w in zip(header, widths))]
+    out += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in lines]
+    return "\n".join(out)
+
+
+def summarize(results: Any, scheduler: Any, wall_s: float, args: argparse.Namespace) -> dict:
+    trials = sorted((trial_summary(r) for r in results), key=lambda t: t["trial_id"] or "")
+    best = None
+    if any(t["final_accuracy"] is not None for t in trials):
+        best_result = results.get_best_result(metric=METRIC, mode="max")
+        best = next(t for t in trials if t["trial_id"] == best_result.metrics["trial_id"])
+    # Resizes the scheduler decided (each pause-and-relaunch), when it kept its records.
+    records = scheduler.state.trials
+    resizes = sum(records[t["trial_id"]].resizes for t in trials if t["trial_id"] in records)
+    return {"wall_s": round(wall_s, 1), "num_trials": len(trials), "epochs": args.epochs,
+            "resizes": resizes, "restarts": sum(t["restarts"] for t in trials),
+            "errors": sum(t["error"] is not None for t in trials),
+            "best": best, "trials": trials}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s",
+                        datefmt="%H:%M:%S")
+    logging.getLogger("adaptdl_ray").setLevel(
+        logging.INFO if args.verbose >= 2 else logging.WARNING)
+    logging.getLogger("hyperopt").setLevel(logging.WARNING)
+    if args.verbose:
+        # Must be set before the run starts; see run_sweep.
+        os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+
+    import ray
+
+    start = time.perf_counter()
+    storage_path = os.path.abspath(args.storage_path or
+                                   tempfile.mkdtemp(prefix="adaptdl-hyperopt-"))
+    # A private local instance (address="local": never an already running cluster), with
+    # no dashboard and a small object store: checkpoints are kilobytes.
+    ray.init(address="local", num_cpus=args.cpus, include_dashboard=False,
+             object_store_memory=200 * 2**20, logging_level=logging.WARNING)
+    log.info("Ray started with %d CPUs; %d trials of %d epochs, up to %d at once, "
+             "re-allocation every %.0f s; results in %s", args.cpus, args.num_samples,
+             args.epochs, args.max_concurrent, args.interval, storage_path)
+    try:
+        results, scheduler = run_sweep(args, storage_path)
+        summary = summarize(results, scheduler, time.perf_counter() - start, args)
+    finally:
+        ray.shutdown()
+        if args.storage_path is None:
+            shutil.rmtree(storage_path, ignore_errors=True)
+
+    print(f"\n{summary['num_trials']} trials in {summary['wall_s']:.0f} s, "
+          f"{summary['resizes']} resizes, {summary['restarts']} restarts "
+          "(* = best; replicas x epochs: how many replicas ran each stretch of epochs)")
+    print(format_table(summary["trials"], summary["best"] and summary["best"]["trial_id"]))
+    for t in summary["trials"]:
+        if t["error"]:
+            print(f"trial {t['trial_id']} failed: {t['error']}")
+    if summary["best"] is not None:
+        best = summary["best"]
+        print(f"best trial: {best['trial_id']} mean_accuracy={best['final_accuracy']:.4f} "
+              f"config={json.dumps(best['config'])}", flush=True)
+    if args.summary_json:
+        with open(args.summary_json, "w") as f:
+            json.dump(summary, f, indent=1)
+    return 1 if summary["errors"] or summary["best"] is None else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
