@@ -239,7 +239,7 @@ def allreduce_async(value: Any, reduce_fn: Callable[[Any, Any], Any] = lambda a,
     """Start reducing ``value`` across replicas; returns a future whose ``.result()`` is
     ``reduce_fn`` folded over all replicas' values in rank order.
 
-    With a single replica and no initialized group the future is already done.
+    With a single replica the future is already done (no store traffic).
 
     Raises (from ``.result()``):
         CollectiveTimeoutError: if some replicas did not contribute within the timeout.
@@ -249,6 +249,9 @@ def allreduce_async(value: Any, reduce_fn: Callable[[Any, Any], Any] = lambda a,
     if group is None:
         if env.num_replicas() > 1:
             _require_group()
+        return _DoneFuture(value)
+    if group.size == 1:
+        # Nothing to exchange: skip the store round trips (this runs at every batch).
         return _DoneFuture(value)
 
     def run() -> Any:
@@ -281,6 +284,8 @@ def broadcast(value: Any) -> Any:
     if group is None:
         if env.num_replicas() > 1:
             _require_group()
+        return value
+    if group.size == 1:
         return value
     mine = value if group.rank == 0 else None
     return group.executor.submit(lambda: group.exchange(mine)[0]).result()

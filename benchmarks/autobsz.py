@@ -240,7 +240,8 @@ def report(runs: dict, seeds: list[int], arms: list[str], epochs: int,
 def gns_check(arm: str, seed: int, steps: int) -> None:
     """Print the library's gradient-noise estimate next to the exact one along a run.
 
-    One process (so the library pairs consecutive steps' gradients); at a few steps the
+    One process (so the library splits sampled steps' batches in two halves); at a few
+    steps the
     exact ``|G|^2`` and ``tr(Sigma)`` over the whole training set are computed from
     per-sample gradients (``torch.func``), and the noise scale ``B = tr(Sigma) / |G|^2``
     compared with the library's ``gns.noise_scale()``.
@@ -264,9 +265,10 @@ def gns_check(arm: str, seed: int, steps: int) -> None:
     ddp = adl.AdaptiveDataParallel(model, optimizer)
     batch = int(arm.split("-")[1])
     loader = adl.AdaptiveDataLoader(train, batch_size=batch, shuffle=True, drop_last=False)
-    if arm.startswith("auto-"):
-        loader.autoscale_batch_size(MAX_BATCH, local_bsz_bounds=(min(MIN_LOCAL, batch),
-                                                                 MAX_BATCH))
+    # A single replica measures the noise only when its batch size is adaptive; for a
+    # fixed-B arm cap the batch at B: it stays fixed, the measurement runs.
+    cap = MAX_BATCH if arm.startswith("auto-") else batch
+    loader.autoscale_batch_size(cap, local_bsz_bounds=(min(MIN_LOCAL, batch), cap))
 
     def exact() -> tuple[float, float]:
         params = {k: v.detach() for k, v in model.named_parameters()}
@@ -298,7 +300,7 @@ def gns_check(arm: str, seed: int, steps: int) -> None:
         if step >= steps:
             break
     print(f"### Gradient noise scale, `{arm}`, seed {seed}: library (1 replica, "
-          f"consecutive-step pairs) vs exact over the training set\n")
+          f"half-batch pairs on sampled steps) vs exact over the training set\n")
     print(_common.markdown_table(
         ["step", "batch", "exact B = tr(Sigma)/|G|^2", "library noise_scale()",
          "library / exact", f"library gain({MAX_BATCH}/{batch})"], rows))

@@ -52,6 +52,7 @@ class _Metrics(checkpoint.State):
         # Not saved: bookkeeping of this run.
         self.steps_since_fit = 0
         self.last_fit_time = 0.0
+        self.fits = 0  # throughput fits in this run (a new fit is worth a new decision)
         self.restored = False
         self.pending_sync_s = 0.0
         self.progress_from_gain = False  # AdaptiveDataParallel counts progress by gain
@@ -235,6 +236,7 @@ def maybe_refit(force: bool = False) -> bool:
         return False
     m.steps_since_fit = 0
     m.last_fit_time = time.monotonic()
+    m.fits += 1
     return True
 
 

@@ -10,13 +10,17 @@ do not divide evenly among replicas (``drop_last=True`` drops that batch instead
 
 Every batch boundary of every adaptive loader is also where the replicas agree on a
 pending stop request (SIGINT/SIGTERM or
-:func:`adaptdl_core.torch.request_checkpoint_and_exit`), checkpoint, and exit.
+:func:`adaptdl_core.torch.request_checkpoint_and_exit`), checkpoint, and exit. While
+AdaptiveDataParallel steps on the loader's batches the agreement rides on the small
+all-reduce it does after every optimizer step anyway; otherwise (a validation loop, plain
+DDP) it goes through the job's store every few batches.
 """
 
 from __future__ import annotations
 
 import collections
 import logging
+from collections import deque
 import math
 import time
 from typing import IO, Any, Iterator, Sized
@@ -35,8 +39,27 @@ LOG = logging.getLogger(__name__)
 
 # Switch batch size only when the predicted goodput improves by more than this factor.
 SWITCH_THRESHOLD = 1.05
-# Re-decide the batch size every this many optimizer steps (same count on all replicas).
+# Re-decide the batch size every this many optimizer steps (same count on all replicas),
+# when the noise estimate or the throughput model moved since the last decision.
 DECIDE_EVERY_STEPS = 5
+# ...and at least this often, whatever moved.
+DECIDE_AT_LEAST_EVERY_STEPS = 50
+# Relative change of the noise scale that counts as "moved".
+DECIDE_NOISE_CHANGE = 0.1
+# Without AdaptiveDataParallel's per-step all-reduce, agree on a stop request through the
+# store every this many batch boundaries (a store round trip costs ~1 ms of Python).
+STORE_STOP_CHECK_EVERY = 4
+# A single replica without gradient accumulation has one gradient per step, which says
+# nothing about the gradient noise. On sampled steps an autoscaled loader hands the batch
+# out as two halves (two micro-batches of one optimizer step): the two half-batch
+# gradients give an unbiased two-batch estimate. Sampling gets sparser with the step count,
+# to at most one step in this many (a split step costs one more forward/backward call).
+NOISE_MAX_INTERVAL = 16
+
+
+def _noise_interval(step: int) -> int:
+    """Steps from a sampled step ``step`` to the next one (single replica)."""
+    return min(NOISE_MAX_INTERVAL, max(2, step // 2))
 
 
 class ElasticSampler(Sampler[int]):
@@ -113,21 +136,48 @@ class ElasticSampler(Sampler[int]):
 
 
 class _LocalBatchSampler(Sampler[list[int]]):
-    """Groups the elastic sampler's indices into local batches of a changeable size."""
+    """Groups the elastic sampler's indices into local batches of a changeable size.
+
+    With ``split_from`` set (a step number), full batches of sampled steps (see
+    :func:`_noise_interval`) are yielded as two halves. Every yielded batch also appends
+    ``(is_first_half, size)`` to :attr:`kinds`, which the loader pops in the same order
+    (the DataLoader keeps the order, also with worker processes prefetching ahead).
+    """
 
     def __init__(self, sampler: ElasticSampler, local_bsz: int, drop_last: bool):
         self.sampler = sampler
         self.local_bsz = local_bsz
         self.drop_last = drop_last
+        self.split_from: int | None = None
+        self.next_split = 0
+        self.kinds: deque = deque()
 
     def __iter__(self) -> Iterator[list[int]]:
+        kinds = self.kinds
+        kinds.clear()
+        step = self.split_from
+        bsz = self.local_bsz
         batch: list[int] = []
         for idx in self.sampler:
             batch.append(idx)
-            if len(batch) == self.local_bsz:
+            if len(batch) == bsz:
+                if step is not None:
+                    if step >= self.next_split:
+                        self.next_split = step + _noise_interval(step)
+                        half = bsz // 2
+                        kinds.append((True, half))
+                        yield batch[:half]
+                        kinds.append((False, bsz - half))
+                        yield batch[half:]
+                        batch = []
+                        step += 1
+                        continue
+                    step += 1
+                kinds.append((False, bsz))
                 yield batch
                 batch = []
         if batch and not self.drop_last:
+            kinds.append((False, len(batch)))
             yield batch
 
     def __len__(self) -> int:
@@ -169,8 +219,13 @@ class _Loops:
         # position identifies it when the program replays an epoch after a restart.
         self.position: collections.Counter = collections.Counter()
         self.current: "AdaptiveDataLoader | None" = None
-        self.pending_exit = None  # future of the last stop-flag allreduce
+        self.pending_exit = None  # future of the last stop-flag allreduce through the store
+        self.store_boundaries = 0  # boundaries that used the store path (its schedule)
         self.training: "AdaptiveDataLoader | None" = None  # the loader optimizer steps follow
+        # Set by AdaptiveDataParallel after an optimizer step with several replicas: a
+        # callable that waits for that step's small all-reduce and returns
+        # (stop requested on any replica, replica 0's batch size choice or None).
+        self.side_channel = None
 
 
 _LOOPS = _Loops()
@@ -197,22 +252,39 @@ def _checkpoint_and_exit() -> None:
     raise _interrupt.CheckpointExit(ckpt_dir)
 
 
-def _batch_boundary() -> None:
+def _batch_boundary() -> tuple[int, int] | None:
     """Stop here, on every replica at once, if any replica was asked to stop.
 
-    With several replicas the flag is all-reduced asynchronously: the reduction started
-    at one boundary is read at the next, so no boundary waits on the network, and every
-    replica sees the same answer at the same boundary.
+    With several replicas the flag must be agreed on. After an optimizer step of
+    AdaptiveDataParallel it came with that step's small all-reduce (no extra collective);
+    the choice of batch size that replica 0 put there is returned. Otherwise the flag is
+    all-reduced through the store asynchronously, every ``STORE_STOP_CHECK_EVERY``
+    boundaries: the reduction started at one such boundary is read at the next, so no
+    boundary waits on the network. All replicas run the same sequence of boundaries and
+    steps, so every replica sees the same answer at the same boundary.
     """
     loops = _LOOPS
-    if not collective.is_initialized():
+    if env.num_replicas() == 1 or not collective.is_initialized():
+        loops.side_channel = None
         if _interrupt.exit_requested():
             _checkpoint_and_exit()
-        return
-    if loops.pending_exit is not None and loops.pending_exit.result():
-        _checkpoint_and_exit()
-    loops.pending_exit = collective.allreduce_async(_interrupt.exit_requested(),
-                                                    lambda a, b: a or b)
+        return None
+    side, loops.side_channel = loops.side_channel, None
+    if side is not None:
+        stop, choice = side()
+        if loops.pending_exit is not None:  # started at an earlier store-path boundary
+            stop = loops.pending_exit.result() or stop
+            loops.pending_exit = None
+        if stop:
+            _checkpoint_and_exit()
+        return choice
+    loops.store_boundaries += 1
+    if loops.store_boundaries % STORE_STOP_CHECK_EVERY == 1:
+        if loops.pending_exit is not None and loops.pending_exit.result():
+            _checkpoint_and_exit()
+        loops.pending_exit = collective.allreduce_async(_interrupt.exit_requested(),
+                                                        lambda a, b: a or b)
+    return None
 
 
 class AdaptiveDataLoader(DataLoader):
@@ -268,6 +340,20 @@ class AdaptiveDataLoader(DataLoader):
         self._micro_in_step = 0  # micro-batches of the current optimizer step handed out
         self._stepped = False    # set by AdaptiveDataParallel when the optimizer stepped
         self._steps = 0          # optimizer steps taken in this run (decision schedule)
+        # The batch handed out is the first half of a step split for noise measurement.
+        self._split_first = False
+        # Micro-batches in the current optimizer step, and the first one's gradient is
+        # complete: AdaptiveDataParallel measures its norm at the next forward.
+        self._step_micros = 1
+        self._measure_first = False
+        self._step_samples = 0   # local samples of the current optimizer step so far
+        self._last_micro = 0     # local samples of the micro-batch handed out last
+        self._last_step_samples = 0
+        # Goodput decisions: what they were based on, so that they are re-made only when
+        # something moved, and replica 0's choice waiting for the next step's all-reduce.
+        self._decided_on: tuple[float, int] | None = None
+        self._steps_since_decision = 0
+        self._proposal: tuple[int, int] | None = None
         existing = sum(1 for n in checkpoint._STATES if n.startswith("adaptdl-dataloader-"))
         self._state = _LoaderState(f"adaptdl-dataloader-{existing}")
         checkpoint.load_state(self._state)
@@ -285,6 +371,12 @@ class AdaptiveDataLoader(DataLoader):
         when the predicted goodput improves by more than 5%. The choice is checkpointed.
         Epochs then end by statistical progress: an epoch lasts until the training has
         made as much progress as one pass at the initial batch size would.
+
+        A single replica without gradient accumulation has one gradient per step, which
+        says nothing about the gradient noise: on sampled steps (every 2nd step at first,
+        at most every 16th later) it hands the step's batch out as two halves, two
+        micro-batches that AdaptiveDataParallel accumulates into one optimizer step (as
+        with gradient accumulation), when a half is within ``local_bsz_bounds``.
 
         Arguments:
             max_batch_size: largest global batch size allowed (>= ``batch_size``).
@@ -322,6 +414,24 @@ class AdaptiveDataLoader(DataLoader):
     def _bounded_local_bsz(self, local_bsz: int) -> int:
         lo, hi = self._local_bsz_bounds or (None, None)
         return max(local_bsz if hi is None else min(local_bsz, hi), lo or 1)
+
+    def _decision_due(self) -> bool:
+        """Whether a goodput decision could change anything: the noise scale moved by
+        more than ``DECIDE_NOISE_CHANGE`` or the throughput model was refitted since the
+        last one (or ``DECIDE_AT_LEAST_EVERY_STEPS`` passed). Local to this replica."""
+        self._steps_since_decision += DECIDE_EVERY_STEPS
+        m = _metrics.metrics()
+        grad = m.grad_params
+        phi = grad.var / grad.sqr if grad is not None and grad.sqr > 0 else 0.0
+        basis = (phi, m.fits)
+        last = self._decided_on
+        if last is not None and self._steps_since_decision < DECIDE_AT_LEAST_EVERY_STEPS \
+                and basis[1] == last[1] \
+                and abs(phi - last[0]) <= DECIDE_NOISE_CHANGE * max(abs(last[0]), 1e-300):
+            return False
+        self._decided_on = basis
+        self._steps_since_decision = 0
+        return True
 
     def _decide_batch_size(self, initial: bool = False) -> bool:
         """Choose (local batch, accumulation steps); returns True if they changed.
@@ -383,7 +493,13 @@ class AdaptiveDataLoader(DataLoader):
     def is_accumulation_step(self) -> bool:
         """True while the batch just handed out is not the last micro-batch of an optimizer
         step (AdaptiveDataParallel then skips gradient sync and the optimizer step)."""
-        return self._micro_in_step < self.accumulation_steps
+        return self._split_first or self._micro_in_step < self._state.accum_steps
+
+    @property
+    def _step_batch_size(self) -> int:
+        """Samples of the current optimizer step over all replicas, as loaded (smaller than
+        :attr:`current_batch_size` for the partial last batch of a pass)."""
+        return self._step_samples * env.num_replicas()
 
     @property
     def max_batch_size(self) -> int | None:
@@ -449,6 +565,11 @@ class AdaptiveDataLoader(DataLoader):
             # statistical progress; larger batches need more samples for the same progress.
             target = ((epoch or 0) + 1) * n / self._target_batch_size
         state = self._state
+        # Fixed for the life of this process (a resize restarts it); read once, not per batch.
+        replicas = env.num_replicas()
+        rank0 = env.replica_rank() == 0
+        batch_sampler = self._local_batch_sampler
+        kinds = batch_sampler.kinds
         while True:
             if adaptive and self.training:
                 if _metrics.metrics().progress >= target:
@@ -458,38 +579,84 @@ class AdaptiveDataLoader(DataLoader):
             if self.training:
                 self._decide_batch_size(initial=True)
             pass_end = (state.current_index // n + 1) * n
-            self._local_batch_sampler.local_bsz = self.current_local_bsz
+            batch_sampler.local_bsz = local_bsz = self.current_local_bsz
+            accum_steps = self.accumulation_steps
+            # A single replica with one micro-batch per step splits sampled steps in two
+            # halves to measure the gradient noise (only when the batch size is adaptive:
+            # a fixed batch has no use for the measurement) within the micro-batch bounds.
+            lo = (self._local_bsz_bounds or (None, None))[0] or 1
+            batch_sampler.split_from = self._steps if (
+                adaptive and self.training and replicas == 1 and accum_steps == 0
+                and local_bsz >= 2 * lo) else None
             self._elastic_sampler.set_epoch(epoch or 0, state.current_index)
             self._micro_in_step = 0
+            self._step_samples = 0
             started = None
+            timed_split = False
             restart_pass = False
             for batch in super().__iter__():
                 now = time.perf_counter()
-                if started is not None and self.training:
-                    _metrics.profile_micro_batch(now - started, self.current_local_bsz,
+                first_half, size = kinds.popleft()
+                # (self.training, not a copy: a loader becomes the training loader at the
+                # first optimizer step on its batches.)
+                if started is not None and self.training and not timed_split:
+                    _metrics.profile_micro_batch(now - started, self._last_micro,
                                                  optimizer_step=self._stepped)
-                if self._micro_in_step == 0:
+                if self._micro_in_step == 0 and not self._split_first:
                     # Stop requests are honoured only between optimizer steps, so that no
                     # partially accumulated gradient is lost.
-                    _batch_boundary()
+                    choice = _batch_boundary()
+                    if choice is not None and choice != (state.local_bsz, state.accum_steps):
+                        # Replica 0's new batch size reached every replica with the last
+                        # step's all-reduce. This batch is not consumed yet
+                        # (current_index): the next pass loads it again at the new size.
+                        state.local_bsz, state.accum_steps = choice
+                        LOG.info("batch size now %d (local %d x %d micro-batches x %d "
+                                 "replicas)", self.current_batch_size, self.current_local_bsz,
+                                 self.accumulation_steps + 1, replicas)
+                        restart_pass = True
+                        break
+                    self._step_micros = 2 if first_half else accum_steps + 1
+                # The second micro-batch of a measured single-replica step: the gradient
+                # now accumulated is the first micro-batch's alone.
+                self._measure_first = replicas == 1 and self._micro_in_step == 1 \
+                    and self.training
+                # The halves of a split step are not profiled: the first, without
+                # optimizer step and sync, would look cheaper per sample than any
+                # unsplit micro-batch and skew the throughput model to small batches.
+                timed_split = first_half or self._split_first
+                self._split_first = first_half
+                self._last_micro = size
+                self._step_samples += size
                 started = time.perf_counter()
                 self._stepped = False
                 yield batch
                 # The caller finished with the batch: it counts as consumed.
-                state.current_index = min(
-                    state.current_index + env.num_replicas() * self.current_local_bsz, pass_end)
+                state.current_index = min(state.current_index + replicas * size, pass_end)
                 self._micro_in_step += 1
-                if self._micro_in_step > self.accumulation_steps:
+                if self._micro_in_step >= self._step_micros:
                     self._micro_in_step = 0
+                    self._split_first = False
+                    self._last_step_samples = self._step_samples
+                    self._step_samples = 0
                     if adaptive and self.training:
                         _metrics.advance_progress_without_model(
-                            self.current_batch_size / self._target_batch_size)
+                            replicas * self._last_step_samples / self._target_batch_size)
                         if _metrics.metrics().progress >= target:
                             break
                         self._steps += 1
-                        if self._steps % DECIDE_EVERY_STEPS == 0 and self._decide_batch_size():
-                            restart_pass = True  # new local batch: re-create the iterator
-                            break
+                        if self._steps % DECIDE_EVERY_STEPS == 0:
+                            if replicas > 1 and self._stepped:
+                                # Replica 0 decides; its choice travels with the next
+                                # step's all-reduce (AdaptiveDataParallel) to the boundary
+                                # after it, where every replica applies it.
+                                if rank0 and self._decision_due():
+                                    self._proposal = self._goodput_choice(
+                                        (state.local_bsz, state.accum_steps), False)
+                            elif (replicas > 1 or self._decision_due()) \
+                                    and self._decide_batch_size():
+                                restart_pass = True  # new local batch: new iterator
+                                break
             else:
                 # The pass is exhausted; samples dropped by drop_last count as passed, or
                 # a multi-pass (adaptive) epoch would find the same empty remainder forever.
@@ -498,4 +665,8 @@ class AdaptiveDataLoader(DataLoader):
                 if not restart_pass:
                     break
         self._micro_in_step = 0
-        _batch_boundary()
+        self._split_first = self._measure_first = False
+        self._step_samples = 0
+        choice = _batch_boundary()
+        if choice is not None:
+            state.local_bsz, state.accum_steps = choice

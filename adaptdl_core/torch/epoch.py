@@ -47,8 +47,9 @@ _STATE: _EpochState | None = None
 
 
 def _reset() -> None:
-    global _STATE
+    global _STATE, _TARGET
     _STATE = None
+    _TARGET = None
 
 
 checkpoint._RESET_HOOKS.append(_reset)
@@ -60,6 +61,15 @@ def _state() -> _EpochState:
         _STATE = _EpochState()
         checkpoint.load_state(_STATE)
     return _STATE
+
+
+_TARGET: int | None = None  # the last bound given to remaining_epochs_until in this run
+
+
+def target_epochs() -> int | None:
+    """The ``epoch`` bound of the latest :func:`remaining_epochs_until` call in this
+    process (the job's planned number of epochs), or ``None`` before any call."""
+    return _TARGET
 
 
 def remaining_epochs_until(epoch: int) -> Iterator[int]:
@@ -90,6 +100,8 @@ def remaining_epochs_until(epoch: int) -> Iterator[int]:
     if state.current_epoch is not None:
         raise RuntimeError("overlapping epoch loops: remaining_epochs_until() was called "
                            f"inside epoch {state.current_epoch} of another epoch loop")
+    global _TARGET
+    _TARGET = epoch
     return _epochs(state, epoch)
 
 

@@ -6,6 +6,14 @@ micro-batches (a DDP communication hook), (2) measures the squared norms of the 
 and averaged gradients in the same hook, preconditioned for Adam-family optimizers, to
 estimate the gradient noise, (3) sets the scaling rule's batch scale ``M / M0`` so the LR
 is scaled around ``optimizer.step()`` only, and (4) counts statistical progress.
+
+With several replicas, one small asynchronous all-reduce per optimizer step carries the
+replicas' local squared norms, the graceful-stop flag and replica 0's batch size choice;
+the data loader reads it at the next batch boundary (no other collective per step).
+A single replica has one gradient per step: on sampled steps the adaptive loader splits
+the batch into two micro-batches; the first one's gradient, copied when the second one's
+forward starts, and the step's averaged gradient give the two-batch estimate (see
+``data.py`` and :meth:`AdaptiveDataParallel._update_noise`).
 """
 
 from __future__ import annotations
@@ -20,8 +28,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from adaptdl_core import checkpoint, env
-from adaptdl_core.torch import _metrics
+from adaptdl_core import checkpoint
+from adaptdl_core.torch import _interrupt, _metrics
 from adaptdl_core.torch import data as _data
 from adaptdl_core.torch.data import current_dataloader
 from adaptdl_core.torch.gradient_noise_scale import (GradientNoiseScale, adam_preconditioner,
@@ -82,8 +90,11 @@ class AdaptiveDataParallel(DistributedDataParallel):
         self._precondition = is_adam_family(optimizer)
         self._inner_step = None  # the optimizer's step below our wrapper (with the rule)
         self._accumulating = False
-        self._prev_grads: list[torch.Tensor] | None = None  # single replica: pair of steps
-        self._prev_batch = 0
+        self._replicas = dist.get_world_size()
+        # Single replica: a copy of the first micro-batch's gradient of a measured step.
+        self._first_grads: list[torch.Tensor] = []
+        self._first_params: list[torch.Tensor] | None = None
+        self._since_measure = 0  # samples trained since the last noise measurement
         self._reset_step_measurements()
         self._state = _TrainingState(name, self)
         if checkpoint.load_state(self._state):
@@ -97,7 +108,14 @@ class AdaptiveDataParallel(DistributedDataParallel):
         """Run the model; gradients are synchronised only on the last micro-batch of an
         optimizer step (earlier ones accumulate locally)."""
         loader = current_dataloader()
-        self.require_backward_grad_sync = loader is None or not loader.is_accumulation_step
+        if loader is None:
+            self.require_backward_grad_sync = True
+        else:
+            self.require_backward_grad_sync = not loader.is_accumulation_step
+            if loader._measure_first:
+                # The accumulated gradient is still the first micro-batch's alone.
+                loader._measure_first = False
+                self._copy_first_grads()
         return super().forward(*inputs, **kwargs)
 
     # -- public measurements -------------------------------------------------------
@@ -172,22 +190,30 @@ class AdaptiveDataParallel(DistributedDataParallel):
         init_bsz = loader._target_batch_size
         if self._gns is None:
             self._attach_rule(init_bsz)
-        scale = loader.current_batch_size / init_bsz
+        # The loader's batch size, and the samples this step actually has: fewer for the
+        # partial last batch of a pass, which then counts (lr and progress) for what it is.
+        nominal = loader.current_batch_size / init_bsz
+        batch = loader._step_batch_size or loader.current_batch_size
+        scale = batch / init_bsz
         previous = self.scaling_rule.scale
-        if self._precondition and self.adaptdl_optimizer.state and previous != scale:
+        if self._precondition and self.adaptdl_optimizer.state and previous != nominal:
             # Adam's second moments estimate E[g^2] at the old batch: rescale, not zero.
-            rescale_adam_state(self.adaptdl_optimizer, previous, scale, self._gns)
-        self._update_noise(loader.current_batch_size)
+            rescale_adam_state(self.adaptdl_optimizer, previous, nominal, self._gns)
+        self._update_noise(loader, batch)
         self.scaling_rule.set_scale(scale)
-        result = self._inner_step(*args, **kwargs)
+        try:
+            result = self._inner_step(*args, **kwargs)
+        finally:
+            # The rule keeps (and checkpoints) the loader's scale, so that a partial batch
+            # is not mistaken for a change of batch size.
+            self.scaling_rule.set_scale(nominal)
         _metrics.add_progress(self._gns.accumulate_progress(scale))
-        if self._gns.num_updates:
-            _metrics.record_grad_params(self._gns.grad_params())
         loader._stepped = True
         return result
 
     # -- gradient noise ----------------------------------------------------------------
     def _reset_step_measurements(self) -> None:
+        self._measured = False    # the hook measured this step's norms
         self._local_sqr = 0.0     # sum over buckets of the replica-mean local |g_i|^2
         self._total_sqr = 0.0     # sum over buckets of |mean g|^2
         self._last_ready = 0.0    # when the last bucket was handed to the hook
@@ -204,38 +230,96 @@ class AdaptiveDataParallel(DistributedDataParallel):
             offset += n
         return total
 
-    def _update_noise(self, batch_size: int) -> None:
-        replicas = env.num_replicas()
+    def _copy_first_grads(self) -> None:
+        """Keep a copy of the gradients accumulated so far (the first micro-batch's), in
+        buffers reused from one measured step to the next."""
+        params = [p for p in self.module.parameters() if p.grad is not None]
+        if not params or (self._precondition and not self.adaptdl_optimizer.state):
+            # (Adam before its first step has no preconditioner to measure in.)
+            self._first_params = None
+            return
+        grads = [p.grad.detach() for p in params]
+        buffers = self._first_grads
+        if len(buffers) != len(grads) or any(b.shape != g.shape or b.dtype != g.dtype
+                                             for b, g in zip(buffers, grads)):
+            buffers = self._first_grads = [torch.empty_like(g) for g in grads]
+        torch._foreach_copy_(buffers, grads)
+        self._first_params = params
+
+    def _single_replica_norms(self) -> tuple[float, float]:
+        """``(|m|^2, |g_1 - m|^2)`` for the step's averaged gradient ``m`` (now in the
+        parameters' ``.grad``) and the first micro-batch's copied gradient ``g_1``."""
+        params = self._first_params
+        grads = [p.grad.detach() for p in params]
+        diffs = self._first_grads
+        torch._foreach_sub_(diffs, grads)
+        if self._precondition:
+            total = sum(self._sqr_norm([p], g.reshape(-1)) for p, g in zip(params, grads))
+            spread = sum(self._sqr_norm([p], d.reshape(-1)) for p, d in zip(params, diffs))
+            return total, spread
+        # Fused float32 norms, squared and summed in float64.
+        total = torch.stack(torch._foreach_norm(grads)).double().pow_(2).sum()
+        spread = torch.stack(torch._foreach_norm(diffs)).double().pow_(2).sum()
+        return float(total.item()), float(spread.item())
+
+    def _update_noise(self, loader: "_data.AdaptiveDataLoader", batch_size: int) -> None:
+        replicas = self._replicas
+        self._since_measure += batch_size
         if self._last_done > self._last_ready:
             _metrics.record_sync_time(self._last_done - self._last_ready)
-        if self._precondition and not self.adaptdl_optimizer.state:
-            # Before Adam's first step there is no preconditioner: such a measurement
-            # would be in other units than all later ones.
-            self._prev_grads = None
-        elif replicas > 1:
-            # One scalar all-reduce per step gives the replicas' mean local |g_i|^2.
-            local = torch.tensor([self._local_sqr], dtype=torch.float64)
-            dist.all_reduce(local)
-            self._gns.update(float(local.item()) / replicas, self._total_sqr, replicas,
-                             batch_size)
+        if replicas == 1:
+            micros = loader._step_micros
+            if self._first_params is not None and micros > 1:
+                # n micro-batches of b = M / n samples, averaged into m, the first one
+                # g_1: with local = |m|^2 + |g_1 - m|^2, E[local] = |G|^2 + tr(Sigma) / b
+                # (g_1 - m is pure noise: E|g_1 - m|^2 = tr(Sigma) / b * (n - 1) / n), so
+                # the two-batch estimators stay unbiased; for n = 2 local is exactly
+                # (|g_1|^2 + |g_2|^2) / 2.
+                total, spread = self._single_replica_norms()
+                self._record_noise(total + spread, total, micros, batch_size)
+            self._first_params = None
         else:
-            # One gradient per step carries no noise information: pair consecutive steps
-            # (slightly biased, since the parameters moved in between).
-            grads = [p.grad.detach() for p in self.module.parameters() if p.grad is not None]
-            if self._prev_grads is None or self._prev_batch != batch_size:
-                self._prev_grads = [g.clone() for g in grads]
-                self._prev_batch = batch_size
-            else:
-                params = [p for p in self.module.parameters() if p.grad is not None]
-                local = total = 0.0
-                for p, g0, g1 in zip(params, self._prev_grads, grads):
-                    local += 0.5 * (self._sqr_norm([p], g0.reshape(-1)) +
-                                    self._sqr_norm([p], g1.reshape(-1)))
-                    total += self._sqr_norm([p], (0.5 * (g0 + g1)).reshape(-1))
-                self._gns.update(local, total, 2, 2 * batch_size)
-                self._prev_grads = None
+            self._start_side_channel(loader, batch_size)
         self._reset_step_measurements()
 
+    def _record_noise(self, local: float, total: float, num_grads: int, batch_size: int) -> None:
+        gns = self._gns
+        before = gns.num_updates
+        gns.update(local, total, num_grads, batch_size, elapsed=self._since_measure)
+        self._since_measure = 0
+        if gns.num_updates != before:
+            _metrics.record_grad_params(gns.grad_params())
+
+    def _start_side_channel(self, loader: "_data.AdaptiveDataLoader", batch_size: int) -> None:
+        """Start this step's small all-reduce (asynchronously) and leave its reader to the
+        loader's next batch boundary: [sum of local |g_i|^2, stop flag, replica 0's choice
+        of (local batch, accumulation steps), number of replicas that measured]."""
+        loops = _data._LOOPS
+        earlier = loops.side_channel  # not read yet (the loop was left without a boundary)
+        proposal, loader._proposal = loader._proposal, None
+        measured = self._measured and not (self._precondition
+                                           and not self.adaptdl_optimizer.state)
+        values = [self._local_sqr if measured else 0.0,
+                  1.0 if _interrupt.exit_requested() else 0.0,
+                  float(proposal[0]) if proposal else 0.0,
+                  float(proposal[1]) if proposal else 0.0,
+                  1.0 if measured else 0.0]
+        tensor = torch.tensor(values, dtype=torch.float64)
+        work = dist.all_reduce(tensor, async_op=True)
+        total, replicas = self._total_sqr, self._replicas
+
+        def read() -> tuple[bool, tuple[int, int] | None]:
+            stop, choice = earlier() if earlier is not None else (False, None)
+            work.wait()
+            local_sum, flag, bsz, accum, count = tensor.tolist()
+            if count == replicas:
+                # The local gradient of each replica is its mean over its micro-batches.
+                self._record_noise(local_sum / replicas, total, replicas, batch_size)
+            if bsz > 0:
+                choice = (int(bsz), int(accum))
+            return stop or flag > 0, choice
+
+        loops.side_channel = read
 
 _CURRENT: "weakref.ref[AdaptiveDataParallel] | None" = None
 
@@ -265,14 +349,23 @@ def _average_and_measure_hook(ddp, bucket):  # no annotations: DDP checks them a
     of the local gradient before and of the averaged gradient after the all-reduce.
     """
     loader = current_dataloader()
-    micro = loader.accumulation_steps + 1 if loader is not None else 1
-    replicas = env.num_replicas()
-    ddp._last_ready = time.perf_counter()
+    micro = loader._step_micros if loader is not None else 1
+    replicas = ddp._replicas
     buffer = bucket.buffer()
-    params = list(bucket.parameters())
-    measure = replicas > 1 and loader is not None
+    if replicas == 1:
+        # Nothing to exchange: average the micro-batches and hand the bucket back at once
+        # (the noise is measured in _update_noise).
+        if micro > 1:
+            buffer.div_(micro)
+        future = torch.futures.Future()
+        future.set_result(buffer)
+        return future
+    ddp._last_ready = time.perf_counter()
+    params = bucket.parameters()
+    measure = loader is not None
     if measure:
         # The local gradient is this replica's mean over its micro-batches: buffer / micro.
+        ddp._measured = True
         ddp._local_sqr += ddp._sqr_norm(params, buffer) / (micro * micro)
     buffer.div_(micro * replicas)
     future = dist.all_reduce(buffer, async_op=True).get_future()

@@ -11,6 +11,7 @@ from typing import Any
 
 from adaptdl_core import env
 from adaptdl_core.torch import _metrics
+from adaptdl_core.torch import epoch as _epoch
 from adaptdl_core.torch.data import current_dataloader
 from adaptdl_core.torch.parallel import _training_loader, current_model
 
@@ -31,13 +32,16 @@ def training_status() -> dict[str, Any]:
           the current configuration predicted by the fitted model (0 before a model exists);
         - ``gain``: the AdaScale gain of the current batch (1 before any noise estimate);
         - ``noise_scale``: the gradient noise scale in samples (0 before any estimate);
-        - ``progress``: statistical progress in steps at the initial batch size.
+        - ``progress``: statistical progress in steps at the initial batch size;
+        - ``epochs_done`` and ``epochs``: finished epochs and the planned number (the bound
+          of the latest ``remaining_epochs_until``; 0 before one is known).
     """
     status: dict[str, Any] = {
         "replicas": env.num_replicas(), "nodes": env.num_nodes(),
         "restarts": env.num_restarts(), "batch_size": 0, "local_bsz": 0, "accum_steps": 0,
         "goodput": 0.0, "efficiency": 0.0, "gain": 1.0, "noise_scale": 0.0,
         "progress": float(_metrics.metrics().progress),
+        "epochs_done": _epoch.finished_epochs(), "epochs": _epoch.target_epochs() or 0,
     }
     loader = _training_loader() or current_dataloader()
     if loader is not None:

@@ -27,7 +27,7 @@ from typing import Any, Callable
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
-from adaptdl_core.policy import NodeInfo, PolluxPolicy
+from adaptdl_core.policy import DEFAULT_RESTART_COST_S, NodeInfo, PolluxPolicy
 from adaptdl_ray.tune.allocation import job_info
 from adaptdl_ray.tune.resources import (cluster_nodes, num_replicas_of,
                                         placement_group_factory)
@@ -47,6 +47,8 @@ _SAVE_INTERVAL_S = 5.0
 # New trials are released this long after the latest addition, so that a searcher's
 # burst of trials is divided up once rather than trial by trial.
 _SETTLE_S = 1.0
+# A running trial with less than this many resize costs of training left is not resized.
+_FINISHING_RESIZE_COSTS = 2.0
 # How long the cluster's node list is reused between allocations.
 _NODES_TTL_S = 5.0
 
@@ -236,6 +238,12 @@ class AdaptDLScheduler(TrialScheduler):
         resize_s = result.get(METRIC_PREFIX + "resize_s")
         if isinstance(resize_s, (int, float)) and resize_s > 0:
             record.resize_s = float(resize_s)
+        done, total = result.get(METRIC_PREFIX + "epochs_done"), result.get(
+            METRIC_PREFIX + "epochs")
+        trained_s = result.get("time_total_s")
+        if all(isinstance(v, (int, float)) for v in (done, total, trained_s)) and done > 0 \
+                and total > 0:
+            record.remaining_s = float(trained_s) / done * max(total - done, 0)
         return (record.restarts, record.resize_s) != before
 
     def _trial_ended(self, trial: Trial) -> None:
@@ -285,6 +293,9 @@ class AdaptDLScheduler(TrialScheduler):
                 replica_spec_of(trial.get_trainable_cls()), nodes, created=record.created,
                 hints=record.hints, restarts=record.restarts, restart_cost_s=record.resize_s,
                 current_replicas=current)
+            if current and self._finishing(record):
+                # A resize would cost more than the time the trial has left: keep it as is.
+                jobs[trial.trial_id].preemptible = False
             if current:
                 # Ray places bundles itself (PACK); the policy's last placement stands in
                 # for the real one when its size matches.
@@ -304,6 +315,12 @@ class AdaptDLScheduler(TrialScheduler):
         LOG.info("allocation #%d (%s) in %.0f ms: %s", self._state.num_allocations, reason,
                  1e3 * result.solve_time_s, ", ".join(changes) or "no change")
         self._save()
+
+    @staticmethod
+    def _finishing(record: TrialRecord) -> bool:
+        cost = record.resize_s if record.resize_s else DEFAULT_RESTART_COST_S
+        return record.remaining_s is not None and record.remaining_s < \
+            _FINISHING_RESIZE_COSTS * cost
 
     @staticmethod
     def _pack_guess(nodes: dict[Any, NodeInfo], spec: Any, count: int) -> list:

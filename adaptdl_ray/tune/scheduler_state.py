@@ -32,6 +32,8 @@ class TrialRecord:
         resizes: how many times the scheduler resized it.
         waiting_since: when it started waiting for admission (``None``: not waiting).
         history: ``[time, replicas]`` pairs, each time its target changed.
+        remaining_s: estimated seconds of training left (from its epochs and training
+            time so far), if known.
     """
 
     created: float
@@ -43,6 +45,7 @@ class TrialRecord:
     resizes: int = 0
     waiting_since: float | None = None
     history: list = dataclasses.field(default_factory=list)
+    remaining_s: float | None = None
 
 
 @dataclasses.dataclass

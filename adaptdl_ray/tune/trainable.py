@@ -41,6 +41,8 @@ __all__ = ["AdaptDLTrainableCreator", "AdaptDLTrainable", "is_adaptdl_trainable"
 _STATE_DIR = "adaptdl"
 _RECORD_FILE = "adaptdl_trial.json"
 _POLL_S = 1.0
+# After a report, how long to wait for the function to end (to mark the report final).
+_FINISH_GRACE_S = 0.3
 
 
 def _jsonable(value: Any) -> Any:
@@ -115,6 +117,13 @@ class AdaptDLTrainable(tune.Trainable):
                               timeout_s=self._adaptdl_collective_timeout_s)
         while True:
             self._queue.extend(self._group.next_results(_POLL_S))
+            if len(self._queue) == 1 and self._group.finished(_FINISH_GRACE_S) is not None:
+                # The function ended right after this report: hand it over as the final
+                # result, so no scheduler decides a resize for a trial that is done.
+                self._queue.extend(self._group.next_results(0.0))
+                if len(self._queue) == 1 and not self._stopped_itself():
+                    self._record["finished"] = True
+                    return dict(self._decorate(self._queue.pop(0)), done=True)
             if self._queue:
                 return self._decorate(self._queue.pop(0))
             outcomes = self._group.finished()  # raises WorkerFailed on a failure
@@ -161,6 +170,10 @@ class AdaptDLTrainable(tune.Trainable):
         return False  # fresh worker processes for every trial
 
     # -- helpers ---------------------------------------------------------------------
+    def _stopped_itself(self) -> bool:
+        """True if the finished function ended by checkpoint-and-exit, not by returning."""
+        return any(o["status"] == "checkpointed" for o in self._group.finished() or [])
+
     def _relaunch_from_checkpoint(self) -> None:
         self._archive = self._group.checkpoint_archive() or self._archive
         self._group.shutdown()

@@ -120,13 +120,14 @@ class WorkerGroup:
         """Rank 0's reports, waiting up to ``timeout_s`` for at least one."""
         return ray.get(self.actors[0].next_results.remote(timeout_s))
 
-    def finished(self) -> list[dict] | None:
-        """Every replica's outcome once all have returned, else ``None``.
+    def finished(self, wait_s: float = 0.0) -> list[dict] | None:
+        """Every replica's outcome once all have returned (waiting up to ``wait_s``),
+        else ``None``.
 
         Raises:
             WorkerFailed: as soon as one replica failed (its traceback in the message).
         """
-        done, _ = ray.wait(self._runs, num_returns=len(self._runs), timeout=0)
+        done, _ = ray.wait(self._runs, num_returns=len(self._runs), timeout=wait_s)
         for ref in done:
             self._raise_if_failed(ref)
         if len(done) < len(self._runs):

@@ -363,3 +363,50 @@ def test_adam_preconditioner_matches_adam_state(amsgrad):
         adam_preconditioner(opt, torch.nn.Parameter(torch.ones(1)))
     with pytest.raises(ValueError):
         adam_preconditioner(torch.optim.SGD([p], lr=0.1), p)
+
+
+# --------------------------------------------------------------------------- memory, elapsed
+
+def test_young_estimate_follows_a_falling_signal():
+    """|G|^2 falls 100x after 200 steps: the age-limited memory follows within a few
+    hundred steps, where the plain 0.999 EMA stays dominated by the early values."""
+    young, plain = GradientNoiseScale(M0), GradientNoiseScale(M0, memory_fraction=0.0)
+    for step in range(600):
+        sqr = 100.0 if step < 200 else 1.0
+        local, total = sqr + 10.0, sqr + 5.0  # var = 5, |G|^2 = sqr exactly
+        for gns in (young, plain):
+            gns.update(local, total, 2, M0)
+    print(f"|G|^2 estimate 400 steps after a 100x drop: age-limited {young.sqr_avg():.2f}, "
+          f"plain EMA {plain.sqr_avg():.2f} (truth 1)")
+    assert young.sqr_avg() < 8.0  # the memory is about a third of the age (~200 steps)
+    assert plain.sqr_avg() > 20.0  # still near the old 100: noise scale 20x too low
+    assert young.sqr_avg() < 0.25 * plain.sqr_avg()
+    assert young.var_avg() == pytest.approx(5.0)
+
+
+def test_elapsed_sets_the_decay_of_sampled_measurements():
+    """One measurement every 4 steps decays like 4 steps: same weights as measuring each
+    step with the same values."""
+    sparse = GradientNoiseScale(M0, smoothing=0.9, memory_fraction=0.0)
+    dense = GradientNoiseScale(M0, smoothing=0.9, memory_fraction=0.0)
+    for local, total in [(10.0, 4.0), (5.0, 4.0), (8.0, 3.0)]:
+        sparse.update(local, total, 2, M0, elapsed=4 * M0)
+        for _ in range(4):
+            dense.update(local, total, 2, M0)
+    assert sparse.raw_sqr_avg() == pytest.approx(dense.raw_sqr_avg())
+    assert sparse.var_avg() == pytest.approx(dense.var_avg())
+    with pytest.raises(ValueError, match="elapsed"):
+        sparse.update(1.0, 0.5, 2, M0, elapsed=0)
+
+
+def test_state_without_age_loads_as_mature():
+    gns = GradientNoiseScale(M0)
+    gns.update(5.0, 2.0, 2, 64)
+    state = gns.state_dict()
+    assert state["age"] == pytest.approx(2.0)
+    del state["age"]  # saved before the age existed
+    other = GradientNoiseScale(M0)
+    other.load_state_dict(state)
+    assert other.state_dict()["age"] == pytest.approx(2 / (1 - 0.999))
+    with pytest.raises(ValueError):
+        other.load_state_dict({**gns.state_dict(), "age": math.nan})

@@ -330,3 +330,27 @@ def test_fifo_base_does_not_resume_trials_held_back():
         sched._last_check = 0.0  # as if the throttle interval had passed
         assert sched.choose_trial_to_run(tc) is None
     assert all(t.status == Trial.PAUSED for t in held)
+
+
+def test_a_trial_about_to_finish_is_not_resized(monkeypatch):
+    import adaptdl_ray.tune.scheduler as mod
+    clock = [1000.0]
+    monkeypatch.setattr(mod.time, "time", lambda: clock[0])
+    sched = AdaptDLScheduler(nodes_fn=cluster(4), allocation_interval_s=30)
+    tc = StubController()
+    a = tc.add(sched, StubTrial("a"))
+    tc.start_pending(sched)
+    assert a.replicas == 2
+    hints = json.dumps({"init_batch_size": 32, "max_profiled_replicas": 2,
+                        "max_profiled_nodes": 1})
+    # 9 of 10 epochs done in 90 s: ~10 s left, less than two resizes of 8 s.
+    result = {HINTS_KEY: hints, "adaptdl/epochs_done": 9, "adaptdl/epochs": 10,
+              "time_total_s": 90.0, "adaptdl/resize_s": 8.0}
+    clock[0] += 31
+    assert sched.on_trial_result(tc, a, result) == TrialScheduler.CONTINUE
+    assert sched.state.trials["a"].remaining_s == pytest.approx(10.0)
+    # The same trial with most of its training ahead grows to 4.
+    clock[0] += 31
+    result.update({"adaptdl/epochs_done": 1, "time_total_s": 10.0})
+    assert sched.on_trial_result(tc, a, result) == TrialScheduler.PAUSE
+    assert sched.state.trials["a"].target == 4

@@ -107,6 +107,8 @@ def test_trial_grows_shrinks_and_finishes_every_epoch_exactly_once(tmp_path):
     assert len(keys) == len(set(keys)), [k for k, c in collections.Counter(keys).items() if c > 1]
     # (progress.csv keeps the columns of the first row, so epoch ends are told by key.)
     assert [k for k in keys if k.endswith(":end")] == [f"{e}:end" for e in range(epochs)]
+    # The last report is the final result (no extra row, no resize decided after it).
+    assert rows[-1]["done"] == "True" and all(r["done"] == "False" for r in rows[:-1])
     restarts = [int(r["adaptdl/restarts"]) for r in rows]
     assert restarts == sorted(restarts) and restarts[-1] == len(shapes) - 1
     assert {int(r["adaptdl/replicas"]) for r in rows} >= {1, 2, 3}

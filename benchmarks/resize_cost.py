@@ -1,0 +1,168 @@
+"""What one pause-resize-resume cycle of a 2-replica torch trial costs, by phase.
+
+One AdaptDL trial (the digits CNN, ``AdaptDLTrainableCreator(max_replicas=2)``) starts on
+2 replicas and is resized 2 -> 1 -> 2 -> 1 ... by a scripted policy given to
+``AdaptDLScheduler(policy=...)``, on a local Ray instance with the machine's real CPUs.
+The phases come from the ``adaptdl/resize/*`` metrics of the first result after each
+resize (read by a Tune callback), mapped to:
+
+| here | adaptdl/resize/... |
+|---|---|
+| checkpoint save | ``checkpoint_s`` + ``save_s`` (stop at a batch boundary, write, copy into Tune's dir) |
+| teardown + placement | ``relaunch_s`` (old actors gone, placement group re-made, trial actor started) |
+| worker start | ``worker_start_s`` (replica actors up) |
+| state load | ``restore_s`` (checkpoint handed over, torch imported, files unpacked) |
+| first step | ``first_step_s`` (process group, states loaded, first optimizer step) |
+
+Next to it, in the same run (before and after the trial): the floor of starting a fresh
+Python process that imports torch and ray (``python -c "import torch, ray"``).
+
+    python benchmarks/resize_cost.py              # 6 resizes, 5 floor samples
+    python benchmarks/resize_cost.py --resizes 4 --floor 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import ROOT, iqr_text, machine_description, markdown_table  # noqa: E402
+import _tune_common as tc  # noqa: E402
+
+LOG = logging.getLogger("resize_cost")
+
+PHASES = [("checkpoint save", ("checkpoint_s", "save_s")),
+          ("teardown + placement", ("relaunch_s",)),
+          ("worker start", ("worker_start_s",)),
+          ("state load", ("restore_s",)),
+          ("first step", ("first_step_s",))]
+
+
+class AlternatingPolicy:
+    """Stands in for the Pollux policy: ``start`` replicas first, then a job that has
+    restarted ``r`` times gets ``sizes[r % len(sizes)]`` replicas, until ``resizes``
+    restarts; then it keeps what it has. (A job is resized only after its previous
+    resize has completed, because the count depends on its restart count.)"""
+
+    def __init__(self, start: int, sizes: list[int], resizes: int) -> None:
+        self.start, self.sizes, self.resizes = start, sizes, resizes
+        self.rounds = 0
+
+    def allocate(self, jobs, nodes, base_allocations=None, *, now=None):
+        from adaptdl_core.policy import AllocationResult
+        node = next(iter(nodes))
+        allocations = {}
+        for key, job in jobs.items():
+            # By restart count only, so that a trial paused for a resize keeps its target.
+            count = self.start if self.rounds == 0 else \
+                self.sizes[min(job.num_restarts, self.resizes - 1) % len(self.sizes)]
+            allocations[key] = [node] * count
+        self.rounds += 1
+        return AllocationResult(allocations, {k: float(len(v)) for k, v in allocations.items()},
+                                1.0, 0, True, 0.0)
+
+
+def floor_once() -> float:
+    """Seconds to start ``python -c "import torch, ray"`` and let it exit."""
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import torch, ray"], check=True,
+                   env=dict(os.environ, OMP_NUM_THREADS="1"))
+    return time.perf_counter() - t0
+
+
+def run(args: argparse.Namespace) -> dict:
+    from ray import tune
+
+    from adaptdl_ray.tune import AdaptDLScheduler, AdaptDLTrainableCreator
+
+    floor = [floor_once() for _ in range(args.floor)]
+    tc.init_ray(2 if args.cpus is None else args.cpus)
+    recorder = tc.make_recorder()
+    storage = tempfile.mkdtemp(prefix="resize-cost-")
+    scheduler = AdaptDLScheduler(allocation_interval_s=args.interval,
+                                 policy=AlternatingPolicy(2, [1, 2], args.resizes))
+    t0 = time.time()
+    analysis = tune.run(
+        AdaptDLTrainableCreator(tc.train_digits, max_replicas=2), name="resize_cost",
+        config={"lr": 0.05, "momentum": 0.9, "batch_size": 64, "epochs": args.epochs,
+                "report_every": 1, "seed": 0, "autoscale": 0},
+        scheduler=scheduler, storage_path=storage, verbose=0, reuse_actors=False,
+        raise_on_failed_trial=False, callbacks=[recorder])
+    wall = time.time() - t0
+    import ray
+    ray.shutdown()
+    floor += [floor_once() for _ in range(args.floor)]
+    trial = next(iter(recorder.trials.values()))
+    return {"machine": machine_description(), "floor_s": floor, "wall_s": wall,
+            "status": analysis.trials[0].status, "resizes": trial["resizes"],
+            "timeline": trial["timeline"], "epochs": args.epochs}
+
+
+def report(data: dict) -> str:
+    resizes = data["resizes"]
+    rows = []
+    groups = [("2 -> 1", [r for r in resizes if r["replicas"] == 1]),
+              ("1 -> 2", [r for r in resizes if r["replicas"] == 2]),
+              ("all", resizes)]
+    header = ["phase"] + [f"{name} (n={len(rs)}), s: median [p25, p75]"
+                          for name, rs in groups]
+    for name, keys in PHASES:
+        rows.append([name] + [iqr_text([sum(r[k] for k in keys) for r in rs], "{:.2f}")
+                              if rs else "-" for _, rs in groups])
+    rows.append(["**total**"] + [iqr_text([sum(r[k] for k in tc.RESIZE_PHASES) for r in rs],
+                                          "{:.2f}") if rs else "-" for _, rs in groups])
+    floor = data["floor_s"]
+    total = statistics.median(sum(r[k] for k in tc.RESIZE_PHASES) for r in resizes) \
+        if resizes else float("nan")
+    return "\n".join([
+        f"Machine: {data['machine']}",
+        f"trial status {data['status']}, {len(resizes)} resizes measured, trial wall "
+        f"{data['wall_s']:.0f} s", "",
+        markdown_table(header, rows), "",
+        f"floor, fresh `python -c \"import torch, ray\"` (n={len(floor)}, before and after "
+        f"the trial): {iqr_text(floor, '{:.2f}')} s; median resize / floor = "
+        f"{total / statistics.median(floor):.1f}x"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--resizes", type=int, default=6, help="resizes to measure (default 6)")
+    p.add_argument("--floor", type=int, default=3,
+                   help="floor samples before and after the trial each (default 3)")
+    p.add_argument("--epochs", type=int, default=400,
+                   help="epochs of the trial (enough to outlast the resizes; default 400)")
+    p.add_argument("--interval", type=float, default=2.0,
+                   help="AdaptDLScheduler allocation interval (default 2 s)")
+    p.add_argument("--cpus", type=int, default=None, help="Ray CPUs (default 2: 2 replicas)")
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"),
+                   help="directory for resize_cost.json")
+    p.add_argument("--from-json", default=None, help="print the table of a saved run")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s",
+                        datefmt="%H:%M:%S")
+    logging.getLogger("adaptdl_ray").setLevel(logging.WARNING)
+    if args.from_json:
+        with open(args.from_json) as f:
+            print(report(json.load(f)))
+        return 0
+    data = run(args)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "resize_cost.json", "w") as f:
+        json.dump(data, f)
+    print(report(data))
+    print(f"raw data: {out / 'resize_cost.json'}")
+    return 0 if data["status"] == "TERMINATED" and data["resizes"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
