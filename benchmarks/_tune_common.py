@@ -40,11 +40,10 @@ def train_digits(config: dict) -> None:
     batch; else the largest batch the loader may pick), ``seed``.
     """
     import torch
-    import torch.nn.functional as F
     from ray import tune
 
     import adaptdl_core.torch as adl
-    from digits_data import DigitsCNN, load_digits_datasets
+    from digits_data import DigitsCNN, evaluate, load_digits_datasets, train_epoch
 
     config = dict(config, **config.get("hp", {}))
     torch.manual_seed(config["seed"])
@@ -65,21 +64,10 @@ def train_digits(config: dict) -> None:
     every = max(1, int(config.get("report_every", 1)))
     last = config["epochs"] - 1
     for epoch in adl.remaining_epochs_until(config["epochs"]):
-        model.train()
-        for images, labels in train_loader:
-            optimizer.zero_grad()
-            loss = F.cross_entropy(model(images), labels)
-            loss.backward()
-            optimizer.step()
-            accum["train_loss"] += loss.item() * len(labels)
-            accum["train_n"] += len(labels)
+        train_epoch(model, optimizer, train_loader, accum)
         report = (epoch + 1) % every == 0 or epoch == last
         if report:
-            model.eval()
-            with torch.no_grad():
-                for images, labels in test_loader:
-                    accum["correct"] += (model(images).argmax(dim=1) == labels).sum().item()
-                    accum["test_n"] += len(labels)
+            evaluate(model, test_loader, accum)
             with accum.synchronized():
                 metrics = {METRIC: accum["correct"] / accum["test_n"],
                            "train_loss": accum["train_loss"] / max(accum["train_n"], 1),

@@ -3,7 +3,7 @@
 Shared by ``standalone_digits.py`` and the Ray Tune example. Nothing is downloaded: the
 1797 images ship with scikit-learn.
 
-    from digits_data import DigitsCNN, load_digits_datasets
+    from digits_data import DigitsCNN, evaluate, load_digits_datasets, train_epoch
 
     train_dataset, test_dataset = load_digits_datasets()
     model = DigitsCNN()
@@ -12,10 +12,16 @@ Shared by ``standalone_digits.py`` and the Ray Tune example. Nothing is download
 
 from __future__ import annotations
 
+import logging
+from typing import Any, Iterable
+
 import torch
+import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
-__all__ = ["load_digits_datasets", "DigitsCNN", "NUM_CLASSES"]
+log = logging.getLogger(__name__)
+
+__all__ = ["load_digits_datasets", "DigitsCNN", "NUM_CLASSES", "train_epoch", "evaluate"]
 
 NUM_CLASSES = 10
 
@@ -88,3 +94,31 @@ class DigitsCNN(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.features(x))
+
+
+def train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                loader: Iterable, accum: Any, log_every: int = 0) -> None:
+    """One pass of ``loader``: cross-entropy, backward (gradients are averaged over the
+    replicas there), optimizer step. Adds ``train_loss`` (summed over samples) and
+    ``train_n`` to ``accum`` (an ``adl.Accumulator``); logs the loss every ``log_every``
+    batches when it is > 0."""
+    model.train()
+    for step, (images, labels) in enumerate(loader, 1):
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(images), labels)
+        loss.backward()
+        optimizer.step()
+        accum["train_loss"] += loss.item() * len(labels)
+        accum["train_n"] += len(labels)
+        if log_every and step % log_every == 0:
+            log.info("step %d/%d loss %.4f", step, len(loader), loss.item())
+
+
+def evaluate(model: torch.nn.Module, loader: Iterable, accum: Any) -> None:
+    """Count correct predictions on ``loader`` into ``accum["correct"]`` and
+    ``accum["test_n"]`` (read them inside ``accum.synchronized()``)."""
+    model.eval()
+    with torch.no_grad():
+        for images, labels in loader:
+            accum["correct"] += (model(images).argmax(dim=1) == labels).sum().item()
+            accum["test_n"] += len(labels)

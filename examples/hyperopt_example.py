@@ -30,14 +30,13 @@ import time
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 import adaptdl_core.torch as adl
 from adaptdl_core import checkpoint, env
 
 # Make `import digits_data` work however the script is started.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from digits_data import DigitsCNN, load_digits_datasets  # noqa: E402
+from digits_data import DigitsCNN, evaluate, load_digits_datasets, train_epoch  # noqa: E402
 
 log = logging.getLogger("hyperopt_example")
 
@@ -83,21 +82,8 @@ def train_digits(config: dict) -> None:
 
     start = time.perf_counter()
     for epoch in adl.remaining_epochs_until(config["epochs"]):
-        model.train()
-        for images, labels in train_loader:
-            optimizer.zero_grad()
-            loss = F.cross_entropy(model(images), labels)
-            loss.backward()
-            optimizer.step()
-            accum["train_loss"] += loss.item() * len(labels)
-            accum["train_n"] += len(labels)
-
-        model.eval()
-        with torch.no_grad():
-            for images, labels in test_loader:
-                predictions = model(images).argmax(dim=1)
-                accum["correct"] += (predictions == labels).sum().item()
-                accum["test_n"] += len(labels)
+        train_epoch(model, optimizer, train_loader, accum)
+        evaluate(model, test_loader, accum)
 
         with accum.synchronized():
             train_loss = accum["train_loss"] / accum["train_n"]

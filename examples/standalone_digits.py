@@ -29,14 +29,13 @@ import sys
 import time
 
 import torch
-import torch.nn.functional as F
 
 import adaptdl_core.torch as adl
 from adaptdl_core import checkpoint, env
 
 # Make `import digits_data` work however the script is started.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from digits_data import DigitsCNN, load_digits_datasets  # noqa: E402
+from digits_data import DigitsCNN, evaluate, load_digits_datasets, train_epoch  # noqa: E402
 
 log = logging.getLogger("standalone_digits")
 
@@ -100,24 +99,8 @@ def main(argv: list[str] | None = None) -> float | None:
     # After a restart the loop starts at the interrupted epoch, and the train loop below
     # continues at the interrupted sample (or is skipped if it had finished).
     for epoch in adl.remaining_epochs_until(args.epochs):
-        model.train()
-        for step, (images, labels) in enumerate(train_loader, 1):
-            optimizer.zero_grad()
-            loss = F.cross_entropy(model(images), labels)
-            loss.backward()              # gradients are averaged over replicas here
-            optimizer.step()
-            accum["train_loss"] += loss.item() * len(labels)
-            accum["train_n"] += len(labels)
-            if args.log_every and step % args.log_every == 0:
-                log.info("epoch %d step %d/%d loss %.4f", epoch, step, len(train_loader),
-                         loss.item())
-
-        model.eval()
-        with torch.no_grad():
-            for images, labels in test_loader:
-                predictions = model(images).argmax(dim=1)
-                accum["correct"] += (predictions == labels).sum().item()
-                accum["test_n"] += len(labels)
+        train_epoch(model, optimizer, train_loader, accum, log_every=args.log_every)
+        evaluate(model, test_loader, accum)
 
         # A collective: every replica enters, and sees the same sums of all replicas.
         with accum.synchronized():
