@@ -12,6 +12,7 @@ the scheduler hints added) to the trial; other ranks' reports are dropped.
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import os
@@ -56,6 +57,13 @@ class _ReportSession:
         self._worker._on_report(metrics)
 
 
+def _preimport() -> None:
+    try:
+        importlib.import_module("adaptdl_core.torch")  # imports torch
+    except Exception:  # noqa: BLE001 - run() will import again and report the error
+        LOG.debug("pre-import of adaptdl_core.torch failed", exc_info=True)
+
+
 def _install_session(session: _ReportSession) -> None:
     from ray.train._internal import session as train_session
     train_session._session = session
@@ -76,6 +84,9 @@ class ReplicaWorker:
         self._checkpoint_root: str | None = None
         # Wall-clock milestones of this launch (seconds since the epoch), for resize costs.
         self._timeline: dict[str, float] = {}
+        # Importing torch takes seconds: start now, while the trial sets up, so that
+        # run() finds it imported (run's own import waits for this one to finish).
+        threading.Thread(target=_preimport, daemon=True, name="adaptdl-preimport").start()
 
     # -- set-up -------------------------------------------------------------------
     def node_address(self) -> tuple[str, str]:

@@ -53,6 +53,8 @@ def counting_job(config: dict) -> None:
                           "nodes": env.num_nodes(), "epoch": adl.current_epoch(),
                           "trial_id": tune.get_context().get_trial_id()}) + "\n")
     for epoch in adl.remaining_epochs_until(config["epochs"]):
+        # A restart at the very end of an epoch resumes with no batch left in it.
+        loss = torch.tensor(float("nan"))
         for step, (idx, x, y) in enumerate(loader):
             opt.zero_grad()
             loss = torch.nn.functional.mse_loss(model(x).squeeze(1), y)
@@ -62,7 +64,7 @@ def counting_job(config: dict) -> None:
                                   "replicas": replicas, "restarts": restarts}) + "\n")
             time.sleep(config.get("sleep", 0.0))
             if (step + 1) % config.get("report_every", 5) == 0:
-                tune.report({"epoch": epoch, "loss": float(loss),
+                tune.report({"epoch": epoch, "loss": loss.item(),
                              "report_key": f"{epoch}:{loader.current_index}"})
-        tune.report({"epoch": epoch, "loss": float(loss), "report_key": f"{epoch}:end"})
+        tune.report({"epoch": epoch, "loss": loss.item(), "report_key": f"{epoch}:end"})
     log.write(json.dumps({"event": "finished"}) + "\n")
