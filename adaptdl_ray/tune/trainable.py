@@ -103,10 +103,10 @@ class AdaptDLTrainable(tune.Trainable):
         self._measure_resize = record.get("pause") is not None
 
     def step(self) -> dict:
-        if self._queue:
-            return self._decorate(self._queue.pop(0))
         if self._record["finished"]:
-            return self._final_result()
+            return self._next_final()
+        if self._queue and not (self._group is not None and self._group.started):
+            return self._decorate(self._queue.pop(0))  # reports replayed after a pause
         if self._group is None:
             self._record["restarts"] += 1
             self._setup_walltime = time.time()
@@ -116,18 +116,17 @@ class AdaptDLTrainable(tune.Trainable):
                               num_restarts=self._record["restarts"], job_id=self.trial_id,
                               timeout_s=self._adaptdl_collective_timeout_s)
         while True:
-            self._queue.extend(self._group.next_results(_POLL_S))
-            if len(self._queue) == 1 and self._group.finished(_FINISH_GRACE_S) is not None:
-                # The function ended right after this report: hand it over as the final
-                # result, so no scheduler decides a resize for a trial that is done.
-                self._queue.extend(self._group.next_results(0.0))
-                if len(self._queue) == 1 and not self._stopped_itself():
-                    self._record["finished"] = True
-                    return dict(self._decorate(self._queue.pop(0)), done=True)
-            if self._queue:
+            if not self._queue:
+                self._queue.extend(self._group.next_results(_POLL_S))
+            if len(self._queue) > 1:
                 return self._decorate(self._queue.pop(0))
-            outcomes = self._group.finished()  # raises WorkerFailed on a failure
+            # With one report in hand, wait briefly for the function to end: its last
+            # report then goes to Tune as the final result, so no scheduler decides a
+            # resize for a trial that is done. Raises WorkerFailed on a failure.
+            outcomes = self._group.finished(_FINISH_GRACE_S if self._queue else 0.0)
             if outcomes is None:
+                if self._queue:
+                    return self._decorate(self._queue.pop(0))
                 continue
             self._queue.extend(self._group.next_results(0.0))
             if any(o["status"] == "checkpointed" for o in outcomes):
@@ -136,7 +135,7 @@ class AdaptDLTrainable(tune.Trainable):
                 self._relaunch_from_checkpoint()
                 continue
             self._record["finished"] = True
-            return self._decorate(self._queue.pop(0)) if self._queue else self._final_result()
+            return self._next_final()
 
     def save_checkpoint(self, checkpoint_dir: str) -> dict | None:
         t0 = time.time()
@@ -170,9 +169,12 @@ class AdaptDLTrainable(tune.Trainable):
         return False  # fresh worker processes for every trial
 
     # -- helpers ---------------------------------------------------------------------
-    def _stopped_itself(self) -> bool:
-        """True if the finished function ended by checkpoint-and-exit, not by returning."""
-        return any(o["status"] == "checkpointed" for o in self._group.finished() or [])
+    def _next_final(self) -> dict:
+        """After the function ended: its remaining reports, the last marked done."""
+        if not self._queue:
+            return self._final_result()
+        result = self._decorate(self._queue.pop(0))
+        return dict(result, done=True) if not self._queue else result
 
     def _relaunch_from_checkpoint(self) -> None:
         self._archive = self._group.checkpoint_archive() or self._archive
