@@ -41,12 +41,12 @@ __all__ = ["AdaptDLScheduler"]
 
 # choose_trial_to_run runs thousands of times a second when Tune is idle: re-divide the
 # cluster from there at most this often.
-_MIN_CHECK_INTERVAL_S = 0.5
+_MIN_CHECK_INTERVAL_S = 0.2
 # Hints change with every result; write them out at most this often.
 _SAVE_INTERVAL_S = 5.0
 # New trials are released this long after the latest addition, so that a searcher's
 # burst of trials is divided up once rather than trial by trial.
-_SETTLE_S = 1.0
+_SETTLE_S = 0.25
 # A running trial with less than this many resize costs of training left is not resized.
 _FINISHING_RESIZE_COSTS = 2.0
 # How long the cluster's node list is reused between allocations.
