@@ -97,11 +97,11 @@ class DigitsCNN(torch.nn.Module):
 
 
 def train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                loader: Iterable, accum: Any, log_every: int = 0) -> None:
+                loader: Iterable, accum: Any, log_every: int = 0, epoch: int = 0) -> None:
     """One pass of ``loader``: cross-entropy, backward (gradients are averaged over the
     replicas there), optimizer step. Adds ``train_loss`` (summed over samples) and
     ``train_n`` to ``accum`` (an ``adl.Accumulator``); logs the loss every ``log_every``
-    batches when it is > 0."""
+    batches when it is > 0 (as "epoch E step S/N loss L")."""
     model.train()
     for step, (images, labels) in enumerate(loader, 1):
         optimizer.zero_grad()
@@ -111,7 +111,7 @@ def train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
         accum["train_loss"] += loss.item() * len(labels)
         accum["train_n"] += len(labels)
         if log_every and step % log_every == 0:
-            log.info("step %d/%d loss %.4f", step, len(loader), loss.item())
+            log.info("epoch %d step %d/%d loss %.4f", epoch, step, len(loader), loss.item())
 
 
 def evaluate(model: torch.nn.Module, loader: Iterable, accum: Any) -> None:

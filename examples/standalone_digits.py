@@ -99,7 +99,8 @@ def main(argv: list[str] | None = None) -> float | None:
     # After a restart the loop starts at the interrupted epoch, and the train loop below
     # continues at the interrupted sample (or is skipped if it had finished).
     for epoch in adl.remaining_epochs_until(args.epochs):
-        train_epoch(model, optimizer, train_loader, accum, log_every=args.log_every)
+        train_epoch(model, optimizer, train_loader, accum, log_every=args.log_every,
+                    epoch=epoch)
         evaluate(model, test_loader, accum)
 
         # A collective: every replica enters, and sees the same sums of all replicas.
