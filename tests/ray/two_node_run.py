@@ -34,8 +34,8 @@ def main(record_dir: str, storage_dir: str) -> None:
         analysis = tune.run(
             AdaptDLTrainableCreator(counting_job, max_replicas=4), scheduler=scheduler,
             storage_path=storage_dir, verbose=0,
-            config={"record_dir": record_dir, "epochs": 2, "size": 240, "batch_size": 12,
-                    "sleep": 0.05, "report_every": 5})
+            config={"record_dir": record_dir, "epochs": 3, "size": 240, "batch_size": 12,
+                    "sleep": 0.1, "report_every": 5})
         trial = analysis.trials[0]
         print(json.dumps({"status": trial.status, "trial_id": trial.trial_id,
                           "num_nodes": len(ray.nodes()),
