@@ -35,7 +35,8 @@ from typing import NamedTuple, Optional, Sequence, Tuple, Union
 import numpy as np
 import scipy.optimize
 
-__all__ = ["PerfParams", "GradParams", "GoodputFunction", "fit_perf_params"]
+__all__ = ["PerfParams", "GradParams", "GoodputFunction", "fit_perf_params",
+           "check_perf_params"]
 
 ArrayLike = Union[float, int, Sequence[float], np.ndarray]
 
@@ -92,6 +93,25 @@ def _overlap(t_c: np.ndarray, t_n: np.ndarray, gamma: float) -> np.ndarray:
     return np.where(top > 0, top * ratio_sum ** (1.0 / gamma), 0.0)
 
 
+def check_perf_params(perf: PerfParams) -> PerfParams:
+    """Check that ``perf`` describes a usable throughput model and return it.
+
+    Raises:
+        ValueError: unless every entry is finite, alphas and betas are ``>= 0``,
+            ``gamma > 0`` and ``alpha_c + beta_c > 0`` (the message names the field).
+    """
+    for name, value in perf._asdict().items():
+        if not math.isfinite(value):
+            raise ValueError(f"perf_params.{name} must be finite, got {value!r}")
+        if name != "gamma" and value < 0:
+            raise ValueError(f"perf_params.{name} must be >= 0, got {value!r}")
+    if perf.gamma <= 0:
+        raise ValueError(f"perf_params.gamma must be > 0, got {perf.gamma!r}")
+    if perf.alpha_c + perf.beta_c <= 0:
+        raise ValueError("perf_params: alpha_c + beta_c must be > 0")
+    return perf
+
+
 def _check_int_arg(name: str, value, minimum: int) -> int:
     if isinstance(value, (bool, np.bool_)):
         raise ValueError(f"{name} must be an integer, got {value!r}")
@@ -127,15 +147,7 @@ class GoodputFunction:
             perf = PerfParams(*[float(v) for v in perf_params])
         except (TypeError, ValueError):
             raise ValueError(f"perf_params must be 7 numbers, got {perf_params!r}") from None
-        for name, value in perf._asdict().items():
-            if not math.isfinite(value):
-                raise ValueError(f"perf_params.{name} must be finite, got {value!r}")
-            if name != "gamma" and value < 0:
-                raise ValueError(f"perf_params.{name} must be >= 0, got {value!r}")
-        if perf.gamma <= 0:
-            raise ValueError(f"perf_params.gamma must be > 0, got {perf.gamma!r}")
-        if perf.alpha_c + perf.beta_c <= 0:
-            raise ValueError("perf_params: alpha_c + beta_c must be > 0")
+        check_perf_params(perf)
         try:
             grad = GradParams(*[float(v) for v in grad_params])
         except (TypeError, ValueError):

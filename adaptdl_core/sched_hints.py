@@ -22,7 +22,7 @@ import json
 import math
 from typing import Any, Mapping, Optional, Tuple
 
-from adaptdl_core.goodput import GoodputFunction, GradParams, PerfParams
+from adaptdl_core.goodput import GoodputFunction, GradParams, PerfParams, check_perf_params
 
 __all__ = ["SchedHints"]
 
@@ -107,15 +107,8 @@ class SchedHints:
 
     def __post_init__(self) -> None:
         if self.perf_params is not None:
-            perf = _as_named_floats("perf_params", self.perf_params, PerfParams)
-            for field, value in perf._asdict().items():
-                if field != "gamma" and value < 0:
-                    raise ValueError(f"perf_params.{field} must be >= 0, got {value!r}")
-            if perf.gamma <= 0:
-                raise ValueError(f"perf_params.gamma must be > 0, got {perf.gamma!r}")
-            if perf.alpha_c + perf.beta_c <= 0:
-                raise ValueError("perf_params: alpha_c + beta_c must be > 0")
-            self.perf_params = perf
+            self.perf_params = check_perf_params(
+                _as_named_floats("perf_params", self.perf_params, PerfParams))
         if self.grad_params is not None:
             self.grad_params = _as_named_floats("grad_params", self.grad_params, GradParams)
         self.init_batch_size = _as_int("init_batch_size", self.init_batch_size, 1)

@@ -32,49 +32,10 @@ RESIZE_PHASES = ("checkpoint_s", "save_s", "relaunch_s", "worker_start_s", "rest
 # The training function (run by every replica of every trial)
 # ---------------------------------------------------------------------------------------
 def train_digits(config: dict) -> None:
-    """``standalone_digits.py``'s loop as a Tune trial.
-
-    Config: ``lr``, ``momentum``, ``batch_size`` (also read from a nested ``hp`` dict; the user's global batch), ``epochs``,
-    ``report_every`` (epochs between reports; the test set is evaluated only then and at
-    the last epoch, to keep evaluation out of the training cost), ``autoscale`` (0: fixed
-    batch; else the largest batch the loader may pick), ``seed``.
-    """
-    import torch
-    from ray import tune
-
-    import adaptdl_core.torch as adl
-    from digits_data import DigitsCNN, evaluate, load_digits_datasets, train_epoch
-
-    config = dict(config, **config.get("hp", {}))
-    torch.manual_seed(config["seed"])
-    adl.init_process_group("gloo")
-    train_dataset, test_dataset = load_digits_datasets()
-    model = DigitsCNN()
-    optimizer = torch.optim.SGD(model.parameters(), lr=config["lr"],
-                                momentum=config["momentum"])
-    lr_scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer,
-                                                              T_max=config["epochs"])
-    model = adl.AdaptiveDataParallel(model, optimizer, lr_scheduler)
-    train_loader = adl.AdaptiveDataLoader(train_dataset, batch_size=config["batch_size"],
-                                          shuffle=True, drop_last=True)
-    if config.get("autoscale"):
-        train_loader.autoscale_batch_size(config["autoscale"])
-    test_loader = adl.AdaptiveDataLoader(test_dataset, batch_size=256)
-    accum = adl.Accumulator()
-    every = max(1, int(config.get("report_every", 1)))
-    last = config["epochs"] - 1
-    for epoch in adl.remaining_epochs_until(config["epochs"]):
-        train_epoch(model, optimizer, train_loader, accum)
-        report = (epoch + 1) % every == 0 or epoch == last
-        if report:
-            evaluate(model, test_loader, accum)
-            with accum.synchronized():
-                metrics = {METRIC: accum["correct"] / accum["test_n"],
-                           "train_loss": accum["train_loss"] / max(accum["train_n"], 1),
-                           "epoch": epoch}
-                accum.clear()
-            tune.report(metrics)
-        lr_scheduler.step()
+    """The HyperOpt example's trial function (``examples/hyperopt_example.py``) with the
+    searched values taken from a nested ``hp`` dict (how the arms' grids pass them)."""
+    from hyperopt_example import train_digits as example_train_digits
+    example_train_digits(dict(config, **config.get("hp", {})))
 
 
 # ---------------------------------------------------------------------------------------

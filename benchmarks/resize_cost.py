@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> dict:
     analysis = tune.run(
         AdaptDLTrainableCreator(tc.train_digits, max_replicas=2), name="resize_cost",
         config={"lr": 0.05, "momentum": 0.9, "batch_size": 64, "epochs": args.epochs,
-                "report_every": 1, "seed": 0, "autoscale": 0},
+                "report_every": 1, "seed": 0, "max_batch_size": 0},
         scheduler=scheduler, storage_path=storage, verbose=0, reuse_actors=False,
         raise_on_failed_trial=False, callbacks=[recorder])
     wall = time.time() - t0

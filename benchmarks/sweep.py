@@ -92,7 +92,7 @@ def run_arm(arm: int, spec: dict[str, Any]) -> dict[str, Any]:
     tc.init_ray(cpus)
     configs = spec["configs"]
     base = {"epochs": spec["epochs"], "report_every": spec["report_every"], "seed": 0,
-            "autoscale": spec["max_batch_size"] if arm == 4 else 0,
+            "max_batch_size": spec["max_batch_size"] if arm == 4 else 0,
             # The fixed list, in the same order for every arm (a grid over the sampled
             # configurations: BasicVariantGenerator's points_to_evaluate needs the keys
             # in the space).

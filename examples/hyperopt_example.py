@@ -53,6 +53,10 @@ PROGRESS_COLUMNS = {"epoch": "epoch", METRIC: "acc", "adaptdl/replicas": "replic
 # Every replica of a trial runs it; only rank 0's reports reach Tune.
 # ---------------------------------------------------------------------------------------
 def train_digits(config: dict) -> None:
+    """One trial: ``lr``, ``momentum``, ``batch_size`` (initial global batch), ``epochs``,
+    ``seed``, ``max_batch_size`` (autoscaling cap; 0 or missing: fixed batch) and
+    ``report_every`` (epochs between test evaluations and reports, default 1; the last
+    epoch always reports). The benchmarks in ``benchmarks/`` run this same function."""
     from ray import tune
 
     torch.manual_seed(config["seed"])
@@ -72,9 +76,11 @@ def train_digits(config: dict) -> None:
     # to wherever the measured throughput and gradient noise predict the best goodput.
     train_loader = adl.AdaptiveDataLoader(train_dataset, batch_size=config["batch_size"],
                                           shuffle=True, drop_last=True)
-    train_loader.autoscale_batch_size(config["max_batch_size"])
+    if config.get("max_batch_size"):
+        train_loader.autoscale_batch_size(config["max_batch_size"])
     test_loader = adl.AdaptiveDataLoader(test_dataset, batch_size=256)
     accum = adl.Accumulator()
+    every = max(1, int(config.get("report_every", 1)))
 
     if checkpoint.latest_checkpoint_dir() is not None:
         log.info("resuming at epoch %d on %d replica(s) (restart %d)",
@@ -83,18 +89,18 @@ def train_digits(config: dict) -> None:
     start = time.perf_counter()
     for epoch in adl.remaining_epochs_until(config["epochs"]):
         train_epoch(model, optimizer, train_loader, accum)
-        evaluate(model, test_loader, accum)
-
-        with accum.synchronized():
-            train_loss = accum["train_loss"] / accum["train_n"]
-            accuracy = accum["correct"] / accum["test_n"]
-            accum.clear()
-        log.info("epoch %d: train loss %.4f, test accuracy %.4f, lr %.4f (%.1f s)", epoch,
-                 train_loss, accuracy, lr_scheduler.get_last_lr()[0],
-                 time.perf_counter() - start)
-        # The one addition: hand the epoch's metrics to Tune (the adaptdl/ metrics are
-        # added to them). A resize requested now takes effect at the next batch boundary.
-        tune.report({METRIC: accuracy, "train_loss": train_loss, "epoch": epoch})
+        if (epoch + 1) % every == 0 or epoch == config["epochs"] - 1:
+            evaluate(model, test_loader, accum)
+            with accum.synchronized():
+                train_loss = accum["train_loss"] / max(accum["train_n"], 1)
+                accuracy = accum["correct"] / accum["test_n"]
+                accum.clear()
+            log.info("epoch %d: train loss %.4f, test accuracy %.4f, lr %.4f (%.1f s)",
+                     epoch, train_loss, accuracy, lr_scheduler.get_last_lr()[0],
+                     time.perf_counter() - start)
+            # The one addition: hand the epoch's metrics to Tune (the adaptdl/ metrics are
+            # added). A resize requested now takes effect at the next batch boundary.
+            tune.report({METRIC: accuracy, "train_loss": train_loss, "epoch": epoch})
 
         # As in standalone_digits.py: step the scheduler at the END of the epoch body.
         lr_scheduler.step()

@@ -56,6 +56,7 @@ class _Metrics(checkpoint.State):
         self.restored = False
         self.pending_sync_s = 0.0
         self.progress_from_gain = False  # AdaptiveDataParallel counts progress by gain
+        self.first_step_walltime: float | None = None  # this run's first optimizer step
 
     def save(self, fileobj: IO[bytes]) -> None:
         checkpoint.dump_json({
@@ -186,6 +187,8 @@ def profile_micro_batch(seconds: float, local_bsz: int, optimizer_step: bool) ->
                                  {"accum_n": 0, "accum_t": 0.0, "optim_n": 0, "optim_t": 0.0,
                                   "sync_t": 0.0})
     if optimizer_step:
+        if m.first_step_walltime is None:
+            m.first_step_walltime = time.time()
         entry["optim_n"] += 1
         entry["optim_t"] += seconds
         entry["sync_t"] += min(m.pending_sync_s, seconds)
@@ -238,6 +241,12 @@ def maybe_refit(force: bool = False) -> bool:
     m.last_fit_time = time.monotonic()
     m.fits += 1
     return True
+
+
+def first_step_walltime() -> float | None:
+    """Wall-clock time of this process's first profiled optimizer step (``None`` before
+    it, or when no job state exists yet); launchers use it to time restarts."""
+    return None if _METRICS is None else _METRICS.first_step_walltime
 
 
 def goodput_fn() -> GoodputFunction | None:

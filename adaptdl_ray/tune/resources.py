@@ -2,7 +2,8 @@
 
 A trial with ``n`` replicas requests ``PlacementGroupFactory([{}] + [per_replica] * n)``
 (strategy PACK). Tune drops the empty head bundle from the real placement group (the trial
-actor runs there with no resources), so bundle ``i`` holds replica ``i``. The policy sees the same request as ``JobInfo.resources = per_replica``.
+actor runs there with no resources), so bundle ``i`` holds replica ``i``. The policy sees
+the same request as ``JobInfo.resources = per_replica``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from ray.tune.execution.placement_groups import PlacementGroupFactory
 from adaptdl_core.policy import NodeInfo
 
 __all__ = ["ReplicaSpec", "placement_group_factory", "num_replicas_of", "cluster_nodes",
-           "cluster_capacity"]
+           "cluster_capacity", "replicas_fitting"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,11 +103,12 @@ def cluster_nodes(nodes: list[dict[str, Any]] | None = None) -> dict[str, NodeIn
     return out
 
 
+def replicas_fitting(resources: Mapping[str, float], node: NodeInfo) -> int:
+    """How many replicas requesting ``resources`` one node holds."""
+    return min((math.floor(node.resources.get(k, 0.0) / v + 1e-9)
+                for k, v in resources.items()), default=0)
+
+
 def cluster_capacity(spec: ReplicaSpec, nodes: Mapping[str, NodeInfo]) -> int:
     """Most replicas of ``spec`` the whole cluster could hold at once."""
-    total = 0
-    for node in nodes.values():
-        fits = [math.floor(node.resources.get(k, 0.0) / v + 1e-9) for k, v in
-                spec.resources.items()]
-        total += min(fits) if fits else 0
-    return total
+    return sum(replicas_fitting(spec.resources, node) for node in nodes.values())

@@ -30,7 +30,7 @@ from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 from adaptdl_core.policy import DEFAULT_RESTART_COST_S, NodeInfo, PolluxPolicy
 from adaptdl_ray.tune.allocation import job_info
 from adaptdl_ray.tune.resources import (cluster_nodes, num_replicas_of,
-                                        placement_group_factory)
+                                        placement_group_factory, replicas_fitting)
 from adaptdl_ray.tune.scheduler_state import SchedulerState, TrialRecord
 from adaptdl_ray.tune.trainable import replica_spec_of
 from adaptdl_ray.tune.worker import HINTS_KEY, METRIC_PREFIX
@@ -96,12 +96,14 @@ class AdaptDLScheduler(TrialScheduler):
 
     # -- configuration --------------------------------------------------------------
     def set_search_properties(self, metric: str | None, mode: str | None, **spec: Any) -> bool:
+        """Remember the experiment's metric and mode and pass them to the base scheduler."""
         self._metric = metric or self._metric
         self._mode = mode or self._mode
         return self._base.set_search_properties(metric, mode, **spec)
 
     @property
     def metric(self) -> str | None:
+        """The metric given to tune.run / TuneConfig (checked in every result), or None."""
         return self._metric
 
     @property
@@ -111,6 +113,11 @@ class AdaptDLScheduler(TrialScheduler):
 
     # -- trial events ---------------------------------------------------------------
     def on_trial_add(self, tune_controller: Any, trial: Trial) -> None:
+        """Register the trial, re-divide the cluster and hold the trial PAUSED until it is released.
+
+        Raises:
+            TypeError: the trainable was not made by AdaptDLTrainableCreator.
+            ValueError: the cluster cannot hold the trial's min_replicas at all."""
         spec = replica_spec_of(trial.get_trainable_cls())
         self._maybe_restore(trial)
         record = self._state.trials.get(trial.trial_id)
@@ -135,6 +142,10 @@ class AdaptDLScheduler(TrialScheduler):
         self._reallocate(tune_controller, reason=f"trial {trial.trial_id} added")
 
     def on_trial_result(self, tune_controller: Any, trial: Trial, result: dict) -> str:
+        """Absorb hints and resize costs; return PAUSE when the trial's replica count changes.
+
+        Raises:
+            ValueError: the experiment's metric is missing from the result."""
         record = self._state.trials.get(trial.trial_id)
         if record is None:  # added before this scheduler saw it (should not happen)
             self.on_trial_add(tune_controller, trial)
@@ -151,7 +162,8 @@ class AdaptDLScheduler(TrialScheduler):
             return decision
         self._maybe_reallocate(tune_controller)
         current = num_replicas_of(trial.placement_group_factory)
-        if record.target > current and not self._fits(tune_controller, trial, record.target):
+        if record.target > current and not self._fits(self._free(tune_controller), trial,
+                                                        record.target):
             # Grow only once the shrinking trials have freed the room; pausing now would
             # leave this trial idle while it waits.
             return TrialScheduler.CONTINUE
@@ -165,18 +177,23 @@ class AdaptDLScheduler(TrialScheduler):
         return TrialScheduler.CONTINUE
 
     def on_trial_complete(self, tune_controller: Any, trial: Trial, result: dict) -> None:
+        """Free the finished trial's replicas (re-divided at the next check)."""
         self._trial_ended(trial)
         self._base.on_trial_complete(tune_controller, trial, result)
 
     def on_trial_remove(self, tune_controller: Any, trial: Trial) -> None:
+        """Free the removed trial's replicas (re-divided at the next check)."""
         self._trial_ended(trial)
         self._base.on_trial_remove(tune_controller, trial)
 
     def on_trial_error(self, tune_controller: Any, trial: Trial) -> None:
+        """Free the failed trial's replicas (re-divided at the next check)."""
         self._trial_ended(trial)
         self._base.on_trial_error(tune_controller, trial)
 
     def choose_trial_to_run(self, tune_controller: Any) -> Trial | None:
+        """The next held-back or resized trial to resume (first come, first served) that
+        has replicas and room, else the base scheduler's choice."""
         # Tune calls this on every step of its event loop: do real work at most every
         # _MIN_CHECK_INTERVAL_S (a waiting trial then resumes within that delay).
         now = time.monotonic()
@@ -198,6 +215,7 @@ class AdaptDLScheduler(TrialScheduler):
         if not self._queue or time.monotonic() - self._last_add < _SETTLE_S:
             return None
         trials = {t.trial_id: t for t in tune_controller.get_trials()}
+        free = self._free(tune_controller)
         for trial_id in list(self._queue):
             trial = trials.get(trial_id)
             if trial is None or trial.status in (Trial.TERMINATED, Trial.ERROR):
@@ -206,7 +224,7 @@ class AdaptDLScheduler(TrialScheduler):
             if trial.status != Trial.PAUSED:
                 continue  # still saving before its pause
             record = self._state.trials[trial_id]
-            if record.target == 0 or not self._fits(tune_controller, trial, record.target):
+            if record.target == 0 or not self._fits(free, trial, record.target):
                 continue
             self._set_resources(trial, replica_spec_of(trial.get_trainable_cls()),
                                 record.target)
@@ -216,6 +234,7 @@ class AdaptDLScheduler(TrialScheduler):
         return None
 
     def debug_string(self) -> str:
+        """One line for Tune's status output: allocations, replicas in use, waiting trials."""
         live = [r for r in self._state.trials.values() if r.target > 0]
         return (f"AdaptDLScheduler: {self._state.num_allocations} allocations, "
                 f"{sum(r.target for r in live)} replicas over {len(live)} trials, "
@@ -326,9 +345,8 @@ class AdaptDLScheduler(TrialScheduler):
     def _pack_guess(nodes: dict[Any, NodeInfo], spec: Any, count: int) -> list:
         placement: list = []
         for key, node in nodes.items():
-            fits = min(int(node.resources.get(k, 0.0) / v + 1e-9)
-                       for k, v in spec.resources.items())
-            placement += [key] * min(fits, count - len(placement))
+            placement += [key] * min(replicas_fitting(spec.resources, node),
+                                     count - len(placement))
         return placement
 
     def _nodes(self, refresh: bool = False) -> dict[Any, NodeInfo]:
@@ -338,19 +356,26 @@ class AdaptDLScheduler(TrialScheduler):
             self._nodes_cache = (now, self._nodes_fn())
         return self._nodes_cache[1]
 
-    def _fits(self, tune_controller: Any, trial: Trial, replicas: int) -> bool:
-        """Whether ``trial`` could hold ``replicas`` replicas next to what the other running
-        and starting trials hold now (aggregate over nodes)."""
+    def _free(self, tune_controller: Any) -> dict[str, float]:
+        """Resources the running and starting trials leave free (aggregate over nodes)."""
         free: dict[str, float] = {}
         for node in self._nodes().values():
             for k, v in node.resources.items():
                 free[k] = free.get(k, 0.0) + v
-        for other in tune_controller.get_trials():
-            if other is not trial and other.status in (Trial.RUNNING, Trial.PENDING):
-                for k, v in other.placement_group_factory.required_resources.items():
+        for trial in tune_controller.get_trials():
+            if trial.status in (Trial.RUNNING, Trial.PENDING):
+                for k, v in trial.placement_group_factory.required_resources.items():
                     free[k] = free.get(k, 0.0) - v
+        return free
+
+    @staticmethod
+    def _fits(free: dict[str, float], trial: Trial, replicas: int) -> bool:
+        """Whether ``trial`` could hold ``replicas`` replicas given ``free`` (from
+        :meth:`_free`; what the trial holds itself counts as available to it)."""
+        own = trial.placement_group_factory.required_resources \
+            if trial.status in (Trial.RUNNING, Trial.PENDING) else {}
         spec = replica_spec_of(trial.get_trainable_cls())
-        return all(free.get(k, 0.0) + 1e-9 >= v * replicas
+        return all(free.get(k, 0.0) + own.get(k, 0.0) + 1e-9 >= v * replicas
                    for k, v in spec.resources.items())
 
     # -- persistence ----------------------------------------------------------------

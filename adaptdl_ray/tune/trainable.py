@@ -70,6 +70,7 @@ class AdaptDLTrainable(tune.Trainable):
 
     # -- Tune hooks -------------------------------------------------------------------
     def setup(self, config: dict) -> None:
+        """Start the replica actors (the training function starts at the first step)."""
         if self._adaptdl_fn is None or self._adaptdl_spec is None:
             raise TypeError("AdaptDLTrainable is a base class: create trainables with "
                             "adaptdl_ray.tune.AdaptDLTrainableCreator(train_fn)")
@@ -93,6 +94,7 @@ class AdaptDLTrainable(tune.Trainable):
         return WorkerGroup(n, self._adaptdl_spec.resources, pg, info)
 
     def load_checkpoint(self, checkpoint_dir: str) -> None:
+        """Keep the checkpoint bytes and reports saved at the pause; count a restart."""
         with open(os.path.join(checkpoint_dir, _RECORD_FILE)) as f:
             record = json.load(f)
         self._archive = transfer.pack_latest_checkpoint(os.path.join(checkpoint_dir,
@@ -103,6 +105,10 @@ class AdaptDLTrainable(tune.Trainable):
         self._measure_resize = record.get("pause") is not None
 
     def step(self) -> dict:
+        """Return rank 0's next report (the last one marked done).
+
+        Raises:
+            WorkerFailed: a replica failed (its traceback in the message)."""
         if self._record["finished"]:
             return self._next_final()
         if self._queue and not (self._group is not None and self._group.started):
@@ -138,6 +144,10 @@ class AdaptDLTrainable(tune.Trainable):
             return self._next_final()
 
     def save_checkpoint(self, checkpoint_dir: str) -> dict | None:
+        """Stop the replicas at the next batch boundary and store their checkpoint here.
+
+        Raises:
+            TimeoutError: the replicas did not stop within stop_timeout_s."""
         t0 = time.time()
         stopped = t0
         if self._group is not None and self._group.started and not self._record["finished"]:
@@ -161,11 +171,13 @@ class AdaptDLTrainable(tune.Trainable):
         return None
 
     def cleanup(self) -> None:
+        """Kill the replica actors."""
         if getattr(self, "_group", None) is not None:
             self._group.shutdown()
             self._group = None
 
     def reset_config(self, new_config: dict) -> bool:
+        """Never reuse a trial actor: every trial gets fresh replica processes."""
         return False  # fresh worker processes for every trial
 
     # -- helpers ---------------------------------------------------------------------

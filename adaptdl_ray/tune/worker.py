@@ -50,6 +50,7 @@ class _ReportSession:
         self._warned_checkpoint = False
 
     def report(self, metrics: dict, checkpoint: Any = None) -> None:
+        """Hand rank 0's metrics to the trial (other ranks: dropped)."""
         if checkpoint is not None and not self._warned_checkpoint:
             self._warned_checkpoint = True
             LOG.warning("tune.report(checkpoint=...) is ignored in AdaptDL trials: the job's "
@@ -130,9 +131,6 @@ class ReplicaWorker:
         _install_session(_ReportSession(self, self._trial_info))
         self._timeline["ready"] = time.time()
         outcome: dict[str, Any] = {"status": "finished", "traceback": None}
-        watcher_stop = threading.Event()
-        threading.Thread(target=watch_first_step, args=(self, watcher_stop), daemon=True,
-                         name="adaptdl-first-step").start()
         try:
             fn(config)
         except _interrupt.CheckpointExit:
@@ -140,8 +138,6 @@ class ReplicaWorker:
         except BaseException:  # noqa: BLE001 - report any failure to the trial
             outcome = {"status": "error", "traceback": traceback.format_exc()}
             LOG.error("replica %d failed:\n%s", self.rank, outcome["traceback"])
-        finally:
-            watcher_stop.set()
         self._results.put(None)  # wakes a reader blocked in next_results
         return outcome
 
@@ -181,7 +177,12 @@ class ReplicaWorker:
         """Milestones of this launch: ``run_called``, ``ready`` (torch imported, checkpoint
         unpacked, about to call the function) and ``first_step`` (first optimizer step),
         as wall-clock seconds, each present once reached."""
-        return dict(self._timeline)
+        from adaptdl_core.torch import _metrics
+        timeline = dict(self._timeline)
+        first_step = _metrics.first_step_walltime()
+        if first_step is not None:
+            timeline["first_step"] = first_step
+        return timeline
 
     def checkpoint_archive(self) -> bytes | None:
         """The newest checkpoint of this worker's checkpoint path as tar bytes (rank 0 holds
@@ -196,21 +197,3 @@ class ReplicaWorker:
         if self._checkpoint_root is not None:
             shutil.rmtree(self._checkpoint_root, ignore_errors=True)
             self._checkpoint_root = None
-
-
-def watch_first_step(worker: ReplicaWorker, stop: threading.Event,
-                     poll_s: float = 0.05) -> None:
-    """Record when the job's first optimizer step of this launch happened (used to measure
-    the time a resize costs). Runs in a daemon thread of the worker."""
-    from adaptdl_core.torch import _metrics
-    start = None
-    while not stop.is_set():
-        profile = _metrics.metrics().profile if _metrics._METRICS is not None else None
-        if profile is not None:
-            steps = sum(e["optim_n"] for e in profile.values())
-            if start is None:
-                start = steps
-            elif steps > start:
-                worker._timeline["first_step"] = time.time()
-                return
-        time.sleep(poll_s)

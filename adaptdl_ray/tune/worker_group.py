@@ -1,9 +1,9 @@
 """N replica actors of one trial, inside the trial's placement group.
 
 Bundle ``i`` of the trial's placement group holds replica ``i`` (the trial actor itself
-sits in Tune's empty head bundle, which the real placement group does not contain). Ranks are ordered by node so that replicas sharing a
-node get consecutive ranks; rank 0 hosts the job's rendezvous store on a free port of its
-node. Removing the placement group (Tune does that when the trial pauses or ends) kills
+sits in Tune's empty head bundle, which the real placement group does not contain).
+Ranks are ordered by node so that replicas sharing a node get consecutive ranks; rank 0
+hosts the job's rendezvous store on a free port of its node. Removing the placement group (Tune does that when the trial pauses or ends) kills
 the actors; :meth:`WorkerGroup.shutdown` kills them sooner.
 """
 
@@ -114,6 +114,7 @@ class WorkerGroup:
 
     @property
     def started(self) -> bool:
+        """True once the training function was started on the replicas."""
         return bool(self._runs)
 
     def next_results(self, timeout_s: float) -> list[dict]:
