@@ -101,7 +101,7 @@ class _Solver(_LocalSearch, _BranchAndBound):
         certified = exact_bound and not _better(bound, obj)
         self.details["stage"] = "dp"
         if not certified:
-            candidates = [state]
+            candidates = [state, self._pack_minimums_first(choice)]
             if self.slots is not None:
                 # Second DP: a multi-node shape is charged the whole nodes it spans, so the
                 # counts it picks leave no slivers that single-node jobs cannot use.

@@ -154,6 +154,35 @@ class _Packer(_Relaxation):
             state.add(j, counts)
         return state
 
+    def _pack_minimums_first(self, choice: Dict[int, int]) -> _State:
+        """Like :meth:`_pack`, but every job is first placed at its lightest useful option
+        (oldest first) and only then grown toward ``choice`` (largest first) where room is
+        left. With mixed requests the DP's aggregate capacities ignore how resource types
+        couple on a node (CPU-only replicas can fill the CPUs of the nodes with free GPUs),
+        and packing the large choices first can then leave jobs idle that could all run.
+        """
+        prob = self.prob
+        state = _State(prob)
+        for j in sorted(self.movable, key=lambda j: (prob.jobs[j].creation_timestamp, j)):
+            opts = self.options[j]
+            useful = [i for i in self.cands[j].tolist()
+                      if opts.k[i] > 0 and opts.s[i] > 0 and not opts.keep[i]]
+            if useful:
+                counts = state.place(j, int(opts.k[useful[0]]), prob.fits(j, state.free))
+                if counts is not None:
+                    state.add(j, counts)
+        for j in sorted(self.movable, key=lambda j: -int(self.options[j].k[choice[j]])):
+            k = int(self.options[j].k[choice[j]])
+            if k <= int(state.counts[j].sum()):
+                continue
+            state.remove(j)
+            counts = state.place(j, k, prob.fits(j, state.free),
+                                 bool(self.options[j].spread[choice[j]]))
+            if counts is None:  # the best option up to k; the one just removed still fits
+                counts = self._best_response(j, state, max_k=k)[1]
+            state.add(j, counts)
+        return state
+
     def _best_response(self, j: int, state: _State, max_k: Optional[int] = None
                        ) -> Tuple[Tuple[float, float], np.ndarray]:
         """Best placement of job ``j`` (absent from ``state``) over its options."""

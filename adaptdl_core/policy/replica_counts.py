@@ -324,6 +324,7 @@ class _Relaxation:
         """
         prob = self.prob
         idxs = [_prune(self.options[j], weights[j].sum(axis=1), self.min_gain) for j in order]
+        with_idle = idxs
         if fast and prob.p <= 0:
             light = []
             for j, idx in zip(order, idxs):
@@ -344,10 +345,24 @@ class _Relaxation:
             # Several resource types: coarsen the largest dimensions (requests rounded up,
             # capacity down): every DP solution stays feasible, but it is no longer a bound.
             factor = np.ones(self.cap.size, dtype=np.int64)
-            # (Never below 16 units per resource: the budget is then exceeded instead.)
+            lightest = np.array([weights[j][idx].min(axis=0) for j, idx in zip(order, idxs)])
+
+            def still_fits(f: np.ndarray) -> bool:
+                # If idling was ruled out on the exact capacities, the rounded-up lightest
+                # options must still fit together in the rounded-down capacity, or some
+                # capacities would have no feasible choice at all.
+                return idxs is with_idle or bool(
+                    np.all((-(-lightest // f[None, :])).sum(axis=0) <= self.cap // f))
+
+            # (Never below 16 units per resource, nor so coarse that the jobs that must run
+            # no longer fit: the budget is then exceeded instead.)
             while (np.prod(self.cap // factor + 1) * n_opts > self.max_dp_cells
                    and np.max(self.cap // factor) > 16):
-                factor[int(np.argmax(self.cap // factor))] *= 2
+                coarser = factor.copy()
+                coarser[int(np.argmax(self.cap // factor))] *= 2
+                if not still_fits(coarser):
+                    break
+                factor = coarser
             cap = self.cap // factor
             weights = {j: -(-weights[j] // factor[None, :]) for j in order}
             thinned = True

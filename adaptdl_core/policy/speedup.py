@@ -201,15 +201,17 @@ class SpeedupFunction:
 class LinearSpeedup:
     """Prior speedup for a job without a fitted model: ``min(K, cap)``, independent of ``N``.
 
-    ``cap = 2 * max(max_profiled_replicas, 1)``: the job may be given up to twice the largest
-    replica count it has been seen at (Pollux's bounded exploration). Beyond the cap the
+    ``cap = max(2 * max_profiled_replicas, 1)``: the job may be given up to twice the largest
+    replica count it has been seen at (Pollux's bounded exploration), and a job that has not
+    run yet one replica: with nothing measured, a second replica may as well slow it down
+    (a small model on CPUs ran 3x slower on 2 replicas than on 1). Beyond the cap the
     speedup is flat, so an optimiser gives it no extra replicas; once the job is profiled at
     the larger count its fitted model (or a new prior with a larger cap) takes over. A shape
     with ``K == 0``, ``N == 0`` or ``N > K`` has speedup 0.
 
     Args:
         max_profiled_replicas: the largest replica count the job has run at (``>= 0``; 0 for
-            a job that has not run yet, treated as 1).
+            a job that has not run yet).
 
     Raises:
         ValueError: if ``max_profiled_replicas`` is not an integer ``>= 0``.
@@ -222,7 +224,7 @@ class LinearSpeedup:
             raise ValueError("max_profiled_replicas must be an integer >= 0, got "
                              f"{max_profiled_replicas!r}")
         self._max_profiled = int(max_profiled_replicas)
-        self._cap = 2 * max(self._max_profiled, 1)
+        self._cap = max(2 * self._max_profiled, 1)
 
     @property
     def cap(self) -> int:

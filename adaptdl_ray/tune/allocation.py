@@ -43,10 +43,10 @@ def speedup_from_hints(hints: Mapping[str, Any] | None) -> Any:
 
 
 def exploration_cap(hints: Mapping[str, Any] | None) -> int:
-    """Most replicas a trial may get next: twice the largest count it was profiled at
-    (at least 2)."""
+    """Most replicas a trial may get next: twice the largest count it was profiled at, and
+    1 for a trial not profiled yet (it grows once its first measurements say it pays)."""
     profiled = int((hints or {}).get("max_profiled_replicas") or 0)
-    return 2 * max(profiled, 1)
+    return max(2 * profiled, 1)
 
 
 def job_info(spec: ReplicaSpec, nodes: Mapping[Any, NodeInfo], *, created: float,

@@ -685,11 +685,9 @@ def test_with_real_goodput_functions():
     assert second.allocations == first.allocations
 
 
-@pytest.mark.xfail(strict=True, raises=IndexError,
-                   reason="BUG (open): with mixed requests and a DP budget so small that it is "
-                          "coarsened, idling is ruled out on exact capacities but the rounded-up "
-                          "requests no longer fit, and the knapsack backtrack fails")
 def test_coarsened_mixed_dp_with_tiny_budget_stays_feasible():
+    # Coarsening rounds requests up and capacity down: the DP must keep idling as an
+    # option when the rounded lightest options no longer fit together (was an IndexError).
     rng = np.random.default_rng(3)
     for _ in range(30):
         jobs = {i: JobInfo({"GPU": int(rng.integers(1, 3)), "CPU": int(rng.integers(1, 9))},

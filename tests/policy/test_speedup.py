@@ -146,8 +146,9 @@ def test_linear_prior():
     np.testing.assert_array_equal(prior(np.array([1, 1, 2, 2, 3]), np.array([0, 1, 4, 6, 9])),
                                   [0, 1, 4, 6, 6])
     assert prior(2, 1) == 0.0                      # N > K
-    assert LinearSpeedup(0).cap == 2               # a job that never ran may try 2 replicas
-    assert LinearSpeedup(0)(1, 5) == 2.0
+    assert LinearSpeedup(0).cap == 1               # a job that never ran starts alone
+    assert LinearSpeedup(0)(1, 5) == 1.0
+    assert LinearSpeedup(1).cap == 2               # ...and may try 2 once measured at 1
     for bad in (-1, 1.5, True, None):
         with pytest.raises(ValueError, match="max_profiled_replicas"):
             LinearSpeedup(bad)

@@ -125,14 +125,24 @@ def test_admission_never_exceeds_the_cluster_and_releases_waiting_trials_in_orde
     assert all(t.local_path_ready for t in trials)  # reporters may read their directories
 
 
-def test_a_lone_trial_gets_more_than_one_replica_at_start():
-    sched = AdaptDLScheduler(nodes_fn=cluster(8))
+def test_a_lone_trial_starts_at_one_replica_and_grows_once_profiled(monkeypatch):
+    import adaptdl_ray.tune.scheduler as mod
+    clock = [1000.0]
+    monkeypatch.setattr(mod.time, "time", lambda: clock[0])
+    sched = AdaptDLScheduler(nodes_fn=cluster(8), allocation_interval_s=30)
     tc = StubController()
     trial = tc.add(sched, StubTrial("solo"))
     assert trial.status == Trial.PAUSED  # released once additions settle
     tc.start_pending(sched)
-    # Bounded exploration: twice the largest profiled count (none yet -> 2).
-    assert trial.status == Trial.RUNNING and trial.replicas == 2
+    # Bounded exploration: nothing measured yet -> one replica, not a blind guess at two.
+    assert trial.status == Trial.RUNNING and trial.replicas == 1
+    # Measured at one replica (no model fitted yet): the prior now allows two, and the
+    # trial is old enough for a restart to pay off.
+    hints = {"init_batch_size": 32, "max_profiled_replicas": 1, "max_profiled_nodes": 1}
+    clock[0] += 600
+    assert sched.on_trial_result(tc, trial, {HINTS_KEY: json.dumps(hints)}) == \
+        TrialScheduler.PAUSE
+    assert sched.state.trials["solo"].target == 2
 
 
 def test_a_burst_of_trials_is_divided_once_without_stale_requests():
@@ -140,7 +150,7 @@ def test_a_burst_of_trials_is_divided_once_without_stale_requests():
     tc = StubController()
     a, b = tc.add(sched, StubTrial("a")), tc.add(sched, StubTrial("b"))
     tc.start_pending(sched)
-    # Neither starts at the 2 replicas the first would have got alone.
+    # Both start, at one replica each.
     assert (a.status, a.replicas, b.status, b.replicas) == (Trial.RUNNING, 1, Trial.RUNNING, 1)
     assert sched.on_trial_result(tc, a, {}) == TrialScheduler.CONTINUE
 
@@ -170,7 +180,7 @@ def test_interval_elapsed_reallocates_and_pauses_trials_whose_count_changes(monk
     tc = StubController()
     a = tc.add(sched, StubTrial("a"))
     tc.start_pending(sched)
-    assert a.replicas == 2
+    assert a.replicas == 1
     # Profiled at 2 replicas with a perfectly scaling prior: exploration allows 4.
     hints = {"init_batch_size": 32, "max_profiled_replicas": 2, "max_profiled_nodes": 1}
     assert sched.on_trial_result(tc, a, {HINTS_KEY: json.dumps(hints)}) == \
@@ -340,7 +350,7 @@ def test_a_trial_about_to_finish_is_not_resized(monkeypatch):
     tc = StubController()
     a = tc.add(sched, StubTrial("a"))
     tc.start_pending(sched)
-    assert a.replicas == 2
+    assert a.replicas == 1
     hints = json.dumps({"init_batch_size": 32, "max_profiled_replicas": 2,
                         "max_profiled_nodes": 1})
     # 9 of 10 epochs done in 90 s: ~10 s left, less than two resizes of 8 s.
