@@ -222,10 +222,10 @@ class _Loops:
         self.pending_exit = None  # future of the last stop-flag allreduce through the store
         self.store_boundaries = 0  # boundaries that used the store path (its schedule)
         self.training: "AdaptiveDataLoader | None" = None  # the loader optimizer steps follow
-        # Set by AdaptiveDataParallel after an optimizer step with several replicas: a
-        # callable that waits for that step's small all-reduce and returns
-        # (stop requested on any replica, replica 0's batch size choice or None).
-        self.side_channel = None
+        # Set by AdaptiveDataParallel after an optimizer step with several replicas, from
+        # the numbers carried by that step's gradient all-reduce: (stop requested on any
+        # replica, replica 0's batch size choice or None).
+        self.side_channel: tuple[bool, tuple[int, int] | None] | None = None
 
 
 _LOOPS = _Loops()
@@ -256,7 +256,7 @@ def _batch_boundary() -> tuple[int, int] | None:
     """Stop here, on every replica at once, if any replica was asked to stop.
 
     With several replicas the flag must be agreed on. After an optimizer step of
-    AdaptiveDataParallel it came with that step's small all-reduce (no extra collective);
+    AdaptiveDataParallel it came with that step's gradient all-reduce (no extra collective);
     the choice of batch size that replica 0 put there is returned. Otherwise the flag is
     all-reduced through the store asynchronously, every ``STORE_STOP_CHECK_EVERY``
     boundaries: the reduction started at one such boundary is read at the next, so no
@@ -271,7 +271,7 @@ def _batch_boundary() -> tuple[int, int] | None:
         return None
     side, loops.side_channel = loops.side_channel, None
     if side is not None:
-        stop, choice = side()
+        stop, choice = side
         if loops.pending_exit is not None:  # started at an earlier store-path boundary
             stop = loops.pending_exit.result() or stop
             loops.pending_exit = None

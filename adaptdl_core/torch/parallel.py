@@ -7,9 +7,11 @@ and averaged gradients in the same hook, preconditioned for Adam-family optimize
 estimate the gradient noise, (3) sets the scaling rule's batch scale ``M / M0`` so the LR
 is scaled around ``optimizer.step()`` only, and (4) counts statistical progress.
 
-With several replicas, one small asynchronous all-reduce per optimizer step carries the
-replicas' local squared norms, the graceful-stop flag and replica 0's batch size choice;
-the data loader reads it at the next batch boundary (no other collective per step).
+With several replicas, five numbers ride along with the first gradient bucket's
+all-reduce of every optimizer step (no collective of their own): the replicas' local
+squared norms of the *previous* step (complete only once its last bucket was measured),
+how many replicas measured them, the graceful-stop flag and replica 0's batch size
+choice; the data loader applies the last two at the batch boundary after the step.
 A single replica has one gradient per step: on sampled steps the adaptive loader splits
 the batch into two micro-batches; the first one's gradient, copied when the second one's
 forward starts, and the step's averaged gradient give the two-batch estimate (see
@@ -95,6 +97,14 @@ class AdaptiveDataParallel(DistributedDataParallel):
         self._first_grads: list[torch.Tensor] = []
         self._first_params: list[torch.Tensor] | None = None
         self._since_measure = 0  # samples trained since the last noise measurement
+        # Several replicas: this replica's local |g|^2 of the last step, to be sent with
+        # the next step's first bucket; that step's (|mean g|^2, batch size) to pair the
+        # replicas' sum with; the sums received in this step; the separate side
+        # all-reduce (tensor, work) used when the first bucket is not float32/64.
+        self._outgoing: float | None = None
+        self._previous: tuple[float, int] | None = None
+        self._incoming: list[float] | None = None
+        self._side_work: tuple[torch.Tensor, Any] | None = None
         self._reset_step_measurements()
         self._state = _TrainingState(name, self)
         if checkpoint.load_state(self._state):
@@ -279,7 +289,7 @@ class AdaptiveDataParallel(DistributedDataParallel):
                 self._record_noise(total + spread, total, micros, batch_size)
             self._first_params = None
         else:
-            self._start_side_channel(loader, batch_size)
+            self._receive_side_values(loader, batch_size)
         self._reset_step_measurements()
 
     def _record_noise(self, local: float, total: float, num_grads: int, batch_size: int) -> None:
@@ -290,36 +300,48 @@ class AdaptiveDataParallel(DistributedDataParallel):
         if gns.num_updates != before:
             _metrics.record_grad_params(gns.grad_params())
 
-    def _start_side_channel(self, loader: "_data.AdaptiveDataLoader", batch_size: int) -> None:
-        """Start this step's small all-reduce (asynchronously) and leave its reader to the
-        loader's next batch boundary: [sum of local |g_i|^2, stop flag, replica 0's choice
-        of (local batch, accumulation steps), number of replicas that measured]."""
-        loops = _data._LOOPS
-        earlier = loops.side_channel  # not read yet (the loop was left without a boundary)
-        proposal, loader._proposal = loader._proposal, None
+    def _side_values(self, loader: "_data.AdaptiveDataLoader | None") -> torch.Tensor:
+        """This replica's five numbers for the step's first bucket: [local |g|^2 of the
+        previous step, 1 if it was measured, stop flag, replica 0's choice of (local
+        batch, accumulation steps) or zeros]. Summed over replicas by the all-reduce."""
+        local, self._outgoing = self._outgoing, None
+        proposal = None
+        if loader is not None:
+            proposal, loader._proposal = loader._proposal, None
+        return torch.tensor([local or 0.0, 0.0 if local is None else 1.0,
+                             1.0 if _interrupt.exit_requested() else 0.0,
+                             float(proposal[0]) if proposal else 0.0,
+                             float(proposal[1]) if proposal else 0.0], dtype=torch.float64)
+
+    def _receive_side_values(self, loader: "_data.AdaptiveDataLoader", batch_size: int) -> None:
+        """After a step's backward: record the previous step's noise from the replicas'
+        sums, hand the stop flag and batch choice to the loader's next boundary, and keep
+        this step's norms for the next step's first bucket."""
+        if self._side_work is not None:
+            tensor, work = self._side_work
+            self._side_work = None
+            work.wait()
+            self._incoming = tensor.tolist()
+        received, self._incoming = self._incoming, None
+        previous = self._previous
         measured = self._measured and not (self._precondition
                                            and not self.adaptdl_optimizer.state)
-        values = [self._local_sqr if measured else 0.0,
-                  1.0 if _interrupt.exit_requested() else 0.0,
-                  float(proposal[0]) if proposal else 0.0,
-                  float(proposal[1]) if proposal else 0.0,
-                  1.0 if measured else 0.0]
-        tensor = torch.tensor(values, dtype=torch.float64)
-        work = dist.all_reduce(tensor, async_op=True)
-        total, replicas = self._total_sqr, self._replicas
-
-        def read() -> tuple[bool, tuple[int, int] | None]:
-            stop, choice = earlier() if earlier is not None else (False, None)
-            work.wait()
-            local_sum, flag, bsz, accum, count = tensor.tolist()
-            if count == replicas:
-                # The local gradient of each replica is its mean over its micro-batches.
-                self._record_noise(local_sum / replicas, total, replicas, batch_size)
-            if bsz > 0:
-                choice = (int(bsz), int(accum))
-            return stop or flag > 0, choice
-
-        loops.side_channel = read
+        self._previous = (self._total_sqr, batch_size) if measured else None
+        self._outgoing = self._local_sqr if measured else None
+        if received is None:  # no first bucket this step (should not happen in a loop)
+            return
+        local_sum, count, flag, bsz, accum = received
+        replicas = self._replicas
+        if previous is not None and round(count) == replicas:
+            # The local gradient of each replica is its mean over its micro-batches.
+            self._record_noise(local_sum / replicas, previous[0], replicas, previous[1])
+        loops = _data._LOOPS
+        # A boundary not reached since an earlier step (the loop was left between steps)
+        # still owes its stop request.
+        stop, choice = loops.side_channel or (False, None)
+        if bsz > 0:
+            choice = (int(round(bsz)), int(round(accum)))
+        loops.side_channel = (stop or flag > 0, choice)
 
 _CURRENT: "weakref.ref[AdaptiveDataParallel] | None" = None
 
@@ -368,10 +390,26 @@ def _average_and_measure_hook(ddp, bucket):  # no annotations: DDP checks them a
         ddp._measured = True
         ddp._local_sqr += ddp._sqr_norm(params, buffer) / (micro * micro)
     buffer.div_(micro * replicas)
-    future = dist.all_reduce(buffer, async_op=True).get_future()
+    size = buffer.numel()
+    if bucket.index() != 0:
+        future = dist.all_reduce(buffer, async_op=True).get_future()
+    else:
+        side = ddp._side_values(loader)
+        if buffer.dtype in (torch.float32, torch.float64):
+            # The side values ride along (one copy of the first bucket, at most ~1 MB by
+            # DDP's default): no second round trip per step.
+            future = dist.all_reduce(torch.cat([buffer, side.to(buffer.dtype)]),
+                                     async_op=True).get_future()
+        else:
+            # Half-precision gradients cannot carry the sums exactly: send them beside.
+            future = dist.all_reduce(buffer, async_op=True).get_future()
+            ddp._side_work = (side, dist.all_reduce(side, async_op=True))
 
     def done(fut: torch.futures.Future) -> torch.Tensor:
         reduced = fut.value()[0]
+        if reduced.numel() > size:
+            ddp._incoming = reduced[size:].tolist()
+            reduced = reduced[:size]
         if measure:
             ddp._total_sqr += ddp._sqr_norm(params, reduced)
         ddp._last_done = time.perf_counter()
