@@ -3,8 +3,9 @@ which measures gradient noise and scales the learning rate with the batch size.
 
 Per optimizer step it (1) averages gradients over replicas *and* accumulation
 micro-batches (a DDP communication hook), (2) measures the squared norms of the local
-and averaged gradients in the same hook, preconditioned for Adam-family optimizers, to
-estimate the gradient noise, (3) sets the scaling rule's batch scale ``M / M0`` so the LR
+and averaged gradients in the same hook (on the steps the loader samples: see
+``data.NOISE_DENSE_STEPS``), preconditioned for Adam-family optimizers, to estimate the
+gradient noise, (3) sets the scaling rule's batch scale ``M / M0`` so the LR
 is scaled around ``optimizer.step()`` only, and (4) counts statistical progress.
 
 With several replicas, five numbers ride along with the first gradient bucket's
@@ -229,7 +230,7 @@ class AdaptiveDataParallel(DistributedDataParallel):
         self._last_ready = 0.0    # when the last bucket was handed to the hook
         self._last_done = 0.0     # when the last all-reduce finished
 
-    def _sqr_norm(self, params: list[torch.Tensor], flat: torch.Tensor) -> float:
+    def _sqr_norm(self, params: list[torch.Tensor], flat: torch.Tensor) -> "float | torch.Tensor":
         if not self._precondition:
             return _blocked_sqr_norm(flat)
         total, offset = 0.0, 0
@@ -326,8 +327,8 @@ class AdaptiveDataParallel(DistributedDataParallel):
         previous = self._previous
         measured = self._measured and not (self._precondition
                                            and not self.adaptdl_optimizer.state)
-        self._previous = (self._total_sqr, batch_size) if measured else None
-        self._outgoing = self._local_sqr if measured else None
+        self._previous = (float(self._total_sqr), batch_size) if measured else None
+        self._outgoing = float(self._local_sqr) if measured else None
         if received is None:  # no first bucket this step (should not happen in a loop)
             return
         local_sum, count, flag, bsz, accum = received
@@ -355,14 +356,18 @@ def _training_loader() -> "_data.AdaptiveDataLoader | None":
     return _data._LOOPS.training
 
 
-def _blocked_sqr_norm(flat: torch.Tensor, block: int = 1 << 16) -> float:
+def _blocked_sqr_norm(flat: torch.Tensor, block: int = 1 << 16) -> torch.Tensor:
     """|x|^2 with float32 products and float64 accumulation across blocks: as accurate
-    as a float64 norm for our purposes (relative error ~1e-9) and many times faster."""
+    as a float64 norm for our purposes (relative error ~1e-9) and many times faster.
+    A float64 scalar tensor on ``flat``'s device: read it once per step, not per bucket
+    (on a GPU, reading it is a synchronisation in the middle of the backward pass)."""
     flat = flat.reshape(-1)
     if flat.dtype == torch.float64:
-        return float(torch.dot(flat, flat).item())
+        return torch.dot(flat, flat)
+    if flat.numel() == 0:
+        return torch.zeros((), dtype=torch.float64, device=flat.device)
     flat = flat.float()
-    return float(sum(torch.dot(c, c).item() for c in flat.split(block)))
+    return torch.stack([torch.dot(c, c) for c in flat.split(block)]).double().sum()
 
 
 def _average_and_measure_hook(ddp, bucket):  # no annotations: DDP checks them as classes
@@ -384,7 +389,7 @@ def _average_and_measure_hook(ddp, bucket):  # no annotations: DDP checks them a
         return future
     ddp._last_ready = time.perf_counter()
     params = bucket.parameters()
-    measure = loader is not None
+    measure = loader is not None and loader._measure_norms
     if measure:
         # The local gradient is this replica's mean over its micro-batches: buffer / micro.
         ddp._measured = True

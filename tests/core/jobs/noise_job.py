@@ -2,9 +2,10 @@
 
 Linear regression y = x.w* + e (x ~ N(0, I_d), e ~ N(0, noise_var)) with the model held
 at w = 0 (lr 0): the per-sample gradient of 0.5 (x.w - y)^2 has |G|^2 = |w*|^2 and
-tr(Sigma) = (d + 1)|w*|^2 + d * noise_var. One replica, an autoscaled loader whose cap
-equals the batch (the batch stays fixed, the half-batch measurement runs). Prints one
-JSON line with the estimates and the truth.
+tr(Sigma) = (d + 1)|w*|^2 + d * noise_var. An autoscaled loader whose cap equals the
+batch (the batch stays fixed): with one replica the half-batch measurement runs, with
+several the replicas' gradients are compared on sampled steps. Prints one JSON line with
+the estimates and the truth.
 """
 
 import json
@@ -30,17 +31,18 @@ def main():
     ddp = adl.AdaptiveDataParallel(model, opt)
     loader = adl.AdaptiveDataLoader(data, batch_size=batch, shuffle=True)
     loader.autoscale_batch_size(batch)
-    halves = 0
+    halves = steps = 0
     for _epoch in adl.remaining_epochs_until(12):
         for xb, yb in loader:
             opt.zero_grad()
             (0.5 * (ddp(xb).squeeze(1) - yb).pow(2).mean()).backward()
             opt.step()
             halves += len(yb) == batch // 2
+            steps += 1
     sqr = float(w_star.pow(2).sum())
     print(json.dumps({"sqr": ddp.gns.sqr_avg(), "var": ddp.gns.var_avg(),
                       "true_sqr": sqr, "true_var": ((d + 1) * sqr + d * noise_var) / batch,
-                      "updates": ddp.gns.num_updates, "halves": halves}))
+                      "updates": ddp.gns.num_updates, "halves": halves, "steps": steps}))
     return 0
 
 
