@@ -8,7 +8,6 @@ import collections
 import math
 import signal
 import time
-from pathlib import Path
 
 import pytest
 import torch
