@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         worker(args)
         return 0
-    forwarded = [a for a in (argv if argv is not None else sys.argv[1:])]
+    forwarded = list(argv if argv is not None else sys.argv[1:])
     results = _common.launch_job(Path(__file__), forwarded + ["--worker"],
                                  replicas=args.replicas)
     for rank, (status, output) in enumerate(results):

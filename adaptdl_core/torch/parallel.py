@@ -399,7 +399,8 @@ def _average_and_measure_hook(ddp, bucket):  # no annotations: DDP checks them a
     if bucket.index() != 0:
         future = dist.all_reduce(buffer, async_op=True).get_future()
     else:
-        side = ddp._side_values(loader)
+        # (On the bucket's device: nccl reduces GPU tensors only.)
+        side = ddp._side_values(loader).to(buffer.device)
         if buffer.dtype in (torch.float32, torch.float64):
             # The side values ride along (one copy of the first bucket, at most ~1 MB by
             # DDP's default): no second round trip per step.

@@ -44,9 +44,9 @@ def speedup_from_hints(hints: Mapping[str, Any] | None) -> Any:
 
 def exploration_cap(hints: Mapping[str, Any] | None) -> int:
     """Most replicas a trial may get next: twice the largest count it was profiled at, and
-    1 for a trial not profiled yet (it grows once its first measurements say it pays)."""
-    profiled = int((hints or {}).get("max_profiled_replicas") or 0)
-    return max(2 * profiled, 1)
+    1 for a trial not profiled yet (it grows once its first measurements say it pays);
+    the same bound as the linear prior's cap."""
+    return LinearSpeedup(max(int((hints or {}).get("max_profiled_replicas") or 0), 0)).cap
 
 
 def job_info(spec: ReplicaSpec, nodes: Mapping[Any, NodeInfo], *, created: float,

@@ -4,7 +4,6 @@ Each test runs ``jobs/elastic_job.py`` as K gloo replicas, interrupts it, restar
 (possibly with another K) from the checkpoint, and checks what the job recorded.
 """
 
-import collections
 import math
 import signal
 import time
@@ -13,6 +12,7 @@ import pytest
 import torch
 
 from tests.core.harness import JOBS, read_events, run_replicas, start_replicas, wait_all
+from tests.exactly_once import assert_exactly_once, samples_per_epoch
 
 JOB = JOBS / "elastic_job.py"
 SIZE = 96
@@ -28,31 +28,13 @@ def run(replicas, tmp_path, restart, *extra, expect=None, timeout=120, env=None)
     return results
 
 
-def samples_per_epoch(events):
-    """epoch -> Counter of sample indices trained on, over all replicas and restarts."""
-    seen = collections.defaultdict(collections.Counter)
-    for e in events:
-        if e["event"] == "batch":
-            seen[e["epoch"]].update(e["idx"])
-    return seen
-
-
-def assert_exactly_once(events, epochs):
-    seen = samples_per_epoch(events)
-    assert sorted(seen) == list(range(epochs))
-    for epoch, counts in seen.items():
-        assert set(counts) == set(range(SIZE)), f"epoch {epoch}: samples missing"
-        repeated = {i: c for i, c in counts.items() if c != 1}
-        assert not repeated, f"epoch {epoch}: samples seen more than once: {repeated}"
-
-
 def test_exactly_once_across_1_2_1_replicas(tmp_path):
     # Interruptions at arbitrary batches: mid-epoch 0, mid-epoch 1 (different K each time).
     run(1, tmp_path, 0, "--stop-after", "5", expect=143)
     run(2, tmp_path, 1, "--stop-after", "9", "--stop-rank", "1", expect=143)
     run(1, tmp_path, 2, expect=0)
     events = read_events(tmp_path)
-    assert_exactly_once(events, epochs=3)
+    assert_exactly_once(events, SIZE, epochs=3)
     starts = sorted((e["restart"], e["replicas"], e["epoch"]) for e in events
                     if e["event"] == "start" and e["rank"] == 0)
     # Batch size 8: 12 batches per epoch with 1 replica. Stop after 5 -> still epoch 0;
@@ -124,7 +106,7 @@ def test_sigint_on_running_job_then_resume_with_fewer_replicas(tmp_path):
     assert any(p.name.startswith("checkpoint-") for p in (tmp_path / "ckpt").iterdir())
     run(1, tmp_path, 1, expect=0)
     events = read_events(tmp_path)
-    assert_exactly_once(events, epochs=3)
+    assert_exactly_once(events, SIZE, epochs=3)
     before = [e for e in events if e["event"] == "batch" and e["restart"] == 0 and e["rank"] == 0]
     after = [e for e in events if e["event"] == "batch" and e["restart"] == 1]
     # The resumed run starts exactly where the interrupted one stopped.

@@ -98,6 +98,23 @@ def cluster(cpus):
     return lambda: nodes
 
 
+@pytest.fixture
+def clock(monkeypatch):
+    """The scheduler's wall clock, frozen at 1000 s; tests advance ``clock[0]``."""
+    import adaptdl_ray.tune.scheduler as mod
+    now = [1000.0]
+    monkeypatch.setattr(mod.time, "time", lambda: now[0])
+    return now
+
+
+def start_trial(sched, name):
+    """A stub controller with one trial added and started by ``sched``."""
+    tc = StubController()
+    trial = tc.add(sched, StubTrial(name))
+    tc.start_pending(sched)
+    return tc, trial
+
+
 def used_cpus(controller):
     return sum(t.placement_group_factory.required_resources.get("CPU", 0.0)
                for t in controller.trials if t.status in (Trial.RUNNING, Trial.PENDING))
@@ -125,10 +142,7 @@ def test_admission_never_exceeds_the_cluster_and_releases_waiting_trials_in_orde
     assert all(t.local_path_ready for t in trials)  # reporters may read their directories
 
 
-def test_a_lone_trial_starts_at_one_replica_and_grows_once_profiled(monkeypatch):
-    import adaptdl_ray.tune.scheduler as mod
-    clock = [1000.0]
-    monkeypatch.setattr(mod.time, "time", lambda: clock[0])
+def test_a_lone_trial_starts_at_one_replica_and_grows_once_profiled(clock):
     sched = AdaptDLScheduler(nodes_fn=cluster(8), allocation_interval_s=30)
     tc = StubController()
     trial = tc.add(sched, StubTrial("solo"))
@@ -171,15 +185,10 @@ def test_results_do_not_trigger_allocations_within_the_interval():
     assert policy.calls == calls
 
 
-def test_interval_elapsed_reallocates_and_pauses_trials_whose_count_changes(monkeypatch):
-    import adaptdl_ray.tune.scheduler as mod
-    clock = [1000.0]
-    monkeypatch.setattr(mod.time, "time", lambda: clock[0])
+def test_interval_elapsed_reallocates_and_pauses_trials_whose_count_changes(clock):
     policy = CountingPolicy()
     sched = AdaptDLScheduler(nodes_fn=cluster(4), allocation_interval_s=30, policy=policy)
-    tc = StubController()
-    a = tc.add(sched, StubTrial("a"))
-    tc.start_pending(sched)
+    tc, a = start_trial(sched, "a")
     assert a.replicas == 1
     # Profiled at 2 replicas with a perfectly scaling prior: exploration allows 4.
     hints = {"init_batch_size": 32, "max_profiled_replicas": 2, "max_profiled_nodes": 1}
@@ -200,9 +209,7 @@ def test_interval_elapsed_reallocates_and_pauses_trials_whose_count_changes(monk
 
 def test_growth_waits_until_the_room_is_free():
     sched = AdaptDLScheduler(nodes_fn=cluster(4), allocation_interval_s=3600)
-    tc = StubController()
-    a = tc.add(sched, StubTrial("a"))
-    tc.start_pending(sched)
+    tc, a = start_trial(sched, "a")
     b = StubTrial("b")
     b.status = Trial.RUNNING
     b.placement_group_factory = placement_group_factory(ReplicaSpec({"CPU": 1}), 3)
@@ -220,9 +227,7 @@ def test_base_scheduler_decides_stopping():
                 TrialScheduler.CONTINUE
 
     sched = AdaptDLScheduler(StopAfterTwo(), nodes_fn=cluster(4))
-    tc = StubController()
-    a = tc.add(sched, StubTrial("a"))
-    tc.start_pending(sched)
+    tc, a = start_trial(sched, "a")
     assert sched.on_trial_result(tc, a, {"training_iteration": 1}) == TrialScheduler.CONTINUE
     assert sched.on_trial_result(tc, a, {"training_iteration": 2}) == TrialScheduler.STOP
 
@@ -303,9 +308,7 @@ def test_scheduler_rejects_bad_interval(interval):
 def test_metric_missing_from_results_is_named():
     sched = AdaptDLScheduler(nodes_fn=cluster(4))
     sched.set_search_properties("mean_accuracy", "max")
-    tc = StubController()
-    a = tc.add(sched, StubTrial("a"))
-    tc.start_pending(sched)
+    tc, a = start_trial(sched, "a")
     with pytest.raises(ValueError, match="mean_accuracy.*loss"):
         sched.on_trial_result(tc, a, {"loss": 0.5})
 
@@ -342,14 +345,9 @@ def test_fifo_base_does_not_resume_trials_held_back():
     assert all(t.status == Trial.PAUSED for t in held)
 
 
-def test_a_trial_about_to_finish_is_not_resized(monkeypatch):
-    import adaptdl_ray.tune.scheduler as mod
-    clock = [1000.0]
-    monkeypatch.setattr(mod.time, "time", lambda: clock[0])
+def test_a_trial_about_to_finish_is_not_resized(clock):
     sched = AdaptDLScheduler(nodes_fn=cluster(4), allocation_interval_s=30)
-    tc = StubController()
-    a = tc.add(sched, StubTrial("a"))
-    tc.start_pending(sched)
+    tc, a = start_trial(sched, "a")
     assert a.replicas == 1
     hints = json.dumps({"init_batch_size": 32, "max_profiled_replicas": 2,
                         "max_profiled_nodes": 1})

@@ -20,6 +20,7 @@ from ray import tune  # noqa: E402
 
 from adaptdl_core.policy import AllocationResult, NodeInfo, PolluxPolicy  # noqa: E402
 from adaptdl_ray.tune import AdaptDLScheduler, AdaptDLTrainableCreator  # noqa: E402
+from tests.exactly_once import assert_exactly_once  # noqa: E402
 from tests.ray.trial_jobs import counting_job  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("ray_session")
@@ -59,18 +60,6 @@ def progress_rows(trial):
         return list(csv.DictReader(f))
 
 
-def check_exactly_once(events, size, epochs):
-    seen = collections.defaultdict(collections.Counter)
-    for e in events:
-        if e["event"] == "batch":
-            seen[e["epoch"]].update(e["idx"])
-    assert sorted(seen) == list(range(epochs))
-    for epoch, counts in seen.items():
-        assert set(counts) == set(range(size)), f"epoch {epoch} missed samples"
-        repeated = {i: c for i, c in counts.items() if c != 1}
-        assert not repeated, f"epoch {epoch} saw samples more than once: {repeated}"
-
-
 def test_trial_grows_shrinks_and_finishes_every_epoch_exactly_once(tmp_path):
     record_dir = tmp_path / "records"
     record_dir.mkdir()
@@ -87,7 +76,7 @@ def test_trial_grows_shrinks_and_finishes_every_epoch_exactly_once(tmp_path):
     trial = analysis.trials[0]
     assert trial.status == "TERMINATED"
     events = read_records(str(record_dir))
-    check_exactly_once(events, size, epochs)
+    assert_exactly_once(events, size, epochs)
     # The trial really ran at 1, 3 and 2 replicas (from the workers' own records) ...
     starts = sorted((e["restarts"], e["replicas"]) for e in events if e["event"] == "start")
     shapes = [replicas for _, replicas in dict(starts).items()]  # one per launch, in order
@@ -148,7 +137,7 @@ def test_three_trials_on_four_cpus_never_exceed_the_cluster_and_leak_nothing(tmp
     assert [t.status for t in analysis.trials] == ["TERMINATED"] * 3
     assert usage and max(usage) <= 4.0, max(usage)
     for i in range(3):
-        check_exactly_once(read_records(str(record_root / str(i))), 96, 2)
+        assert_exactly_once(read_records(str(record_root / str(i))), 96, 2)
     # Every placement group the trials created is gone after the run.
     deadline = time.time() + 20
     while time.time() < deadline:
@@ -175,7 +164,7 @@ def test_two_node_cluster_spans_nodes_and_moves_checkpoints_between_them(tmp_pat
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["status"] == "TERMINATED" and summary["num_nodes"] == 2
     events = read_records(str(record_dir))
-    check_exactly_once(events, 240, 3)
+    assert_exactly_once(events, 240, 3)
     starts = sorted((e["restarts"], e["replicas"], e["nodes"]) for e in events
                     if e["event"] == "start")
     shapes = sorted(set(starts))
@@ -212,7 +201,7 @@ def test_run_job_trains_one_elastic_job_alone(tmp_path):
                      storage_path=str(tmp_path / "results"), verbose=0)
     assert result.metrics["report_key"] == "1:end"
     events = read_records(str(record_dir))
-    check_exactly_once(events, 96, 2)
+    assert_exactly_once(events, 96, 2)
     # Nothing measured yet, so it starts at one replica (growth once its measurements say
     # more replicas pay: test_scheduler_unit); the adaptdl/ metrics reach the result.
     assert result.metrics["adaptdl/replicas"] == 1 and result.metrics["adaptdl/restarts"] == 0
