@@ -33,6 +33,7 @@ WARMUP_STEPS = 20
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line options (exits with a usage message on bad values)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("arm", choices=ARMS)
     p.add_argument("--model", choices=("cnn", "mlp"), default="cnn")
@@ -49,6 +50,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def worker(args: argparse.Namespace) -> None:
+    """One replica: train ``args.arm`` for the warm-up and timed steps; rank 0 prints."""
     import torch
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel
@@ -114,6 +116,7 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Launch the replicas, print rank 0's output (and any failed rank's); exit status."""
     args = parse_args(argv)
     if args.worker:
         worker(args)
