@@ -42,6 +42,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--profile", action="store_true", help="cProfile rank 0")
     p.add_argument("--filter", default=None, help="regex on file names of listed functions")
     p.add_argument("--top", type=int, default=30, help="functions listed (default 30)")
+    p.add_argument("--sort", default="tottime", choices=("tottime", "cumtime", "ncalls"),
+                   help="order of the listed functions (default tottime: own time)")
+    p.add_argument("--callers", default=None,
+                   help="regex: also list who called the matching functions")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.replicas < 1 or args.steps < 2:
@@ -110,8 +114,10 @@ def worker(args: argparse.Namespace) -> None:
               f"{', under cProfile' if profiler else ''})")
         if profiler is not None:
             out = io.StringIO()
-            stats = pstats.Stats(profiler, stream=out).sort_stats("tottime")
+            stats = pstats.Stats(profiler, stream=out).sort_stats(args.sort)
             stats.print_stats(*([args.filter] if args.filter else []), args.top)
+            if args.callers:
+                stats.print_callers(args.callers)
             print(out.getvalue())
 
 

@@ -54,7 +54,7 @@ class _Metrics(checkpoint.State):
         self.last_fit_time = 0.0
         self.fits = 0  # throughput fits in this run (a new fit is worth a new decision)
         self.restored = False
-        self.pending_sync_s = 0.0
+        self.pending_sync_s: float | None = None  # the last step's sync wait, if timed
         self.progress_from_gain = False  # AdaptiveDataParallel counts progress by gain
         self.first_step_walltime: float | None = None  # this run's first optimizer step
 
@@ -142,7 +142,8 @@ def set_batch_size_limits(init_batch_size: int, max_batch_size: int | None,
 
 
 def record_sync_time(seconds: float) -> None:
-    """Called by AdaptiveDataParallel: seconds the last step waited for gradient sync."""
+    """Called by AdaptiveDataParallel: seconds the last step waited for gradient sync
+    (only on the steps it times: with several replicas, those that measure the noise)."""
     metrics().pending_sync_s = float(seconds)
 
 
@@ -185,14 +186,17 @@ def profile_micro_batch(seconds: float, local_bsz: int, optimizer_step: bool) ->
         LOG.info("measured restart cost: %.1f s", cost)
     entry = m.profile.setdefault(_key(env.num_nodes(), env.num_replicas(), local_bsz),
                                  {"accum_n": 0, "accum_t": 0.0, "optim_n": 0, "optim_t": 0.0,
-                                  "sync_t": 0.0})
+                                  "sync_t": 0.0, "sync_n": 0})
     if optimizer_step:
         if m.first_step_walltime is None:
             m.first_step_walltime = time.time()
         entry["optim_n"] += 1
         entry["optim_t"] += seconds
-        entry["sync_t"] += min(m.pending_sync_s, seconds)
-        m.pending_sync_s = 0.0
+        if m.pending_sync_s is not None:
+            entry["sync_t"] += min(m.pending_sync_s, seconds)
+            # (setdefault: profiles saved before sync_n timed every step)
+            entry["sync_n"] = entry.setdefault("sync_n", entry["optim_n"] - 1) + 1
+            m.pending_sync_s = None
         m.steps_since_fit += 1
         if env.replica_rank() == 0:
             maybe_refit()
@@ -212,7 +216,8 @@ def _profile_arrays(profile: dict[str, dict[str, float]]) -> tuple[np.ndarray, .
             compute = e["accum_t"] / e["accum_n"]
         else:
             # No accumulation measured: compute time is the step minus its sync wait.
-            compute = max(optim - e["sync_t"] / e["optim_n"], 0.5 * optim)
+            sync = e["sync_t"] / max(e.get("sync_n", e["optim_n"]), 1)
+            compute = max(optim - sync, 0.5 * optim)
         rows.append((nodes, replicas, bsz, compute, optim))
     return tuple(np.array(col) for col in zip(*rows)) if rows else ()
 

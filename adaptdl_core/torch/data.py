@@ -202,12 +202,16 @@ class _LoaderState(checkpoint.State):
         self.last_position: dict[str, int] = {}
         self.local_bsz: int | None = None
         self.accum_steps = 0
+        # Outside remaining_epochs_until: the statistical progress when the current loop
+        # began (an autoscaled loop then lasts one epoch's progress from there).
+        self.loop_start_progress: float | None = None
 
     def save(self, fileobj: IO[bytes]) -> None:
         checkpoint.dump_json({"current_index": self.current_index,
                               "last_position": self.last_position,
                               "local_bsz": self.local_bsz,
-                              "accum_steps": self.accum_steps}, fileobj)
+                              "accum_steps": self.accum_steps,
+                              "loop_start_progress": self.loop_start_progress}, fileobj)
 
     def load(self, fileobj: IO[bytes]) -> None:
         data = checkpoint.load_json(fileobj)
@@ -215,6 +219,7 @@ class _LoaderState(checkpoint.State):
         self.last_position = {str(k): int(v) for k, v in data["last_position"].items()}
         self.local_bsz = data.get("local_bsz")
         self.accum_steps = int(data.get("accum_steps", 0))
+        self.loop_start_progress = data.get("loop_start_progress")
 
 
 class _Loops:
@@ -564,17 +569,24 @@ class AdaptiveDataLoader(DataLoader):
             loops.current = None
             if not interrupted:
                 self._state.current_index = 0
+                self._state.loop_start_progress = None
                 # Only the current epoch's entries can matter for a replay.
                 self._state.last_position = {key: position}
 
     def _iterate(self, epoch: int | None) -> Iterator[Any]:
         n = len(self.dataset)  # type: ignore[arg-type]
         adaptive = self._max_batch_size is not None
+        state = self._state
         if adaptive and self.training:
             # An epoch lasts as long as one pass at the initial batch size would, in
             # statistical progress; larger batches need more samples for the same progress.
-            target = ((epoch or 0) + 1) * n / self._target_batch_size
-        state = self._state
+            # Outside remaining_epochs_until every loop is an epoch of its own.
+            if epoch is None:
+                if state.loop_start_progress is None:
+                    state.loop_start_progress = _metrics.metrics().progress
+                target = state.loop_start_progress + n / self._target_batch_size
+            else:
+                target = (epoch + 1) * n / self._target_batch_size
         # Fixed for the life of this process (a resize restarts it); read once, not per batch.
         replicas = env.num_replicas()
         rank0 = env.replica_rank() == 0

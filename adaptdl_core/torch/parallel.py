@@ -1,28 +1,17 @@
 """AdaptiveDataParallel: DistributedDataParallel whose training state survives restarts,
 which measures gradient noise and scales the learning rate with the batch size.
 
-Per optimizer step it (1) averages gradients over replicas *and* accumulation
-micro-batches (a DDP communication hook), (2) measures the squared norms of the local
-and averaged gradients in the same hook (on the steps the loader samples: see
-``data.NOISE_DENSE_STEPS``), preconditioned for Adam-family optimizers, to estimate the
-gradient noise, (3) sets the scaling rule's batch scale ``M / M0`` so the LR
-is scaled around ``optimizer.step()`` only, and (4) counts statistical progress.
-
-With several replicas, five numbers ride along with the first gradient bucket's
-all-reduce of every optimizer step (no collective of their own): the replicas' local
-squared norms of the *previous* step (complete only once its last bucket was measured),
-how many replicas measured them, the graceful-stop flag and replica 0's batch size
-choice; the data loader applies the last two at the batch boundary after the step.
-A single replica has one gradient per step: on sampled steps the adaptive loader splits
-the batch into two micro-batches; the first one's gradient, copied when the second one's
-forward starts, and the step's averaged gradient give the two-batch estimate (see
-``data.py`` and :meth:`AdaptiveDataParallel._update_noise`).
+Per optimizer step it (1) averages gradients over replicas (DDP's own all-reduce) *and*
+accumulation micro-batches, (2) measures the gradient noise on the steps the loader
+samples, (3) sets the scaling rule's batch scale ``M / M0`` so the LR is scaled around
+``optimizer.step()`` only, and (4) counts statistical progress. What happens around
+the all-reduce for (1) and (2), and how the replicas share the stop flag and the batch
+size choice, is in ``_gradient_probe.py``.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 import types
 import weakref
 from typing import IO, Any
@@ -32,11 +21,11 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from adaptdl_core import checkpoint
-from adaptdl_core.torch import _interrupt, _metrics
+from adaptdl_core.torch import _metrics
 from adaptdl_core.torch import data as _data
+from adaptdl_core.torch._gradient_probe import GradientProbe, Measurement
 from adaptdl_core.torch.data import current_dataloader
-from adaptdl_core.torch.gradient_noise_scale import (GradientNoiseScale, adam_preconditioner,
-                                                     is_adam_family, preconditioned_sqr_norm)
+from adaptdl_core.torch.gradient_noise_scale import GradientNoiseScale, is_adam_family
 from adaptdl_core.torch.scaling_rules import (ScalingRuleBase, default_rule_for,
                                               rescale_adam_state)
 
@@ -94,23 +83,11 @@ class AdaptiveDataParallel(DistributedDataParallel):
         self._inner_step = None  # the optimizer's step below our wrapper (with the rule)
         self._accumulating = False
         self._replicas = dist.get_world_size()
-        # Single replica: a copy of the first micro-batch's gradient of a measured step.
-        self._first_grads: list[torch.Tensor] = []
-        self._first_params: list[torch.Tensor] | None = None
-        self._since_measure = 0  # samples trained since the last noise measurement
-        # Several replicas: this replica's local |g|^2 of the last step, to be sent with
-        # the next step's first bucket; that step's (|mean g|^2, batch size) to pair the
-        # replicas' sum with; the sums received in this step; the separate side
-        # all-reduce (tensor, work) used when the first bucket is not float32/64.
-        self._outgoing: float | None = None
-        self._previous: tuple[float, int] | None = None
-        self._incoming: list[float] | None = None
-        self._side_work: tuple[torch.Tensor, Any] | None = None
-        self._reset_step_measurements()
+        self._probe = GradientProbe([p for p in self.module.parameters() if p.requires_grad],
+                                    optimizer, self._replicas, self._precondition)
         self._state = _TrainingState(name, self)
         if checkpoint.load_state(self._state):
             LOG.info("restored model, optimizer and schedulers from the checkpoint")
-        self.register_comm_hook(self, _average_and_measure_hook)
         self._install_step_wrapper()
         global _CURRENT
         _CURRENT = weakref.ref(self)
@@ -119,14 +96,12 @@ class AdaptiveDataParallel(DistributedDataParallel):
         """Run the model; gradients are synchronised only on the last micro-batch of an
         optimizer step (earlier ones accumulate locally)."""
         loader = current_dataloader()
-        if loader is None:
-            self.require_backward_grad_sync = True
-        else:
-            self.require_backward_grad_sync = not loader.is_accumulation_step
-            if loader._measure_first:
-                # The accumulated gradient is still the first micro-batch's alone.
-                loader._measure_first = False
-                self._copy_first_grads()
+        sync = loader is None or not loader.is_accumulation_step
+        # One replica has nothing to exchange: DDP's reduction would only copy.
+        self.require_backward_grad_sync = sync and self._replicas > 1
+        if loader is not None and torch.is_grad_enabled() and (
+                _training_loader() is None or loader.training):
+            self._probe.before_forward(loader, sync)
         return super().forward(*inputs, **kwargs)
 
     # -- public measurements -------------------------------------------------------
@@ -223,126 +198,17 @@ class AdaptiveDataParallel(DistributedDataParallel):
         return result
 
     # -- gradient noise ----------------------------------------------------------------
-    def _reset_step_measurements(self) -> None:
-        self._measured = False    # the hook measured this step's norms
-        self._local_sqr = 0.0     # sum over buckets of the replica-mean local |g_i|^2
-        self._total_sqr = 0.0     # sum over buckets of |mean g|^2
-        self._last_ready = 0.0    # when the last bucket was handed to the hook
-        self._last_done = 0.0     # when the last all-reduce finished
-
-    def _sqr_norm(self, params: list[torch.Tensor], flat: torch.Tensor) -> "float | torch.Tensor":
-        if not self._precondition:
-            return _blocked_sqr_norm(flat)
-        total, offset = 0.0, 0
-        for param in params:
-            n = param.numel()
-            v, eps, bc2 = adam_preconditioner(self.adaptdl_optimizer, param)
-            total += preconditioned_sqr_norm(flat[offset:offset + n].view_as(param), v, eps, bc2)
-            offset += n
-        return total
-
-    def _copy_first_grads(self) -> None:
-        """Keep a copy of the gradients accumulated so far (the first micro-batch's), in
-        buffers reused from one measured step to the next."""
-        params = [p for p in self.module.parameters() if p.grad is not None]
-        if not params or (self._precondition and not self.adaptdl_optimizer.state):
-            # (Adam before its first step has no preconditioner to measure in.)
-            self._first_params = None
-            return
-        grads = [p.grad.detach() for p in params]
-        buffers = self._first_grads
-        if len(buffers) != len(grads) or any(b.shape != g.shape or b.dtype != g.dtype
-                                             for b, g in zip(buffers, grads)):
-            buffers = self._first_grads = [torch.empty_like(g) for g in grads]
-        torch._foreach_copy_(buffers, grads)
-        self._first_params = params
-
-    def _single_replica_norms(self) -> tuple[float, float]:
-        """``(|m|^2, |g_1 - m|^2)`` for the step's averaged gradient ``m`` (now in the
-        parameters' ``.grad``) and the first micro-batch's copied gradient ``g_1``."""
-        params = self._first_params
-        grads = [p.grad.detach() for p in params]
-        diffs = self._first_grads
-        torch._foreach_sub_(diffs, grads)
-        if self._precondition:
-            total = sum(self._sqr_norm([p], g.reshape(-1)) for p, g in zip(params, grads))
-            spread = sum(self._sqr_norm([p], d.reshape(-1)) for p, d in zip(params, diffs))
-            return total, spread
-        # Fused float32 norms, squared and summed in float64.
-        total = torch.stack(torch._foreach_norm(grads)).double().pow_(2).sum()
-        spread = torch.stack(torch._foreach_norm(diffs)).double().pow_(2).sum()
-        return float(total.item()), float(spread.item())
-
     def _update_noise(self, loader: "_data.AdaptiveDataLoader", batch_size: int) -> None:
-        replicas = self._replicas
-        self._since_measure += batch_size
-        if self._last_done > self._last_ready:
-            _metrics.record_sync_time(self._last_done - self._last_ready)
-        if replicas == 1:
-            micros = loader._step_micros
-            if self._first_params is not None and micros > 1:
-                # n micro-batches of b = M / n samples, averaged into m, the first one
-                # g_1: with local = |m|^2 + |g_1 - m|^2, E[local] = |G|^2 + tr(Sigma) / b
-                # (g_1 - m is pure noise: E|g_1 - m|^2 = tr(Sigma) / b * (n - 1) / n), so
-                # the two-batch estimators stay unbiased; for n = 2 local is exactly
-                # (|g_1|^2 + |g_2|^2) / 2.
-                total, spread = self._single_replica_norms()
-                self._record_noise(total + spread, total, micros, batch_size)
-            self._first_params = None
-        else:
-            self._receive_side_values(loader, batch_size)
-        self._reset_step_measurements()
+        for measurement in self._probe.after_backward(loader, batch_size):
+            self._record_noise(measurement)
 
-    def _record_noise(self, local: float, total: float, num_grads: int, batch_size: int) -> None:
+    def _record_noise(self, m: Measurement) -> None:
         gns = self._gns
         before = gns.num_updates
-        gns.update(local, total, num_grads, batch_size, elapsed=self._since_measure)
-        self._since_measure = 0
+        gns.update(m.local_sqr, m.total_sqr, m.num_grads, m.batch_size, elapsed=m.elapsed)
         if gns.num_updates != before:
             _metrics.record_grad_params(gns.grad_params())
 
-    def _side_values(self, loader: "_data.AdaptiveDataLoader | None") -> torch.Tensor:
-        """This replica's five numbers for the step's first bucket: [local |g|^2 of the
-        previous step, 1 if it was measured, stop flag, replica 0's choice of (local
-        batch, accumulation steps) or zeros]. Summed over replicas by the all-reduce."""
-        local, self._outgoing = self._outgoing, None
-        proposal = None
-        if loader is not None:
-            proposal, loader._proposal = loader._proposal, None
-        return torch.tensor([local or 0.0, 0.0 if local is None else 1.0,
-                             1.0 if _interrupt.exit_requested() else 0.0,
-                             float(proposal[0]) if proposal else 0.0,
-                             float(proposal[1]) if proposal else 0.0], dtype=torch.float64)
-
-    def _receive_side_values(self, loader: "_data.AdaptiveDataLoader", batch_size: int) -> None:
-        """After a step's backward: record the previous step's noise from the replicas'
-        sums, hand the stop flag and batch choice to the loader's next boundary, and keep
-        this step's norms for the next step's first bucket."""
-        if self._side_work is not None:
-            tensor, work = self._side_work
-            self._side_work = None
-            work.wait()
-            self._incoming = tensor.tolist()
-        received, self._incoming = self._incoming, None
-        previous = self._previous
-        measured = self._measured and not (self._precondition
-                                           and not self.adaptdl_optimizer.state)
-        self._previous = (float(self._total_sqr), batch_size) if measured else None
-        self._outgoing = float(self._local_sqr) if measured else None
-        if received is None:  # no first bucket this step (should not happen in a loop)
-            return
-        local_sum, count, flag, bsz, accum = received
-        replicas = self._replicas
-        if previous is not None and round(count) == replicas:
-            # The local gradient of each replica is its mean over its micro-batches.
-            self._record_noise(local_sum / replicas, previous[0], replicas, previous[1])
-        loops = _data._LOOPS
-        # A boundary not reached since an earlier step (the loop was left between steps)
-        # still owes its stop request.
-        stop, choice = loops.side_channel or (False, None)
-        if bsz > 0:
-            choice = (int(round(bsz)), int(round(accum)))
-        loops.side_channel = (stop or flag > 0, choice)
 
 _CURRENT: "weakref.ref[AdaptiveDataParallel] | None" = None
 
@@ -354,74 +220,6 @@ def current_model() -> "AdaptiveDataParallel | None":
 
 def _training_loader() -> "_data.AdaptiveDataLoader | None":
     return _data._LOOPS.training
-
-
-def _blocked_sqr_norm(flat: torch.Tensor, block: int = 1 << 16) -> torch.Tensor:
-    """|x|^2 with float32 products and float64 accumulation across blocks: as accurate
-    as a float64 norm for our purposes (relative error ~1e-9) and many times faster.
-    A float64 scalar tensor on ``flat``'s device: read it once per step, not per bucket
-    (on a GPU, reading it is a synchronisation in the middle of the backward pass)."""
-    flat = flat.reshape(-1)
-    if flat.dtype == torch.float64:
-        return torch.dot(flat, flat)
-    if flat.numel() == 0:
-        return torch.zeros((), dtype=torch.float64, device=flat.device)
-    flat = flat.float()
-    return torch.stack([torch.dot(c, c) for c in flat.split(block)]).double().sum()
-
-
-def _average_and_measure_hook(ddp, bucket):  # no annotations: DDP checks them as classes
-    """DDP communication hook: average the bucket over replicas and accumulation
-    micro-batches (in place, as DDP's default hook does), and measure the squared norms
-    of the local gradient before and of the averaged gradient after the all-reduce.
-    """
-    loader = current_dataloader()
-    micro = loader._step_micros if loader is not None else 1
-    replicas = ddp._replicas
-    buffer = bucket.buffer()
-    if replicas == 1:
-        # Nothing to exchange: average the micro-batches and hand the bucket back at once
-        # (the noise is measured in _update_noise).
-        if micro > 1:
-            buffer.div_(micro)
-        future = torch.futures.Future()
-        future.set_result(buffer)
-        return future
-    ddp._last_ready = time.perf_counter()
-    params = bucket.parameters()
-    measure = loader is not None and loader._measure_norms
-    if measure:
-        # The local gradient is this replica's mean over its micro-batches: buffer / micro.
-        ddp._measured = True
-        ddp._local_sqr += ddp._sqr_norm(params, buffer) / (micro * micro)
-    buffer.div_(micro * replicas)
-    size = buffer.numel()
-    if bucket.index() != 0:
-        future = dist.all_reduce(buffer, async_op=True).get_future()
-    else:
-        # (On the bucket's device: nccl reduces GPU tensors only.)
-        side = ddp._side_values(loader).to(buffer.device)
-        if buffer.dtype in (torch.float32, torch.float64):
-            # The side values ride along (one copy of the first bucket, at most ~1 MB by
-            # DDP's default): no second round trip per step.
-            future = dist.all_reduce(torch.cat([buffer, side.to(buffer.dtype)]),
-                                     async_op=True).get_future()
-        else:
-            # Half-precision gradients cannot carry the sums exactly: send them beside.
-            future = dist.all_reduce(buffer, async_op=True).get_future()
-            ddp._side_work = (side, dist.all_reduce(side, async_op=True))
-
-    def done(fut: torch.futures.Future) -> torch.Tensor:
-        reduced = fut.value()[0]
-        if reduced.numel() > size:
-            ddp._incoming = reduced[size:].tolist()
-            reduced = reduced[:size]
-        if measure:
-            ddp._total_sqr += ddp._sqr_norm(params, reduced)
-        ddp._last_done = time.perf_counter()
-        return reduced
-
-    return future.then(done)
 
 
 class _TrainingState(checkpoint.State):

@@ -3,6 +3,8 @@
 import collections
 import json
 
+import pytest
+
 from tests.core.harness import JOBS, read_events, run_replicas
 
 JOB = JOBS / "elastic_job.py"
@@ -78,3 +80,20 @@ def test_drop_last_with_multi_pass_epochs_terminates(tmp_path):
         assert 2 * local == full, sizes
         halves += 1
     assert halves % 2 == 0 and halves > 0, sizes
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_plain_loops_outside_the_epoch_loop_are_epochs_each(replicas, tmp_path):
+    # Each loop over an autoscaled loader outside remaining_epochs_until lasts one epoch
+    # of progress from where it began (they once yielded nothing after the first).
+    results = run_replicas(JOBS / "plain_loops_job.py", replicas, tmp_path / "ckpt", 0,
+                           timeout=120)
+    for status, out in results:
+        assert status == 0, out[-3000:]
+    result = json.loads(results[0][1].strip().splitlines()[-1])
+    print(result)
+    first, *others = result["steps"]
+    assert first >= 256 // 16 - 1
+    # Later loops count progress by the AdaScale gain (>= 1 per step): no more steps.
+    assert all(0 < n <= first + 1 for n in others), result
+    assert result["progress"] >= 4 * 256 / 16 - 1e-9

@@ -1,8 +1,10 @@
 """The gradient noise estimate in real processes against the analytic truth of
 ``jobs/noise_job.py``: one replica (half-batch splits on sampled steps) and two replicas
-(replica gradients compared on sampled steps, norms carried with the gradient all-reduce)."""
+(replica gradients compared on sampled steps, norms summed by the next step's side values)."""
 
 import json
+
+import pytest
 
 from adaptdl_core.torch.data import NOISE_DENSE_STEPS, NOISE_MULTI_INTERVAL
 from tests.core.harness import JOBS, run_replicas
@@ -30,9 +32,24 @@ def test_two_replica_estimate_on_sampled_steps_within_25_percent_of_truth(tmp_pa
     # Both replicas hold the same estimate (same sums, same schedule).
     assert first["sqr"] == second["sqr"] and first["var"] == second["var"]
     # Every step measured at first, then one in NOISE_MULTI_INTERVAL; each measurement is
-    # recorded one step later (its sums ride with the next step's first bucket).
+    # recorded one step later (its sums travel with the next step's side values).
     steps = first["steps"]
     sampled = NOISE_DENSE_STEPS + (steps - NOISE_DENSE_STEPS) // NOISE_MULTI_INTERVAL
     assert sampled - 2 <= first["updates"] <= sampled
     assert abs(first["sqr"] / first["true_sqr"] - 1) < 0.25
     assert abs(first["var"] / first["true_var"] - 1) < 0.25
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_gradients_are_averaged_over_replicas_and_micro_batches(replicas, tmp_path):
+    results = run_replicas(JOBS / "accumulation_job.py", replicas, tmp_path / "ckpt", 0,
+                           timeout=300)
+    for status, out in results:
+        assert status == 0, out[-3000:]
+    for out in (json.loads(out.strip().splitlines()[-1]) for _, out in results):
+        print(out)
+        # 3 epochs of 512 samples at 8 per replica and step, nearly all full steps.
+        assert out["checked"] >= 3 * 512 // (8 * replicas) - 3
+        # The mean, not the sum: a sum would be off by the gradient itself.
+        assert out["max_err"] < 1e-9
+        assert out["updates"] > 10  # the noise is measured with accumulation too

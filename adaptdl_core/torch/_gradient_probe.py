@@ -1,0 +1,314 @@
+"""What AdaptiveDataParallel does around DDP's gradient all-reduce, step by step.
+
+DDP's own all-reduce (C++, overlapped with the backward pass) averages the gradients
+over replicas; most steps run no Python during the backward pass at all. This module
+adds, only on the steps that need it:
+
+- **Averaging over micro-batches.** On a step that accumulates micro-batches, hooks on
+  every parameter divide its local gradient by the number of micro-batches as soon as it
+  is complete, *before* DDP copies it into its bucket (a parameter's post-accumulate-grad
+  hook runs before DDP's own hook on it).
+- **The gradient noise.** With several replicas, on the steps the loader samples (see
+  ``data.NOISE_DENSE_STEPS``) the same hooks take each local gradient's squared norm;
+  the averaged gradient's is taken from ``.grad`` after the backward pass. The replicas'
+  local norms are summed with the side values (below). A single replica has one
+  gradient per step: on sampled steps the loader splits the batch into two micro-batches,
+  and the first one's gradient (copied when the second one's forward starts) and the
+  step's average give the two-batch estimate.
+- **Side values.** Every ``SIDE_VALUES_EVERY`` steps, a small all-reduce of its own,
+  started at the step's first forward pass and read when the step ends (so it overlaps
+  the step's compute), sums the graceful-stop flag, replica 0's batch size choice and the
+  local norms of the measured steps since the last one; the data loader applies the
+  first two at the batch boundary after the step.
+- **The sync wait** of the measured steps, from the last local gradient to the end of
+  the backward pass (DDP waits for its all-reduces there), for the throughput model.
+
+Norms are preconditioned for Adam-family optimizers.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import torch
+import torch.distributed as dist
+
+from adaptdl_core.torch import _interrupt, _metrics
+from adaptdl_core.torch import data as _data
+from adaptdl_core.torch.gradient_noise_scale import adam_preconditioner, preconditioned_sqr_norm
+
+if TYPE_CHECKING:
+    from adaptdl_core.torch.data import AdaptiveDataLoader
+
+# A small all-reduce costs a round trip of its own (over 1 ms between two busy CPU
+# processes), so the side values go every this many optimizer steps. A stop request
+# therefore waits up to this many steps; the noise estimate loses nothing (each measured
+# step since the last side values has its own slot).
+SIDE_VALUES_EVERY = 4
+_HEADER = 3  # stop flag, replica 0's (local batch, accumulation steps)
+
+
+class Measurement(NamedTuple):
+    """One two-batch gradient noise measurement, for ``GradientNoiseScale.update``."""
+    local_sqr: float   # mean over the gradients of their squared norms
+    total_sqr: float   # squared norm of their mean
+    num_grads: int     # how many gradients (replicas or micro-batches)
+    batch_size: int    # samples in the step
+    elapsed: int       # samples trained since the previous measurement
+
+
+class GradientProbe:
+    """The per-step state of the micro-batch averaging, the noise measurement and the
+    side values of one AdaptiveDataParallel (a plain object: setting attributes on a
+    torch Module is slow, and these change every step).
+
+    Arguments:
+        params: the parameters DDP synchronises (those that require a gradient).
+        optimizer: their optimizer (its Adam state preconditions the norms if
+            ``precondition``).
+        replicas: the number of replicas.
+        precondition: measure norms in Adam's preconditioned space.
+    """
+
+    def __init__(self, params: list[torch.Tensor], optimizer: torch.optim.Optimizer,
+                 replicas: int, precondition: bool):
+        self.params = params
+        self.optimizer = optimizer
+        self.replicas = replicas
+        self.precondition = precondition
+        self.since_measure = 0  # samples trained since the last noise measurement
+        # The hooks armed for one backward pass, and what they do.
+        self.hooks: list[Any] = []
+        self.hook_micros = 1
+        self.hook_measure = False
+        # Single replica: a copy of the first micro-batch's gradient of a measured step.
+        self.first_grads: list[torch.Tensor] = []
+        self.first_params: list[torch.Tensor] | None = None
+        # Several replicas: measured steps whose local norms are not sent yet, those sent
+        # with the side values in flight (local, total, batch, elapsed), the side
+        # all-reduce (tensor, work), the (loader, step) it was started at, and its group
+        # (gloo, so the numbers stay on the CPU whatever the gradients' backend).
+        self.unsent: list[tuple[float, float, int, int]] = []
+        self.in_flight: list[tuple[float, float, int, int]] = []
+        self.side_work: tuple[torch.Tensor, Any] | None = None
+        self.side_step: tuple[int, int] | None = None
+        self.side_group = _side_values_group() if replicas > 1 else None
+        self._reset_step()
+
+    def _reset_step(self) -> None:
+        self.measured = False        # the hooks measured this step's local norms
+        self.local_parts: list[Any] = []  # this replica's |g|^2 per parameter
+        self.last_ready = 0.0        # when the last local gradient was complete
+        self.last_done = 0.0         # when the backward pass, all-reduces included, ended
+
+    # -- around the forward and backward passes ------------------------------------------
+    def before_forward(self, loader: "AdaptiveDataLoader", sync: bool) -> None:
+        """A forward pass of a training loop's micro-batch is about to run; ``sync``: it
+        is the step's last micro-batch (its backward pass synchronises)."""
+        if self.replicas > 1 and loader._micro_in_step == 0 \
+                and (loader._sync_steps - 1) % SIDE_VALUES_EVERY == 0:
+            self._start_side_values(loader)
+        if loader._measure_first:
+            # The accumulated gradient is still the first micro-batch's alone.
+            loader._measure_first = False
+            self._copy_first_grads()
+        self.disarm()  # (left over from a forward pass without a backward pass)
+        if sync:
+            self._arm(loader)
+
+    def _arm(self, loader: "AdaptiveDataLoader") -> None:
+        """Hook every parameter for the coming backward pass if the step accumulates
+        micro-batches or measures the noise with several replicas."""
+        micros = loader._step_micros
+        measure = self.replicas > 1 and loader._measure_norms and self._can_measure()
+        if micros == 1 and not measure:
+            return
+        self.hook_micros, self.hook_measure = micros, measure
+        self.hooks = [p.register_post_accumulate_grad_hook(self._on_local_grad)
+                      for p in self.params]
+
+    def disarm(self) -> None:
+        """Remove the hooks of this step, if any."""
+        for handle in self.hooks:
+            handle.remove()
+        self.hooks = []
+
+    def _can_measure(self) -> bool:
+        # (Adam before its first step has no preconditioner to measure in.)
+        return not (self.precondition and not self.optimizer.state)
+
+    def _on_local_grad(self, param: torch.Tensor) -> None:
+        """A parameter's gradient of this replica is complete; DDP has not read it yet.
+        Average it over the micro-batches and measure it (a replica's local gradient is
+        its mean over its micro-batches)."""
+        first = self.last_ready == 0.0
+        self.last_ready = time.perf_counter()
+        grad = param.grad
+        if grad is None:
+            return
+        if self.hook_micros > 1:
+            grad.div_(self.hook_micros)
+        if self.hook_measure:
+            self.measured = True
+            self.local_parts.append(self._sqr_norm(param, grad))
+        if first:
+            # Engine callbacks run when the backward pass ends, in order; DDP queues its
+            # own (which waits for the all-reduces) with the last bucket, after this one:
+            # a callback queued from ours runs after DDP's.
+            engine = torch.autograd.Variable._execution_engine
+            engine.queue_callback(lambda: (self.disarm(),
+                                           engine.queue_callback(self._backward_done)))
+
+    def _backward_done(self) -> None:
+        self.last_done = time.perf_counter()
+
+    # -- after the step's last backward pass ---------------------------------------------
+    def after_backward(self, loader: "AdaptiveDataLoader", batch_size: int) -> list[Measurement]:
+        """The step's gradients are averaged (in ``.grad``), before the optimizer step.
+
+        Records the step's sync wait if it was timed, and returns the noise measurements
+        complete now: this step's with one replica; with several, those of the measured
+        steps whose side values came back in this step.
+        """
+        self.disarm()
+        self.since_measure += batch_size
+        found: list[Measurement] = []
+        if self.replicas == 1:
+            micros = loader._step_micros
+            if self.first_params is not None and micros > 1:
+                # n micro-batches of b = M / n samples, averaged into m, the first one
+                # g_1: with local = |m|^2 + |g_1 - m|^2, E[local] = |G|^2 + tr(Sigma) / b
+                # (g_1 - m is pure noise: E|g_1 - m|^2 = tr(Sigma) / b * (n - 1) / n), so
+                # the two-batch estimators stay unbiased; for n = 2 local is exactly
+                # (|g_1|^2 + |g_2|^2) / 2.
+                total, spread = self._single_replica_norms()
+                found.append(Measurement(total + spread, total, micros, batch_size,
+                                         self.since_measure))
+                self.since_measure = 0
+            self.first_params = None
+        else:
+            if self.last_done > self.last_ready > 0.0:
+                # (Timed only on steps whose hooks were armed: the others run none.)
+                _metrics.record_sync_time(self.last_done - self.last_ready)
+            found = self._receive_side_values(batch_size)
+        self._reset_step()
+        return found
+
+    # -- norms -----------------------------------------------------------------------------
+    def _sqr_norm(self, param: torch.Tensor, grad: torch.Tensor) -> "float | torch.Tensor":
+        if not self.precondition:
+            return _blocked_sqr_norm(grad)
+        v, eps, bc2 = adam_preconditioner(self.optimizer, param)
+        return preconditioned_sqr_norm(grad.view_as(param), v, eps, bc2)
+
+    def _sum_sqr_norms(self, params: list[torch.Tensor], grads: list[torch.Tensor]) -> float:
+        """Sum of the (preconditioned) squared norms of ``grads``, one per parameter."""
+        if self.precondition:
+            return float(sum(self._sqr_norm(p, g) for p, g in zip(params, grads)))
+        if not grads:
+            return 0.0
+        # Fused float32 norms, squared and summed in float64.
+        return float(torch.stack(torch._foreach_norm(grads)).double().pow_(2).sum().item())
+
+    def _copy_first_grads(self) -> None:
+        """Keep a copy of the gradients accumulated so far (the first micro-batch's), in
+        buffers reused from one measured step to the next."""
+        params = [p for p in self.params if p.grad is not None]
+        if not params or not self._can_measure():
+            self.first_params = None
+            return
+        grads = [p.grad.detach() for p in params]
+        buffers = self.first_grads
+        if len(buffers) != len(grads) or any(b.shape != g.shape or b.dtype != g.dtype
+                                             for b, g in zip(buffers, grads)):
+            buffers = self.first_grads = [torch.empty_like(g) for g in grads]
+        torch._foreach_copy_(buffers, grads)
+        self.first_params = params
+
+    def _single_replica_norms(self) -> tuple[float, float]:
+        """``(|m|^2, |g_1 - m|^2)`` for the step's averaged gradient ``m`` (now in the
+        parameters' ``.grad``) and the first micro-batch's copied gradient ``g_1``."""
+        params = self.first_params
+        grads = [p.grad.detach() for p in params]
+        diffs = self.first_grads
+        torch._foreach_sub_(diffs, grads)
+        return self._sum_sqr_norms(params, grads), self._sum_sqr_norms(params, diffs)
+
+    # -- side values (several replicas) ----------------------------------------------------
+    def _start_side_values(self, loader: "AdaptiveDataLoader") -> None:
+        """Start summing over the replicas [stop flag, replica 0's choice of (local
+        batch, accumulation steps) or zeros, then per measured step since the last time
+        (local |g|^2, 1)]; read in :meth:`_receive_side_values` when the step ends."""
+        key = (id(loader), loader._sync_steps)
+        if self.side_step == key or self.side_work is not None:
+            return  # (a second forward pass in the same step)
+        self.side_step = key
+        # Every replica measures the same steps: the slots line up. (More than the slots
+        # only when steps ran outside a loader's schedule: drop the oldest.)
+        self.in_flight, self.unsent = self.unsent[-SIDE_VALUES_EVERY:], []
+        proposal, loader._proposal = loader._proposal, None
+        values = [1.0 if _interrupt.exit_requested() else 0.0,
+                  float(proposal[0]) if proposal else 0.0,
+                  float(proposal[1]) if proposal else 0.0]
+        for local, *_ in self.in_flight:
+            values += [local, 1.0]
+        values += [0.0] * (_HEADER + 2 * SIDE_VALUES_EVERY - len(values))
+        side = torch.tensor(values, dtype=torch.float64)
+        self.side_work = (side, dist.all_reduce(side, group=self.side_group, async_op=True))
+
+    def _receive_side_values(self, batch_size: int) -> list[Measurement]:
+        """Keep this step's norms for the next side values; if side values were sent in
+        this step, return the measurements they completed and hand the stop flag and
+        batch choice to the loader's next boundary."""
+        if self.measured:
+            params = [p for p in self.params if p.grad is not None]
+            total = self._sum_sqr_norms(params, [p.grad.detach() for p in params])
+            self.unsent.append((float(sum(self.local_parts)), total, batch_size,
+                                self.since_measure))
+            self.since_measure = 0
+        loops = _data._LOOPS
+        # (A boundary not reached since an earlier step, the loop left between steps,
+        # still owes its stop request.)
+        stop, choice = loops.side_channel or (False, None)
+        found = []
+        if self.side_work is not None:
+            tensor, work = self.side_work
+            self.side_work = None
+            work.wait()
+            flag, bsz, accum, *slots = tensor.tolist()
+            for (_, total, batch, elapsed), local_sum, count in zip(
+                    self.in_flight, slots[0::2], slots[1::2]):
+                if round(count) == self.replicas:
+                    found.append(Measurement(local_sum / self.replicas, total, self.replicas,
+                                             batch, elapsed))
+            self.in_flight = []
+            stop = stop or flag > 0
+            if bsz > 0:
+                choice = (int(round(bsz)), int(round(accum)))
+        # Boundaries between side values need no collective of their own.
+        loops.side_channel = (stop, choice)
+        return found
+
+
+def _blocked_sqr_norm(flat: torch.Tensor, block: int = 1 << 16) -> torch.Tensor:
+    """|x|^2 with float32 products and float64 accumulation across blocks: as accurate
+    as a float64 norm for our purposes (relative error ~1e-9) and many times faster.
+    A float64 scalar tensor on ``flat``'s device: read it once per step, not per
+    parameter (on a GPU, reading it is a synchronisation)."""
+    flat = flat.reshape(-1)
+    if flat.dtype == torch.float64:
+        return torch.dot(flat, flat)
+    if flat.numel() == 0:
+        return torch.zeros((), dtype=torch.float64, device=flat.device)
+    flat = flat.float()
+    return torch.stack([torch.dot(c, c) for c in flat.split(block)]).double().sum()
+
+
+def _side_values_group() -> Any:
+    """The process group for the side values: the default one if it is gloo, else a gloo
+    group over the same processes (created collectively, so every replica must construct
+    AdaptiveDataParallel at the same point)."""
+    if "gloo" in str(dist.get_backend()):  # also "cpu:gloo,cuda:nccl"
+        return None
+    return dist.new_group(backend="gloo")
