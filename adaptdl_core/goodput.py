@@ -450,7 +450,8 @@ class _FitProblem:
 
 
 def fit_perf_params(num_nodes: ArrayLike, num_replicas: ArrayLike, atomic_bsz: ArrayLike,
-                    accum_step_time: ArrayLike, optim_step_time: ArrayLike) -> PerfParams:
+                    accum_step_time: ArrayLike, optim_step_time: ArrayLike,
+                    initial: PerfParams | None = None) -> PerfParams:
     """Fit :class:`PerfParams` to profiled step times (one entry per configuration).
 
     Args:
@@ -460,6 +461,9 @@ def fit_perf_params(num_nodes: ArrayLike, num_replicas: ArrayLike, atomic_bsz: A
         accum_step_time: measured seconds of one compute-only micro-batch (``T_c``, > 0).
         optim_step_time: measured seconds of the micro-batch that ends an optimizer step,
             including the gradient synchronisation (``T_o``, > 0).
+        initial: a previous fit of (nearly) the same profile to start from: one local
+            search from it instead of several starts (a refit as step times accumulate
+            costs a few milliseconds instead of tens).
 
     Returns:
         The parameters minimising ``rms(log T_c error) + rms(log T_o error)`` plus small
@@ -536,11 +540,20 @@ def fit_perf_params(num_nodes: ArrayLike, num_replicas: ArrayLike, atomic_bsz: A
         return loss, grad[free]
 
     best_x, best_loss = x0.copy(), objective(x0[free])[0]
-    # A few deterministic starts for gamma (the loss is not convex in it).
-    gamma_starts = (1.0, 2.0, 5.0) if free[_GAMMA] else (1.0,)
-    for gamma0 in gamma_starts:
-        start = x0.copy()
-        start[_GAMMA] = gamma0
+    if initial is not None:
+        previous = np.array([initial.alpha_c, initial.beta_c * b_scale, initial.alpha_n,
+                             initial.beta_n, initial.alpha_r, initial.beta_r, 0.0]) / t_scale
+        previous[_GAMMA] = initial.gamma
+        lower = np.array([lo for lo, _ in bounds_all])
+        upper = np.array([np.inf if hi is None else hi for _, hi in bounds_all])
+        starts = [np.where(free & np.isfinite(previous), np.clip(previous, lower, upper), x0)]
+    else:
+        # A few deterministic starts for gamma (the loss is not convex in it).
+        starts = []
+        for gamma0 in ((1.0, 2.0, 5.0) if free[_GAMMA] else (1.0,)):
+            starts.append(x0.copy())
+            starts[-1][_GAMMA] = gamma0
+    for start in starts:
         result = scipy.optimize.minimize(
             objective, start[free], jac=True, method="L-BFGS-B", bounds=bounds,
             options={"maxiter": 500})

@@ -46,6 +46,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="order of the listed functions (default tottime: own time)")
     p.add_argument("--callers", default=None,
                    help="regex: also list who called the matching functions")
+    p.add_argument("--dump", default=None, help="also save rank 0's raw profile here")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.replicas < 1 or args.steps < 2:
@@ -118,6 +119,8 @@ def worker(args: argparse.Namespace) -> None:
             stats.print_stats(*([args.filter] if args.filter else []), args.top)
             if args.callers:
                 stats.print_callers(args.callers)
+            if args.dump:
+                stats.dump_stats(args.dump)
             print(out.getvalue())
 
 

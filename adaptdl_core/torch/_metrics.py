@@ -53,6 +53,7 @@ class _Metrics(checkpoint.State):
         self.steps_since_fit = 0
         self.last_fit_time = 0.0
         self.fits = 0  # throughput fits in this run (a new fit is worth a new decision)
+        self.fitted_keys: frozenset | None = None  # configurations of the last fit
         self.restored = False
         self.pending_sync_s: float | None = None  # the last step's sync wait, if timed
         self.progress_from_gain = False  # AdaptiveDataParallel counts progress by gain
@@ -237,8 +238,13 @@ def maybe_refit(force: bool = False) -> bool:
     arrays = _profile_arrays(m.profile)
     if not arrays:
         return False
+    keys = frozenset(k for k, e in m.profile.items() if e["optim_n"])
+    # Same configurations as last time: the optimum moved little, start from it (several
+    # times cheaper than a fit from scratch).
+    initial = m.perf_params if keys == m.fitted_keys else None
     try:
-        m.perf_params = fit_perf_params(*arrays)
+        m.perf_params = fit_perf_params(*arrays, initial=initial)
+        m.fitted_keys = keys
     except ValueError as exc:  # e.g. a degenerate profile; keep the previous model
         LOG.debug("throughput fit skipped: %s", exc)
         return False

@@ -132,8 +132,11 @@ class ElasticSampler(Sampler[int]):
         base = self.index % n
         count = len(self)
         # Position base + rank + k * replicas, wrapping to the start of the order for the
-        # padding that evens out the last batch.
-        return iter(order[(base + self.rank + k * self.num_replicas) % n] for k in range(count))
+        # padding that evens out the last batch (by a slice: this runs for every sample).
+        start, step = base + self.rank, self.num_replicas
+        if start + (count - 1) * step >= 2 * n:  # (more replicas than samples left)
+            return iter([order[(start + k * step) % n] for k in range(count)])
+        return iter((order + order[:step])[start:start + count * step:step])
 
     def __len__(self) -> int:
         """Number of indices this replica yields from the current position."""
@@ -163,28 +166,28 @@ class _LocalBatchSampler(Sampler[list[int]]):
         kinds.clear()
         step = self.split_from
         bsz = self.local_bsz
-        batch: list[int] = []
-        for idx in self.sampler:
-            batch.append(idx)
-            if len(batch) == bsz:
-                if step is not None:
-                    if step >= self.next_split:
-                        self.next_split = step + _noise_interval(step)
-                        half = bsz // 2
-                        kinds.append((True, half))
-                        yield batch[:half]
-                        kinds.append((False, bsz - half))
-                        yield batch[half:]
-                        batch = []
-                        step += 1
-                        continue
+        indices = list(self.sampler)  # (sliced into batches, not appended one by one)
+        end = len(indices) - bsz
+        pos = 0
+        while pos <= end:
+            batch = indices[pos:pos + bsz]
+            pos += bsz
+            if step is not None:
+                if step >= self.next_split:
+                    self.next_split = step + _noise_interval(step)
+                    half = bsz // 2
+                    kinds.append((True, half))
+                    yield batch[:half]
+                    kinds.append((False, bsz - half))
+                    yield batch[half:]
                     step += 1
-                kinds.append((False, bsz))
-                yield batch
-                batch = []
-        if batch and not self.drop_last:
-            kinds.append((False, len(batch)))
+                    continue
+                step += 1
+            kinds.append((False, bsz))
             yield batch
+        if pos < len(indices) and not self.drop_last:
+            kinds.append((False, len(indices) - pos))
+            yield indices[pos:]
 
     def __len__(self) -> int:
         if self.drop_last:

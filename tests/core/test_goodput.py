@@ -404,3 +404,22 @@ def test_fit_on_real_traces(model):
     # Physical sanity: inter-node sync costs more than intra-node sync on these clusters.
     assert fit.alpha_n > fit.alpha_r
     assert 1.0 <= fit.gamma <= 10.0
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_warm_started_refit_matches_a_fit_from_scratch(model):
+    # The library refits as step times accumulate, starting from the previous fit when
+    # the profiled configurations are the same: it must land where a cold fit does.
+    n, k, b, t_c, t_o = load_placements(model)
+    previous = fit_perf_params(n, k, b, t_c, t_o)
+    rng = np.random.default_rng(1)
+    t_c2 = t_c * np.exp(0.03 * rng.standard_normal(t_c.size))
+    t_o2 = np.maximum(t_o * np.exp(0.03 * rng.standard_normal(t_o.size)), t_c2)
+    cold = fit_perf_params(n, k, b, t_c2, t_o2)
+    warm = fit_perf_params(n, k, b, t_c2, t_o2, initial=previous)
+    _, cold_pred = step_times(cold, n, k, b)
+    _, warm_pred = step_times(warm, n, k, b)
+    assert np.max(np.abs(warm_pred / cold_pred - 1)) < 0.02
+    cold_err = np.mean(np.abs(cold_pred / t_o2 - 1))
+    warm_err = np.mean(np.abs(warm_pred / t_o2 - 1))
+    assert warm_err < cold_err + 0.005, (warm_err, cold_err)
