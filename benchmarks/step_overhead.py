@@ -10,15 +10,17 @@ arm            what runs
 ``ddp+dl``     ``torch.nn.parallel.DistributedDataParallel`` + ``torch`` DataLoader
                (``DistributedSampler`` with 2 replicas): the baseline
 ``ddp+adl``    plain DDP + ``AdaptiveDataLoader`` (fixed batch): the loader's own cost
-               (elastic sampler, position tracking, stop-flag all-reduce at every batch)
-``adp+dl``     ``AdaptiveDataParallel`` + torch DataLoader: the comm hook outside any
-               adaptive loop (averaging, no noise measurement, no LR rule)
+               (elastic sampler, position tracking, a stop-flag all-reduce through the
+               store every 4 batches)
+``adp+dl``     ``AdaptiveDataParallel`` + torch DataLoader: the wrapper outside any
+               adaptive loop (DDP's all-reduce, no noise measurement, no LR rule)
 ``adp+adl``    ``AdaptiveDataParallel`` + ``AdaptiveDataLoader`` with
                ``autoscale_batch_size(max_batch_size=batch)``: everything on -- gradient
-               noise measured every step with 2 replicas (comm hook, one small
-               all-reduce per step that also carries the stop flag), on sampled steps
-               split in two half batches with 1 replica, step profiling and throughput
-               refits, goodput decisions, AdaScale around ``optimizer.step()``. The cap
+               noise measured on sampled steps (with 2 replicas per-parameter hooks on
+               those steps, and a small all-reduce every 4 steps for the side values;
+               with 1 replica sampled steps split in two half batches), step profiling
+               and throughput refits, goodput decisions, AdaScale around
+               ``optimizer.step()``. The cap
                equal to the batch keeps the batch (and so the compute) identical to the
                baseline.
 =============  ===================================================================

@@ -236,9 +236,9 @@ class _Loops:
         self.pending_exit = None  # future of the last stop-flag allreduce through the store
         self.store_boundaries = 0  # boundaries that used the store path (its schedule)
         self.training: "AdaptiveDataLoader | None" = None  # the loader optimizer steps follow
-        # Set by AdaptiveDataParallel after an optimizer step with several replicas, from
-        # the numbers carried by that step's gradient all-reduce: (stop requested on any
-        # replica, replica 0's batch size choice or None).
+        # Set by AdaptiveDataParallel after every optimizer step with several replicas
+        # (from its side values, summed every few steps; see _gradient_probe): (stop
+        # requested on any replica, replica 0's batch size choice or None).
         self.side_channel: tuple[bool, tuple[int, int] | None] | None = None
 
 
@@ -270,8 +270,9 @@ def _batch_boundary() -> tuple[int, int] | None:
     """Stop here, on every replica at once, if any replica was asked to stop.
 
     With several replicas the flag must be agreed on. After an optimizer step of
-    AdaptiveDataParallel it came with that step's gradient all-reduce (no extra collective);
-    the choice of batch size that replica 0 put there is returned. Otherwise the flag is
+    AdaptiveDataParallel it came with that model's side values (summed over the replicas
+    every few steps, overlapped with the steps), and the choice of batch size that replica
+    0 put there is returned. Otherwise the flag is
     all-reduced through the store asynchronously, every ``STORE_STOP_CHECK_EVERY``
     boundaries: the reduction started at one such boundary is read at the next, so no
     boundary waits on the network. All replicas run the same sequence of boundaries and

@@ -13,7 +13,7 @@ accumulation micro-batches) and their average ``g``, with ``local = mean_i |g_i|
 * ``var = (local - total) * (M / M0) / (n - 1)``  (unbiased for ``tr(Sigma) / M0``)
 
 are computed on measured steps and smoothed by :class:`GradientNoiseScale`. Nothing here needs a
-process group: the caller (``AdaptiveDataParallel``'s communication hook) measures the
+process group: the caller (``AdaptiveDataParallel``, through ``_gradient_probe``) measures the
 two squared norms and hands them over as floats.
 
 Also here: the Adam preconditioning helpers (:func:`preconditioned_sqr_norm`,

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from tests.core.harness import JOBS, read_events, run_replicas
+from tests.core.harness import JOBS, read_events, run_json_job, run_replicas
 
 JOB = JOBS / "elastic_job.py"
 # A noisy regression (label noise 5): the gradient noise scale grows as training
@@ -86,11 +86,7 @@ def test_drop_last_with_multi_pass_epochs_terminates(tmp_path):
 def test_plain_loops_outside_the_epoch_loop_are_epochs_each(replicas, tmp_path):
     # Each loop over an autoscaled loader outside remaining_epochs_until lasts one epoch
     # of progress from where it began (they once yielded nothing after the first).
-    results = run_replicas(JOBS / "plain_loops_job.py", replicas, tmp_path / "ckpt", 0,
-                           timeout=120)
-    for status, out in results:
-        assert status == 0, out[-3000:]
-    result = json.loads(results[0][1].strip().splitlines()[-1])
+    result = run_json_job(JOBS / "plain_loops_job.py", replicas, tmp_path, timeout=120)[0]
     print(result)
     first, *others = result["steps"]
     assert first >= 256 // 16 - 1
