@@ -56,9 +56,9 @@ STORE_STOP_CHECK_EVERY = 4
 # to at most one step in this many (a split step costs one more forward/backward call).
 NOISE_MAX_INTERVAL = 16
 # With several replicas every optimizer step has one gradient per replica, and measuring
-# costs two squared norms of every gradient bucket (~3% of a step of a 2M-parameter model
-# on a CPU core): measure every step for the first NOISE_DENSE_STEPS steps of a run (a
-# quick first estimate), then one step in NOISE_MULTI_INTERVAL.
+# costs per-parameter hooks and two squared norms of every gradient (local and averaged):
+# measure every step for the first NOISE_DENSE_STEPS steps of a run (a quick first
+# estimate), then one step in NOISE_MULTI_INTERVAL.
 NOISE_DENSE_STEPS = 64
 NOISE_MULTI_INTERVAL = 4
 
