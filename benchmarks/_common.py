@@ -85,6 +85,24 @@ def median(values: Iterable[float]) -> float:
     return statistics.median(list(values))
 
 
+def median_ci(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
+    """Distribution-free confidence interval of the median: the order statistics
+    ``x[j]``, ``x[n-1-j]`` (0-based) with the largest ``j`` such that at most ``j`` of
+    ``n`` values fall below the median with probability <= ``(1 - confidence) / 2``
+    (a Binomial(n, 1/2) tail). Below 6 values at 95% this is the full range, with less
+    confidence than asked."""
+    xs = sorted(values)
+    n = len(xs)
+    tail = (1.0 - confidence) / 2.0
+    j, cumulative = 0, 0.0
+    for k in range(n // 2):
+        cumulative += math.comb(n, k) / 2.0 ** n  # P(at most k values below the median)
+        if cumulative > tail:
+            break
+        j = k
+    return xs[j], xs[n - 1 - j]
+
+
 def iqr_text(values: Sequence[float], fmt: str = "{:.3f}") -> str:
     """'median [p25, p75]'."""
     return (fmt.format(median(values)) + " [" + fmt.format(quantile(values, 0.25)) + ", "

@@ -15,11 +15,13 @@ adds, only on the steps that need it:
   gradient per step: on sampled steps the loader splits the batch into two micro-batches,
   and the first one's gradient (copied when the second one's forward starts) and the
   step's average give the two-batch estimate.
-- **Side values.** Every ``SIDE_VALUES_EVERY`` steps, a small all-reduce of its own,
-  started at the step's first forward pass and read when the step ends (so it overlaps
-  the step's compute), sums the graceful-stop flag, replica 0's batch size choice and the
-  local norms of the measured steps since the last one; the data loader applies the
-  first two at the batch boundary after the step.
+- **Side values.** Every few steps (as many as take about ``SIDE_VALUES_INTERVAL_S`` of
+  training, from 1 to ``SIDE_VALUES_MAX_EVERY``), a small all-reduce of its own, started
+  at the step's first forward pass and read when the step ends (so it overlaps the
+  step's compute), sums the graceful-stop flag, replica 0's batch size choice, the
+  replicas' proposals for the next interval and the local norms of the measured steps
+  since the last one; the data loader applies the first two at the batch boundary after
+  the step.
 - **The sync wait** of the measured steps, from the last local gradient to the end of
   the backward pass (DDP waits for its all-reduces there), for the throughput model.
 
@@ -41,12 +43,18 @@ from adaptdl_core.torch.gradient_noise_scale import adam_preconditioner, precond
 if TYPE_CHECKING:
     from adaptdl_core.torch.data import AdaptiveDataLoader
 
-# A small all-reduce costs a round trip of its own (over 1 ms between two busy CPU
-# processes), so the side values go every this many optimizer steps. A stop request
-# therefore waits up to this many steps; the noise estimate loses nothing (each measured
-# step since the last side values has its own slot).
-SIDE_VALUES_EVERY = 4
-_HEADER = 3  # stop flag, replica 0's (local batch, accumulation steps)
+# A small all-reduce costs each replica a few hundred microseconds of CPU (launch, gloo
+# thread, wait), which a step of a few milliseconds feels; a stop request or a new batch
+# size, on the other hand, waits for the next one. So the side values go every as many
+# optimizer steps as take about this long (every step when steps are slower), agreed by
+# the replicas in the side values themselves (the mean of their proposals, from their
+# own step times)...
+SIDE_VALUES_INTERVAL_S = 0.05
+# ...but at least every this many steps; also the number of measurement slots (every step
+# is measured at first), so the noise estimate loses nothing.
+SIDE_VALUES_MAX_EVERY = 16
+SIDE_VALUES_FIRST_EVERY = 4  # before any step time is known
+_HEADER = 4  # stop flag, replica 0's (local batch, accumulation steps), interval proposals
 
 
 class Measurement(NamedTuple):
@@ -78,6 +86,9 @@ class GradientProbe:
         self.replicas = replicas
         self.precondition = precondition
         self.since_measure = 0  # samples trained since the last noise measurement
+        # Between the micro-batches of one optimizer step: zero_grad() must not clear
+        # the gradients accumulated so far.
+        self.accumulating = False
         # The hooks armed for one backward pass, and what they do.
         self.hooks: list[Any] = []
         self.hook_micros = 1
@@ -94,6 +105,12 @@ class GradientProbe:
         self.side_work: tuple[torch.Tensor, Any] | None = None
         self.side_step: tuple[int, int] | None = None
         self.side_group = _side_values_group() if replicas > 1 else None
+        # The agreed schedule: the loader and its step number at which the next side
+        # values start, and the interval after it; this replica's last start (time, step)
+        # for its proposal of the next interval.
+        self.side_next: tuple[int, int] = (0, 0)
+        self.side_every = SIDE_VALUES_FIRST_EVERY
+        self.side_clock: tuple[float, int] | None = None
         self._reset_step()
 
     def _reset_step(self) -> None:
@@ -106,8 +123,7 @@ class GradientProbe:
     def before_forward(self, loader: "AdaptiveDataLoader", sync: bool) -> None:
         """A forward pass of a training loop's micro-batch is about to run; ``sync``: it
         is the step's last micro-batch (its backward pass synchronises)."""
-        if self.replicas > 1 and loader._micro_in_step == 0 \
-                and (loader._sync_steps - 1) % SIDE_VALUES_EVERY == 0:
+        if self.replicas > 1 and loader._micro_in_step == 0 and self._side_values_due(loader):
             self._start_side_values(loader)
         if loader._measure_first:
             # The accumulated gradient is still the first micro-batch's alone.
@@ -236,26 +252,48 @@ class GradientProbe:
         return self._sum_sqr_norms(params, grads), self._sum_sqr_norms(params, diffs)
 
     # -- side values (several replicas) ----------------------------------------------------
+    def _side_values_due(self, loader: "AdaptiveDataLoader") -> bool:
+        """Whether the step now starting is the agreed one for the next side values.
+        (Every replica runs the same steps and reads the same sums: they agree.)"""
+        next_loader, next_step = self.side_next
+        if next_loader != id(loader):
+            # A loader of its own step count: its first step starts the schedule.
+            self.side_next = (id(loader), loader._sync_steps)
+            return True
+        return loader._sync_steps >= next_step
+
     def _start_side_values(self, loader: "AdaptiveDataLoader") -> None:
         """Start summing over the replicas [stop flag, replica 0's choice of (local
-        batch, accumulation steps) or zeros, then per measured step since the last time
-        (local |g|^2, 1)]; read in :meth:`_receive_side_values` when the step ends."""
+        batch, accumulation steps) or zeros, a proposal for the next interval, then per
+        measured step since the last time (local |g|^2, 1)]; read in
+        :meth:`_receive_side_values` when the step ends."""
         key = (id(loader), loader._sync_steps)
         if self.side_step == key or self.side_work is not None:
             return  # (a second forward pass in the same step)
         self.side_step = key
         # Every replica measures the same steps: the slots line up. (More than the slots
         # only when steps ran outside a loader's schedule: drop the oldest.)
-        self.in_flight, self.unsent = self.unsent[-SIDE_VALUES_EVERY:], []
+        self.in_flight, self.unsent = self.unsent[-SIDE_VALUES_MAX_EVERY:], []
         proposal, loader._proposal = loader._proposal, None
         values = [1.0 if _interrupt.exit_requested() else 0.0,
                   float(proposal[0]) if proposal else 0.0,
-                  float(proposal[1]) if proposal else 0.0]
+                  float(proposal[1]) if proposal else 0.0,
+                  float(self._propose_interval(loader._sync_steps))]
         for local, *_ in self.in_flight:
             values += [local, 1.0]
-        values += [0.0] * (_HEADER + 2 * SIDE_VALUES_EVERY - len(values))
+        values += [0.0] * (_HEADER + 2 * SIDE_VALUES_MAX_EVERY - len(values))
         side = torch.tensor(values, dtype=torch.float64)
         self.side_work = (side, dist.all_reduce(side, group=self.side_group, async_op=True))
+
+    def _propose_interval(self, step: int) -> int:
+        """Steps until the next side values, from this replica's mean step time since
+        its last ones: about ``SIDE_VALUES_INTERVAL_S`` of training."""
+        now = time.perf_counter()
+        last, self.side_clock = self.side_clock, (now, step)
+        if last is None or step <= last[1]:
+            return self.side_every
+        step_s = (now - last[0]) / (step - last[1])
+        return max(1, min(SIDE_VALUES_MAX_EVERY, int(SIDE_VALUES_INTERVAL_S / max(step_s, 1e-9))))
 
     def _receive_side_values(self, batch_size: int) -> list[Measurement]:
         """Keep this step's norms for the next side values; if side values were sent in
@@ -276,7 +314,9 @@ class GradientProbe:
             tensor, work = self.side_work
             self.side_work = None
             work.wait()
-            flag, bsz, accum, *slots = tensor.tolist()
+            flag, bsz, accum, every, *slots = tensor.tolist()
+            self.side_every = max(1, min(SIDE_VALUES_MAX_EVERY, round(every / self.replicas)))
+            self.side_next = (self.side_step[0], self.side_step[1] + self.side_every)
             for (_, total, batch, elapsed), local_sum, count in zip(
                     self.in_flight, slots[0::2], slots[1::2]):
                 if round(count) == self.replicas:

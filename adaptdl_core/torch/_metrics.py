@@ -169,7 +169,8 @@ def advance_progress_without_model(scale: float) -> None:
         m.progress += float(scale)
 
 
-def profile_micro_batch(seconds: float, local_bsz: int, optimizer_step: bool) -> None:
+def profile_micro_batch(seconds: float, local_bsz: int, optimizer_step: bool,
+                        world: tuple[int, int, int] | None = None) -> None:
     """Record one training micro-batch that took ``seconds`` of wall time.
 
     Arguments:
@@ -177,6 +178,8 @@ def profile_micro_batch(seconds: float, local_bsz: int, optimizer_step: bool) ->
         local_bsz: the batch's per-replica size.
         optimizer_step: True if the micro-batch ended an optimizer step (with gradient
             sync), False for a gradient accumulation micro-batch.
+        world: ``(nodes, replicas, rank)`` of this process if the caller knows them
+            (read from the environment otherwise).
     """
     m = metrics()
     if m.restored and m.checkpoint_walltime is not None:
@@ -185,7 +188,8 @@ def profile_micro_batch(seconds: float, local_bsz: int, optimizer_step: bool) ->
         m.restart_cost_s = cost if m.restart_cost_s is None else 0.5 * (m.restart_cost_s + cost)
         m.restored = False
         LOG.info("measured restart cost: %.1f s", cost)
-    entry = m.profile.setdefault(_key(env.num_nodes(), env.num_replicas(), local_bsz),
+    nodes, replicas, rank = world or (env.num_nodes(), env.num_replicas(), env.replica_rank())
+    entry = m.profile.setdefault(_key(nodes, replicas, local_bsz),
                                  {"accum_n": 0, "accum_t": 0.0, "optim_n": 0, "optim_t": 0.0,
                                   "sync_t": 0.0, "sync_n": 0})
     if optimizer_step:
@@ -199,7 +203,7 @@ def profile_micro_batch(seconds: float, local_bsz: int, optimizer_step: bool) ->
             entry["sync_n"] = entry.setdefault("sync_n", entry["optim_n"] - 1) + 1
             m.pending_sync_s = None
         m.steps_since_fit += 1
-        if env.replica_rank() == 0:
+        if rank == 0:
             maybe_refit()
     else:
         entry["accum_n"] += 1

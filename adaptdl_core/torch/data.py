@@ -266,7 +266,7 @@ def _checkpoint_and_exit() -> None:
     raise _interrupt.CheckpointExit(ckpt_dir)
 
 
-def _batch_boundary() -> tuple[int, int] | None:
+def _batch_boundary(replicas: int) -> tuple[int, int] | None:
     """Stop here, on every replica at once, if any replica was asked to stop.
 
     With several replicas the flag must be agreed on. After an optimizer step of
@@ -279,7 +279,7 @@ def _batch_boundary() -> tuple[int, int] | None:
     steps, so every replica sees the same answer at the same boundary.
     """
     loops = _LOOPS
-    if env.num_replicas() == 1 or not collective.is_initialized():
+    if replicas == 1 or not collective.is_initialized():
         loops.side_channel = None
         if _interrupt.exit_requested():
             _checkpoint_and_exit()
@@ -348,6 +348,9 @@ class AdaptiveDataLoader(DataLoader):
         super().__init__(dataset, batch_sampler=batch_sampler, **kwargs)
         self._elastic_sampler = sampler
         self._local_batch_sampler = batch_sampler
+        # (nodes, replicas, rank): fixed for the life of the process (a resize restarts
+        # it), read once rather than from the environment at every batch.
+        self._world = (env.num_nodes(), sampler.num_replicas, sampler.rank)
         self._target_batch_size = batch_size
         self._max_batch_size: int | None = None
         self._local_bsz_bounds: tuple[int | None, int | None] | None = None
@@ -458,14 +461,14 @@ class AdaptiveDataLoader(DataLoader):
         Replica 0 decides from its goodput model and broadcasts, so that all replicas
         always agree.
         """
-        replicas = env.num_replicas()
+        _, replicas, rank = self._world
         current = (self._state.local_bsz, self._state.accum_steps)
         if self._max_batch_size is None:
             choice = (self._bounded_local_bsz(math.ceil(self._target_batch_size / replicas)), 0)
         else:
             choice = current if current[0] is not None else \
                 (self._bounded_local_bsz(math.ceil(self._target_batch_size / replicas)), 0)
-            if env.replica_rank() == 0:
+            if rank == 0:
                 choice = self._goodput_choice(choice, initial)
             choice = collective.broadcast(choice)
         self._state.local_bsz, self._state.accum_steps = int(choice[0]), int(choice[1])
@@ -481,7 +484,7 @@ class AdaptiveDataLoader(DataLoader):
         goodput_fn = _metrics.goodput_fn()
         if goodput_fn is None:
             return current
-        nodes, replicas = env.num_nodes(), env.num_replicas()
+        nodes, replicas, _ = self._world
         best, bsz, accum = goodput_fn.optimize(nodes, replicas, self._max_batch_size,
                                                self._local_bsz_bounds or (None, None),
                                                self._gradient_accumulation)
@@ -506,7 +509,7 @@ class AdaptiveDataLoader(DataLoader):
     def current_batch_size(self) -> int:
         """Global batch of one optimizer step: local batch x (accumulation steps + 1) x
         replicas."""
-        return self.current_local_bsz * (self.accumulation_steps + 1) * env.num_replicas()
+        return int(self._state.local_bsz) * (int(self._state.accum_steps) + 1) * self._world[1]
 
     @property
     def is_accumulation_step(self) -> bool:
@@ -518,7 +521,7 @@ class AdaptiveDataLoader(DataLoader):
     def _step_batch_size(self) -> int:
         """Samples of the current optimizer step over all replicas, as loaded (smaller than
         :attr:`current_batch_size` for the partial last batch of a pass)."""
-        return self._step_samples * env.num_replicas()
+        return self._step_samples * self._world[1]
 
     @property
     def max_batch_size(self) -> int | None:
@@ -592,8 +595,7 @@ class AdaptiveDataLoader(DataLoader):
             else:
                 target = (epoch + 1) * n / self._target_batch_size
         # Fixed for the life of this process (a resize restarts it); read once, not per batch.
-        replicas = env.num_replicas()
-        rank0 = env.replica_rank() == 0
+        _, replicas, rank = self._world
         batch_sampler = self._local_batch_sampler
         kinds = batch_sampler.kinds
         while True:
@@ -627,11 +629,12 @@ class AdaptiveDataLoader(DataLoader):
                 # first optimizer step on its batches.)
                 if started is not None and self.training and not timed_split:
                     _metrics.profile_micro_batch(now - started, self._last_micro,
-                                                 optimizer_step=self._stepped)
+                                                 optimizer_step=self._stepped,
+                                                 world=self._world)
                 if self._micro_in_step == 0 and not self._split_first:
                     # Stop requests are honoured only between optimizer steps, so that no
                     # partially accumulated gradient is lost.
-                    choice = _batch_boundary()
+                    choice = _batch_boundary(replicas)
                     if choice is not None and choice != (state.local_bsz, state.accum_steps):
                         # Replica 0's new batch size reached every replica with the last
                         # step's all-reduce. This batch is not consumed yet
@@ -679,7 +682,7 @@ class AdaptiveDataLoader(DataLoader):
                                 # Replica 0 decides; its choice travels with the next
                                 # step's all-reduce (AdaptiveDataParallel) to the boundary
                                 # after it, where every replica applies it.
-                                if rank0 and self._decision_due():
+                                if rank == 0 and self._decision_due():
                                     self._proposal = self._goodput_choice(
                                         (state.local_bsz, state.accum_steps), False)
                             elif (replicas > 1 or self._decision_due()) \
@@ -696,6 +699,6 @@ class AdaptiveDataLoader(DataLoader):
         self._micro_in_step = 0
         self._split_first = self._measure_first = False
         self._step_samples = 0
-        choice = _batch_boundary()
+        choice = _batch_boundary(replicas)
         if choice is not None:
             state.local_bsz, state.accum_steps = choice

@@ -303,7 +303,8 @@ class GradientNoiseScale:
         r = _as_float("scale", scale)
         if not (math.isfinite(r) and r > 0.0):
             raise ValueError(f"scale must be a finite number > 0, got {scale!r}")
-        if not self.has_estimate or self._var_ema / self._weight <= _TINY:
+        # (r == 1: the initial batch, the bounds below meet; every step of a fixed batch.)
+        if r == 1.0 or not self.has_estimate or self._var_ema / self._weight <= _TINY:
             return 1.0
         var = self.var_avg()
         sqr = self.sqr_avg()

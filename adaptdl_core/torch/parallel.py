@@ -81,7 +81,6 @@ class AdaptiveDataParallel(DistributedDataParallel):
         self._gns_saved: dict | None = None
         self._precondition = is_adam_family(optimizer)
         self._inner_step = None  # the optimizer's step below our wrapper (with the rule)
-        self._accumulating = False
         self._replicas = dist.get_world_size()
         self._probe = GradientProbe([p for p in self.module.parameters() if p.requires_grad],
                                     optimizer, self._replicas, self._precondition)
@@ -97,8 +96,11 @@ class AdaptiveDataParallel(DistributedDataParallel):
         optimizer step (earlier ones accumulate locally)."""
         loader = current_dataloader()
         sync = loader is None or not loader.is_accumulation_step
-        # One replica has nothing to exchange: DDP's reduction would only copy.
-        self.require_backward_grad_sync = sync and self._replicas > 1
+        # One replica has nothing to exchange: DDP's reduction would only copy. (Set
+        # only on a change: a Module's __setattr__ costs more than the comparison.)
+        want_sync = sync and self._replicas > 1
+        if self.require_backward_grad_sync is not want_sync:
+            self.require_backward_grad_sync = want_sync
         if loader is not None and torch.is_grad_enabled() and (
                 _training_loader() is None or loader.training):
             self._probe.before_forward(loader, sync)
@@ -130,7 +132,7 @@ class AdaptiveDataParallel(DistributedDataParallel):
 
         def zero_grad(opt: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
             # Between micro-batches of one optimizer step the gradients must accumulate.
-            if ddp._accumulating:
+            if ddp._probe.accumulating:
                 return None
             return ddp._zero_grad(*args, **kwargs)
 
@@ -163,10 +165,11 @@ class AdaptiveDataParallel(DistributedDataParallel):
         loader = current_dataloader()
         if loader is None:
             return self._inner_step(*args, **kwargs)
+        # (On the probe, a plain object: setting a torch Module's attribute is slow.)
         if loader.is_accumulation_step:
-            self._accumulating = True
+            self._probe.accumulating = True
             return None
-        self._accumulating = False
+        self._probe.accumulating = False
         _metrics.metrics()  # make sure the metrics State exists before any checkpoint
         if _training_loader() is None:
             _data._LOOPS.training = loader
@@ -186,13 +189,16 @@ class AdaptiveDataParallel(DistributedDataParallel):
             # Adam's second moments estimate E[g^2] at the old batch: rescale, not zero.
             rescale_adam_state(self.adaptdl_optimizer, previous, nominal, self._gns)
         self._update_noise(loader, batch)
-        self.scaling_rule.set_scale(scale)
+        rule = self.scaling_rule
+        if previous != scale:
+            rule.set_scale(scale)
         try:
             result = self._inner_step(*args, **kwargs)
         finally:
             # The rule keeps (and checkpoints) the loader's scale, so that a partial batch
             # is not mistaken for a change of batch size.
-            self.scaling_rule.set_scale(nominal)
+            if scale != nominal:
+                rule.set_scale(nominal)
         _metrics.add_progress(self._gns.accumulate_progress(scale))
         loader._stepped = True
         return result
