@@ -52,8 +52,11 @@ STORE_STOP_CHECK_EVERY = 4
 # A single replica without gradient accumulation has one gradient per step, which says
 # nothing about the gradient noise. On sampled steps an autoscaled loader hands the batch
 # out as two halves (two micro-batches of one optimizer step): the two half-batch
-# gradients give an unbiased two-batch estimate. Sampling gets sparser with the step count,
-# to at most one step in this many (a split step costs one more forward/backward call).
+# gradients give an unbiased two-batch estimate. When a half would fall below the
+# micro-batch lower bound, a sampled step takes two full batches instead (a step at twice
+# the batch, if max_batch_size allows; AdaScale scales its lr). Sampling gets sparser with
+# the step count, to at most one step in this many (a sampled step costs one more
+# forward/backward call).
 NOISE_MAX_INTERVAL = 16
 # With several replicas every optimizer step has one gradient per replica, and measuring
 # costs per-parameter hooks and two squared norms of every gradient (local and averaged):
@@ -147,9 +150,11 @@ class ElasticSampler(Sampler[int]):
 class _LocalBatchSampler(Sampler[list[int]]):
     """Groups the elastic sampler's indices into local batches of a changeable size.
 
-    With ``split_from`` set (a step number), full batches of sampled steps (see
-    :func:`_noise_interval`) are yielded as two halves. Every yielded batch also appends
-    ``(is_first_half, size)`` to :attr:`kinds`, which the loader pops in the same order
+    With ``measure_from`` set (a step number), sampled steps (see :func:`_noise_interval`)
+    come as two micro-batches: a full batch split in two halves, or with ``pairs`` two
+    full batches (when a whole second batch is left in the pass). Every yielded batch
+    also appends ``(opens_measured_step, size)`` to :attr:`kinds`, which the loader pops
+    in the same order
     (the DataLoader keeps the order, also with worker processes prefetching ahead).
     """
 
@@ -157,14 +162,16 @@ class _LocalBatchSampler(Sampler[list[int]]):
         self.sampler = sampler
         self.local_bsz = local_bsz
         self.drop_last = drop_last
-        self.split_from: int | None = None
+        self.measure_from: int | None = None
+        self.pairs = False
         self.next_split = 0
         self.kinds: deque = deque()
 
     def __iter__(self) -> Iterator[list[int]]:
         kinds = self.kinds
         kinds.clear()
-        step = self.split_from
+        step = self.measure_from
+        pairs = self.pairs
         bsz = self.local_bsz
         indices = list(self.sampler)  # (sliced into batches, not appended one by one)
         end = len(indices) - bsz
@@ -173,13 +180,21 @@ class _LocalBatchSampler(Sampler[list[int]]):
             batch = indices[pos:pos + bsz]
             pos += bsz
             if step is not None:
-                if step >= self.next_split:
+                if step >= self.next_split and (not pairs or pos <= end):
                     self.next_split = step + _noise_interval(step)
-                    half = bsz // 2
-                    kinds.append((True, half))
-                    yield batch[:half]
-                    kinds.append((False, bsz - half))
-                    yield batch[half:]
+                    if pairs:
+                        kinds.append((True, bsz))
+                        yield batch
+                        batch = indices[pos:pos + bsz]
+                        pos += bsz
+                        kinds.append((False, bsz))
+                        yield batch
+                    else:
+                        half = bsz // 2
+                        kinds.append((True, half))
+                        yield batch[:half]
+                        kinds.append((False, bsz - half))
+                        yield batch[half:]
                     step += 1
                     continue
                 step += 1
@@ -362,8 +377,9 @@ class AdaptiveDataLoader(DataLoader):
         # Several replicas: AdaptiveDataParallel measures the gradient norms in this step
         # (the same schedule on every replica).
         self._measure_norms = True
-        # The batch handed out is the first half of a step split for noise measurement.
-        self._split_first = False
+        # The batch handed out is the first of a single-replica step's two measured
+        # micro-batches (halves of its batch, or two whole batches).
+        self._pair_first = False
         # Micro-batches in the current optimizer step, and the first one's gradient is
         # complete: AdaptiveDataParallel measures its norm at the next forward.
         self._step_micros = 1
@@ -398,7 +414,11 @@ class AdaptiveDataLoader(DataLoader):
         says nothing about the gradient noise: on sampled steps (every 2nd step at first,
         at most every 16th later) it hands the step's batch out as two halves, two
         micro-batches that AdaptiveDataParallel accumulates into one optimizer step (as
-        with gradient accumulation), when a half is within ``local_bsz_bounds``.
+        with gradient accumulation), when a half is within ``local_bsz_bounds``; else
+        (a batch below twice the lower bound) such a step takes two whole batches, if
+        twice the batch is within ``max_batch_size``, and its lr is scaled by AdaScale
+        for the larger batch. (With neither, the noise is not measured on one replica
+        and the batch size stays where it is.)
 
         Arguments:
             max_batch_size: largest global batch size allowed (>= ``batch_size``).
@@ -515,7 +535,7 @@ class AdaptiveDataLoader(DataLoader):
     def is_accumulation_step(self) -> bool:
         """True while the batch just handed out is not the last micro-batch of an optimizer
         step (AdaptiveDataParallel then skips gradient sync and the optimizer step)."""
-        return self._split_first or self._micro_in_step < self._state.accum_steps
+        return self._pair_first or self._micro_in_step < self._state.accum_steps
 
     @property
     def _step_batch_size(self) -> int:
@@ -609,13 +629,17 @@ class AdaptiveDataLoader(DataLoader):
             pass_end = (state.current_index // n + 1) * n
             batch_sampler.local_bsz = local_bsz = self.current_local_bsz
             accum_steps = self.accumulation_steps
-            # A single replica with one micro-batch per step splits sampled steps in two
-            # halves to measure the gradient noise (only when the batch size is adaptive:
-            # a fixed batch has no use for the measurement) within the micro-batch bounds.
+            # A single replica with one micro-batch per step gives sampled steps two
+            # micro-batches to measure the gradient noise (only when the batch size is
+            # adaptive: a fixed batch has no use for the measurement): two halves within
+            # the micro-batch bounds, else two whole batches within max_batch_size.
+            measure = adaptive and self.training and replicas == 1 and accum_steps == 0
             lo = (self._local_bsz_bounds or (None, None))[0] or 1
-            batch_sampler.split_from = self._steps if (
-                adaptive and self.training and replicas == 1 and accum_steps == 0
-                and local_bsz >= 2 * lo) else None
+            halves = local_bsz >= 2 * lo
+            batch_sampler.pairs = pairs = measure and not halves \
+                and 2 * local_bsz <= self._max_batch_size
+            batch_sampler.measure_from = self._steps if measure and (halves or pairs) \
+                else None
             self._elastic_sampler.set_epoch(epoch or 0, state.current_index)
             self._micro_in_step = 0
             self._step_samples = 0
@@ -624,14 +648,14 @@ class AdaptiveDataLoader(DataLoader):
             restart_pass = False
             for batch in super().__iter__():
                 now = time.perf_counter()
-                first_half, size = kinds.popleft()
+                opens_pair, size = kinds.popleft()
                 # (self.training, not a copy: a loader becomes the training loader at the
                 # first optimizer step on its batches.)
                 if started is not None and self.training and not timed_split:
                     _metrics.profile_micro_batch(now - started, self._last_micro,
                                                  optimizer_step=self._stepped,
                                                  world=self._world)
-                if self._micro_in_step == 0 and not self._split_first:
+                if self._micro_in_step == 0 and not self._pair_first:
                     # Stop requests are honoured only between optimizer steps, so that no
                     # partially accumulated gradient is lost.
                     choice = _batch_boundary(replicas)
@@ -645,7 +669,7 @@ class AdaptiveDataLoader(DataLoader):
                                  self.accumulation_steps + 1, replicas)
                         restart_pass = True
                         break
-                    self._step_micros = 2 if first_half else accum_steps + 1
+                    self._step_micros = 2 if opens_pair else accum_steps + 1
                     self._measure_norms = (self._sync_steps < NOISE_DENSE_STEPS
                                            or self._sync_steps % NOISE_MULTI_INTERVAL == 0)
                     self._sync_steps += 1
@@ -653,11 +677,11 @@ class AdaptiveDataLoader(DataLoader):
                 # now accumulated is the first micro-batch's alone.
                 self._measure_first = replicas == 1 and self._micro_in_step == 1 \
                     and self.training
-                # The halves of a split step are not profiled: the first, without
-                # optimizer step and sync, would look cheaper per sample than any
-                # unsplit micro-batch and skew the throughput model to small batches.
-                timed_split = first_half or self._split_first
-                self._split_first = first_half
+                # The micro-batches of a measured single-replica step are not profiled:
+                # the first, without optimizer step and sync, would look cheaper per
+                # sample than any other micro-batch and skew the throughput model.
+                timed_split = opens_pair or self._pair_first
+                self._pair_first = opens_pair
                 self._last_micro = size
                 self._step_samples += size
                 started = time.perf_counter()
@@ -668,7 +692,7 @@ class AdaptiveDataLoader(DataLoader):
                 self._micro_in_step += 1
                 if self._micro_in_step >= self._step_micros:
                     self._micro_in_step = 0
-                    self._split_first = False
+                    self._pair_first = False
                     self._last_step_samples = self._step_samples
                     self._step_samples = 0
                     if adaptive and self.training:
@@ -697,7 +721,7 @@ class AdaptiveDataLoader(DataLoader):
                 if not restart_pass:
                     break
         self._micro_in_step = 0
-        self._split_first = self._measure_first = False
+        self._pair_first = self._measure_first = False
         self._step_samples = 0
         choice = _batch_boundary(replicas)
         if choice is not None:

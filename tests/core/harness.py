@@ -34,10 +34,10 @@ def run_replicas(script, replicas, ckpt, restart, args=(), extra_env=None, timeo
     return wait_all(start_replicas(script, replicas, ckpt, restart, list(args), extra_env), timeout)
 
 
-def run_json_job(script, replicas, tmp_path, timeout=300) -> list[dict]:
-    """Run a job that prints one JSON line last; assert every rank exited 0 and return
-    each rank's JSON."""
-    results = run_replicas(script, replicas, tmp_path / "ckpt", 0, timeout=timeout)
+def run_json_job(script, replicas, tmp_path, *args, timeout=300) -> list[dict]:
+    """Run a job (with command-line ``args``) that prints one JSON line last; assert
+    every rank exited 0 and return each rank's JSON."""
+    results = run_replicas(script, replicas, tmp_path / "ckpt", 0, args, timeout=timeout)
     for rank, (status, out) in enumerate(results):
         assert status == 0, f"rank {rank} exited {status}:\n{out[-3000:]}"
     return [json.loads(out.strip().splitlines()[-1]) for _, out in results]

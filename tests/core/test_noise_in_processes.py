@@ -9,8 +9,8 @@ from adaptdl_core.torch.data import NOISE_DENSE_STEPS, NOISE_MULTI_INTERVAL
 from tests.core.harness import JOBS, run_json_job
 
 
-def _run(replicas, tmp_path):
-    return run_json_job(JOBS / "noise_job.py", replicas, tmp_path)
+def _run(replicas, tmp_path, *args):
+    return run_json_job(JOBS / "noise_job.py", replicas, tmp_path, *args)
 
 
 def test_single_replica_estimate_within_25_percent_of_truth(tmp_path):
@@ -18,6 +18,17 @@ def test_single_replica_estimate_within_25_percent_of_truth(tmp_path):
     print(result)
     # Sampled steps came as two halves of 16, and each gave a measurement.
     assert result["halves"] == 2 * result["updates"] > 60
+    assert abs(result["sqr"] / result["true_sqr"] - 1) < 0.25
+    assert abs(result["var"] / result["true_var"] - 1) < 0.25
+
+
+def test_single_replica_pairs_of_whole_batches_when_halves_are_below_the_bound(tmp_path):
+    # A batch of 32 with local_bsz_bounds=(32, 32) cannot be split: sampled steps take two
+    # whole batches (64 samples) instead, and the estimate is as good.
+    [result] = _run(1, tmp_path, "pairs")
+    print(result)
+    assert result["halves"] == 0 and result["batch"] == 32
+    assert result["pair_steps"] == result["updates"] > 60
     assert abs(result["sqr"] / result["true_sqr"] - 1) < 0.25
     assert abs(result["var"] / result["true_var"] - 1) < 0.25
 

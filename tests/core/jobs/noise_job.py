@@ -4,8 +4,10 @@ Linear regression y = x.w* + e (x ~ N(0, I_d), e ~ N(0, noise_var)) with the mod
 at w = 0 (lr 0): the per-sample gradient of 0.5 (x.w - y)^2 has |G|^2 = |w*|^2 and
 tr(Sigma) = (d + 1)|w*|^2 + d * noise_var. An autoscaled loader whose cap equals the
 batch (the batch stays fixed): with one replica the half-batch measurement runs, with
-several the replicas' gradients are compared on sampled steps. Prints one JSON line with
-the estimates and the truth.
+several the replicas' gradients are compared on sampled steps. With the argument
+``pairs`` the micro-batch lower bound is the batch itself, so one replica measures on
+sampled steps of two whole batches instead (the cap is then twice the batch, the local
+bound keeps the batch fixed). Prints one JSON line with the estimates and the truth.
 """
 
 import json
@@ -18,6 +20,7 @@ import adaptdl_core.torch as adl
 
 
 def main():
+    pairs = sys.argv[1:] == ["pairs"]
     d, noise_var, size, batch = 8, 4.0, 4096, 32
     torch.manual_seed(0)
     adl.init_process_group("gloo")
@@ -30,19 +33,24 @@ def main():
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     ddp = adl.AdaptiveDataParallel(model, opt)
     loader = adl.AdaptiveDataLoader(data, batch_size=batch, shuffle=True)
-    loader.autoscale_batch_size(batch)
-    halves = steps = 0
+    if pairs:
+        loader.autoscale_batch_size(2 * batch, local_bsz_bounds=(batch, batch))
+    else:
+        loader.autoscale_batch_size(batch)
+    halves = steps = pair_steps = 0
     for _epoch in adl.remaining_epochs_until(12):
         for xb, yb in loader:
             opt.zero_grad()
             (0.5 * (ddp(xb).squeeze(1) - yb).pow(2).mean()).backward()
+            pair_steps += loader.is_accumulation_step  # (the first of a measured two)
             opt.step()
             halves += len(yb) == batch // 2
             steps += 1
     sqr = float(w_star.pow(2).sum())
     print(json.dumps({"sqr": ddp.gns.sqr_avg(), "var": ddp.gns.var_avg(),
                       "true_sqr": sqr, "true_var": ((d + 1) * sqr + d * noise_var) / batch,
-                      "updates": ddp.gns.num_updates, "halves": halves, "steps": steps}))
+                      "updates": ddp.gns.num_updates, "halves": halves, "steps": steps,
+                      "pair_steps": pair_steps, "batch": loader.current_batch_size}))
     return 0
 
 
