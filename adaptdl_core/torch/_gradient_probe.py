@@ -105,10 +105,10 @@ class GradientProbe:
         self.side_work: tuple[torch.Tensor, Any] | None = None
         self.side_step: tuple[int, int] | None = None
         self.side_group = _side_values_group() if replicas > 1 else None
-        # The agreed schedule: the loader and its step number at which the next side
+        # The agreed schedule: the training loader's step number at which the next side
         # values start, and the interval after it; this replica's last start (time, step)
         # for its proposal of the next interval.
-        self.side_next: tuple[int, int] = (0, 0)
+        self.side_next = 0
         self.side_every = SIDE_VALUES_FIRST_EVERY
         self.side_clock: tuple[float, int] | None = None
         self._reset_step()
@@ -255,12 +255,10 @@ class GradientProbe:
     def _side_values_due(self, loader: "AdaptiveDataLoader") -> bool:
         """Whether the step now starting is the agreed one for the next side values.
         (Every replica runs the same steps and reads the same sums: they agree.)"""
-        next_loader, next_step = self.side_next
-        if next_loader != id(loader):
-            # A loader of its own step count: its first step starts the schedule.
-            self.side_next = (id(loader), loader._sync_steps)
-            return True
-        return loader._sync_steps >= next_step
+        step = loader._sync_steps
+        # (A step number far below the agreed one means another loader, counting from its
+        # own start: it restarts the schedule instead of waiting.)
+        return step >= self.side_next or self.side_next - step > SIDE_VALUES_MAX_EVERY
 
     def _start_side_values(self, loader: "AdaptiveDataLoader") -> None:
         """Start summing over the replicas [stop flag, replica 0's choice of (local
@@ -316,7 +314,7 @@ class GradientProbe:
             work.wait()
             flag, bsz, accum, every, *slots = tensor.tolist()
             self.side_every = max(1, min(SIDE_VALUES_MAX_EVERY, round(every / self.replicas)))
-            self.side_next = (self.side_step[0], self.side_step[1] + self.side_every)
+            self.side_next = self.side_step[1] + self.side_every
             for (_, total, batch, elapsed), local_sum, count in zip(
                     self.in_flight, slots[0::2], slots[1::2]):
                 if round(count) == self.replicas:
