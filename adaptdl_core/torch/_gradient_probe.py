@@ -313,7 +313,8 @@ class GradientProbe:
             self.side_work = None
             work.wait()
             flag, bsz, accum, every, *slots = tensor.tolist()
-            self.side_every = max(1, min(SIDE_VALUES_MAX_EVERY, round(every / self.replicas)))
+            # (The mean of the proposals, each within bounds.)
+            self.side_every = round(every / self.replicas)
             self.side_next = self.side_step[1] + self.side_every
             for (_, total, batch, elapsed), local_sum, count in zip(
                     self.in_flight, slots[0::2], slots[1::2]):

@@ -18,7 +18,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from adaptdl_core import checkpoint, env
+from adaptdl_core import checkpoint
 from adaptdl_core.goodput import GoodputFunction, GradParams, PerfParams, fit_perf_params
 from adaptdl_core.sched_hints import SchedHints
 
@@ -170,7 +170,7 @@ def advance_progress_without_model(scale: float) -> None:
 
 
 def profile_micro_batch(seconds: float, local_bsz: int, optimizer_step: bool,
-                        world: tuple[int, int, int] | None = None) -> None:
+                        world: tuple[int, int, int]) -> None:
     """Record one training micro-batch that took ``seconds`` of wall time.
 
     Arguments:
@@ -178,8 +178,7 @@ def profile_micro_batch(seconds: float, local_bsz: int, optimizer_step: bool,
         local_bsz: the batch's per-replica size.
         optimizer_step: True if the micro-batch ended an optimizer step (with gradient
             sync), False for a gradient accumulation micro-batch.
-        world: ``(nodes, replicas, rank)`` of this process if the caller knows them
-            (read from the environment otherwise).
+        world: ``(nodes, replicas, rank)`` of this process (the loader reads them once).
     """
     m = metrics()
     if m.restored and m.checkpoint_walltime is not None:
@@ -188,7 +187,7 @@ def profile_micro_batch(seconds: float, local_bsz: int, optimizer_step: bool,
         m.restart_cost_s = cost if m.restart_cost_s is None else 0.5 * (m.restart_cost_s + cost)
         m.restored = False
         LOG.info("measured restart cost: %.1f s", cost)
-    nodes, replicas, rank = world or (env.num_nodes(), env.num_replicas(), env.replica_rank())
+    nodes, replicas, rank = world
     entry = m.profile.setdefault(_key(nodes, replicas, local_bsz),
                                  {"accum_n": 0, "accum_t": 0.0, "optim_n": 0, "optim_t": 0.0,
                                   "sync_t": 0.0, "sync_n": 0})

@@ -181,8 +181,9 @@ class AdaptiveDataParallel(DistributedDataParallel):
             self._attach_rule(init_bsz)
         # The loader's batch size, and the samples this step actually has: fewer for the
         # partial last batch of a pass, which then counts (lr and progress) for what it is.
-        nominal = loader.current_batch_size / init_bsz
-        batch = loader._step_batch_size or loader.current_batch_size
+        current = loader.current_batch_size
+        nominal = current / init_bsz
+        batch = loader._step_batch_size or current
         scale = batch / init_bsz
         previous = self.scaling_rule.scale
         if self._precondition and self.adaptdl_optimizer.state and previous != nominal:
