@@ -62,6 +62,11 @@ def emit_result(obj) -> None:
 
 
 def parse_result(output: str):
+    """The last JSON result line (see :func:`emit_result`) of a child's output.
+
+    Raises:
+        RuntimeError: if there is none (with the output's end, to see why).
+    """
     for line in reversed(output.splitlines()):
         if line.startswith(RESULT_MARK):
             return json.loads(line[len(RESULT_MARK):])
@@ -82,6 +87,7 @@ def quantile(values: Sequence[float], q: float) -> float:
 
 
 def median(values: Iterable[float]) -> float:
+    """The median of a non-empty iterable."""
     return statistics.median(list(values))
 
 
@@ -110,6 +116,7 @@ def iqr_text(values: Sequence[float], fmt: str = "{:.3f}") -> str:
 
 
 def markdown_table(header: Sequence[str], rows: Iterable[Sequence]) -> str:
+    """A GitHub markdown table of ``header`` and ``rows`` (cells formatted with str)."""
     lines = ["| " + " | ".join(header) + " |",
              "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
