@@ -9,9 +9,15 @@ adds, only on the steps that need it:
   is complete, *before* DDP copies it into its bucket (a parameter's post-accumulate-grad
   hook runs before DDP's own hook on it).
 - **The gradient noise.** With several replicas, on the steps the loader samples (see
-  ``data.NOISE_DENSE_STEPS``) the same hooks take each local gradient's squared norm;
-  the averaged gradient's is taken from ``.grad`` after the backward pass. The replicas'
-  local norms are summed with the side values (below). A single replica has one
+  ``data.NOISE_DENSE_STEPS``) the local gradients' squared norms are taken in one fused
+  call when the backward pass has computed them all, before DDP copies its averages
+  back into ``.grad`` (an autograd-engine callback queued from a hook on the model's
+  output runs before the one DDP queues to finish its all-reduces); the averaged
+  gradient's norm is taken from ``.grad`` after the backward pass. (With
+  ``gradient_as_bucket_view=True`` ``.grad`` *is* DDP's bucket, reduced in place while
+  the backward pass still runs: then per-parameter hooks take each local norm as its
+  gradient completes.) The replicas' local norms are summed with the side values
+  (below). A single replica has one
   gradient per step: on sampled steps the loader splits the batch into two micro-batches,
   and the first one's gradient (copied when the second one's forward starts) and the
   step's average give the two-batch estimate.
@@ -45,14 +51,15 @@ if TYPE_CHECKING:
 
 # A small all-reduce costs each replica a few hundred microseconds of CPU (launch, gloo
 # thread, wait), which a step of a few milliseconds feels; a stop request or a new batch
-# size, on the other hand, waits for the next one. So the side values go every as many
-# optimizer steps as take about this long (every step when steps are slower), agreed by
-# the replicas in the side values themselves (the mean of their proposals, from their
-# own step times)...
-SIDE_VALUES_INTERVAL_S = 0.05
+# size, on the other hand, waits for the next one (a fifth of a second is little next to
+# a checkpoint-restart, or to a batch size kept for thousands of steps). So the side
+# values go every as many optimizer steps as take about this long (every step when steps
+# are slower), agreed by the replicas in the side values themselves (the mean of their
+# proposals, from their own step times)...
+SIDE_VALUES_INTERVAL_S = 0.2
 # ...but at least every this many steps; also the number of measurement slots (every step
 # is measured at first), so the noise estimate loses nothing.
-SIDE_VALUES_MAX_EVERY = 16
+SIDE_VALUES_MAX_EVERY = 64
 SIDE_VALUES_FIRST_EVERY = 4  # before any step time is known
 _HEADER = 4  # stop flag, replica 0's (local batch, accumulation steps), interval proposals
 
@@ -80,19 +87,23 @@ class GradientProbe:
     """
 
     def __init__(self, params: list[torch.Tensor], optimizer: torch.optim.Optimizer,
-                 replicas: int, precondition: bool):
+                 replicas: int, precondition: bool, grads_in_buckets: bool = False):
         self.params = params
         self.optimizer = optimizer
         self.replicas = replicas
         self.precondition = precondition
+        # DDP's gradient_as_bucket_view: .grad is reduced in place during the backward pass.
+        self.grads_in_buckets = grads_in_buckets
         self.since_measure = 0  # samples trained since the last noise measurement
         # Between the micro-batches of one optimizer step: zero_grad() must not clear
         # the gradients accumulated so far.
         self.accumulating = False
-        # The hooks armed for one backward pass, and what they do.
+        # The hooks armed for one backward pass, and what they do; whether the coming
+        # forward pass's output should be hooked (to learn when the backward pass starts).
         self.hooks: list[Any] = []
         self.hook_micros = 1
         self.hook_measure = False
+        self.hook_output = False
         # Single replica: a copy of the first micro-batch's gradient of a measured step.
         self.first_grads: list[torch.Tensor] = []
         self.first_params: list[torch.Tensor] | None = None
@@ -114,8 +125,9 @@ class GradientProbe:
         self._reset_step()
 
     def _reset_step(self) -> None:
-        self.measured = False        # the hooks measured this step's local norms
-        self.local_parts: list[Any] = []  # this replica's |g|^2 per parameter
+        self.measured = False        # this step's local norms were measured
+        self.local_parts: list[Any] = []  # this replica's |g|^2 (per parameter, or summed)
+        self.backward_started = False  # the output's hook queued the engine callback
         self.last_ready = 0.0        # when the last local gradient was complete
         self.last_done = 0.0         # when the backward pass, all-reduces included, ended
 
@@ -130,19 +142,33 @@ class GradientProbe:
             loader._measure_first = False
             self._copy_first_grads()
         self.disarm()  # (left over from a forward pass without a backward pass)
+        self.hook_output = False
         if sync:
             self._arm(loader)
 
     def _arm(self, loader: "AdaptiveDataLoader") -> None:
-        """Hook every parameter for the coming backward pass if the step accumulates
-        micro-batches or measures the noise with several replicas."""
+        """Prepare the coming backward pass if the step accumulates micro-batches (every
+        parameter's hook divides its gradient) or measures the noise with several
+        replicas (the output's hook, see :meth:`after_forward`)."""
         micros = loader._step_micros
         measure = self.replicas > 1 and loader._measure_norms and self._can_measure()
         if micros == 1 and not measure:
             return
         self.hook_micros, self.hook_measure = micros, measure
-        self.hooks = [p.register_post_accumulate_grad_hook(self._on_local_grad)
-                      for p in self.params]
+        if micros > 1 or (measure and self.grads_in_buckets):
+            self.hooks = [p.register_post_accumulate_grad_hook(self._on_local_grad)
+                          for p in self.params]
+        self.hook_output = True
+
+    def after_forward(self, output: Any) -> None:
+        """The forward pass of an armed step returned ``output``: hook its tensors, so that
+        the backward pass's start queues :meth:`_local_grads_done` (autograd-engine
+        callbacks run in order when the backward pass ends; DDP queues its own, which
+        waits for the all-reduces and copies the averages into ``.grad``, only when its
+        last bucket is ready, after ours)."""
+        self.hook_output = False
+        for tensor in _grad_tensors(output):
+            self.hooks.append(tensor.register_hook(self._on_backward_start))
 
     def disarm(self) -> None:
         """Remove the hooks of this step, if any."""
@@ -154,27 +180,40 @@ class GradientProbe:
         # (Adam before its first step has no preconditioner to measure in.)
         return not (self.precondition and not self.optimizer.state)
 
+    def _on_backward_start(self, grad: torch.Tensor) -> None:
+        """The gradient of one of the model's outputs is computed: the backward pass of an
+        armed step has started (the first such hook queues the callback)."""
+        if not self.backward_started:
+            self.backward_started = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._local_grads_done)
+
     def _on_local_grad(self, param: torch.Tensor) -> None:
         """A parameter's gradient of this replica is complete; DDP has not read it yet.
-        Average it over the micro-batches and measure it (a replica's local gradient is
-        its mean over its micro-batches)."""
-        first = self.last_ready == 0.0
-        self.last_ready = time.perf_counter()
+        Average it over the micro-batches (a replica's local gradient is its mean over its
+        micro-batches), and measure it if DDP is about to reduce it in place."""
         grad = param.grad
         if grad is None:
             return
         if self.hook_micros > 1:
             grad.div_(self.hook_micros)
-        if self.hook_measure:
+        if self.hook_measure and self.grads_in_buckets:
             self.measured = True
             self.local_parts.append(self._sqr_norm(param, grad))
-        if first:
-            # Engine callbacks run when the backward pass ends, in order; DDP queues its
-            # own (which waits for the all-reduces) with the last bucket, after this one:
-            # a callback queued from ours runs after DDP's.
-            engine = torch.autograd.Variable._execution_engine
-            engine.queue_callback(lambda: (self.disarm(),
-                                           engine.queue_callback(self._backward_done)))
+
+    def _local_grads_done(self) -> None:
+        """Engine callback: every local gradient of the step is complete (and averaged over
+        the micro-batches); DDP's all-reduces may still run, its averages are not in
+        ``.grad`` yet. Measure the local norms in one call, and queue the callback that
+        runs after DDP's (the end of the sync wait)."""
+        self.last_ready = time.perf_counter()
+        self.disarm()
+        if self.hook_measure and not self.grads_in_buckets:
+            params = [p for p in self.params if p.grad is not None]
+            if params:
+                self.measured = True
+                self.local_parts.append(
+                    self._sqr_norms_sum(params, [p.grad.detach() for p in params]))
+        torch.autograd.Variable._execution_engine.queue_callback(self._backward_done)
 
     def _backward_done(self) -> None:
         self.last_done = time.perf_counter()
@@ -218,14 +257,21 @@ class GradientProbe:
         v, eps, bc2 = adam_preconditioner(self.optimizer, param)
         return preconditioned_sqr_norm(grad.view_as(param), v, eps, bc2)
 
-    def _sum_sqr_norms(self, params: list[torch.Tensor], grads: list[torch.Tensor]) -> float:
-        """Sum of the (preconditioned) squared norms of ``grads``, one per parameter."""
+    def _sqr_norms_sum(self, params: list[torch.Tensor],
+                       grads: list[torch.Tensor]) -> "float | torch.Tensor":
+        """Sum of the (preconditioned) squared norms of ``grads``, one per parameter: a
+        float64 scalar tensor on the gradients' device (not read yet: on a GPU reading
+        is a synchronisation), or a float when preconditioned."""
         if self.precondition:
             return float(sum(self._sqr_norm(p, g) for p, g in zip(params, grads)))
         if not grads:
             return 0.0
         # Fused float32 norms, squared and summed in float64.
-        return float(torch.stack(torch._foreach_norm(grads)).double().pow_(2).sum().item())
+        return torch.stack(torch._foreach_norm(grads)).double().pow_(2).sum()
+
+    def _sum_sqr_norms(self, params: list[torch.Tensor], grads: list[torch.Tensor]) -> float:
+        """:meth:`_sqr_norms_sum`, read as a float."""
+        return float(self._sqr_norms_sum(params, grads))
 
     def _copy_first_grads(self) -> None:
         """Keep a copy of the gradients accumulated so far (the first micro-batch's), in
@@ -328,6 +374,20 @@ class GradientProbe:
         # Boundaries between side values need no collective of their own.
         loops.side_channel = (stop, choice)
         return found
+
+
+def _grad_tensors(output: Any) -> list[torch.Tensor]:
+    """The tensors in a forward pass's output (nested lists, tuples, dicts) that the
+    backward pass will reach."""
+    if isinstance(output, torch.Tensor):
+        return [output] if output.requires_grad else []
+    if isinstance(output, (list, tuple)):
+        items = output
+    elif isinstance(output, dict):
+        items = output.values()
+    else:
+        return []
+    return [t for item in items for t in _grad_tensors(item)]
 
 
 def _blocked_sqr_norm(flat: torch.Tensor, block: int = 1 << 16) -> torch.Tensor:

@@ -26,8 +26,12 @@ LOG = logging.getLogger(__name__)
 
 # Refit after this many new optimizer steps have been profiled...
 REFIT_EVERY_STEPS = 10
-# ...but never more often than this (a fit costs 25-60 ms: at most ~3% of the time).
+# ...but never more often than this (a fit costs 25-60 ms: at most ~3% of the time)...
 REFIT_MIN_INTERVAL_S = 2.0
+# ...and only if some profiled step time moved by more than this fraction since the last
+# fit (the profile holds running means: once they settle a refit would find the same
+# model, at the same cost).
+REFIT_MIN_CHANGE = 0.02
 # First fit as soon as this many steps are profiled.
 FIRST_FIT_STEPS = 3
 
@@ -53,7 +57,8 @@ class _Metrics(checkpoint.State):
         self.steps_since_fit = 0
         self.last_fit_time = 0.0
         self.fits = 0  # throughput fits in this run (a new fit is worth a new decision)
-        self.fitted_keys: frozenset | None = None  # configurations of the last fit
+        # The profile the last fit saw: configuration -> (compute, optimizer step) seconds.
+        self.fitted_times: dict[str, tuple[float, float]] | None = None
         self.restored = False
         self.pending_sync_s: float | None = None  # the last step's sync wait, if timed
         self.progress_from_gain = False  # AdaptiveDataParallel counts progress by gain
@@ -209,12 +214,12 @@ def profile_micro_batch(seconds: float, local_bsz: int, optimizer_step: bool,
         entry["accum_t"] += seconds
 
 
-def _profile_arrays(profile: dict[str, dict[str, float]]) -> tuple[np.ndarray, ...]:
-    rows = []
+def _profile_times(profile: dict[str, dict[str, float]]) -> dict[str, tuple[float, float]]:
+    """Mean (compute, optimizer step) seconds of every configuration with a step."""
+    times = {}
     for key, e in profile.items():
         if e["optim_n"] == 0:
             continue
-        nodes, replicas, bsz = (int(v) for v in key.split(","))
         optim = e["optim_t"] / e["optim_n"]
         if e["accum_n"] > 0:
             compute = e["accum_t"] / e["accum_n"]
@@ -222,12 +227,29 @@ def _profile_arrays(profile: dict[str, dict[str, float]]) -> tuple[np.ndarray, .
             # No accumulation measured: compute time is the step minus its sync wait.
             sync = e["sync_t"] / max(e.get("sync_n", e["optim_n"]), 1)
             compute = max(optim - sync, 0.5 * optim)
-        rows.append((nodes, replicas, bsz, compute, optim))
+        times[key] = (compute, optim)
+    return times
+
+
+def _profile_arrays(times: dict[str, tuple[float, float]]) -> tuple[np.ndarray, ...]:
+    """``fit_perf_params``'s arrays (nodes, replicas, local batch, compute, optim)."""
+    rows = [tuple(int(v) for v in key.split(",")) + t for key, t in times.items()]
     return tuple(np.array(col) for col in zip(*rows)) if rows else ()
 
 
+def _moved(times: dict[str, tuple[float, float]],
+           fitted: dict[str, tuple[float, float]] | None) -> bool:
+    """Whether the profile differs from the one last fitted: another set of
+    configurations, or a step time changed by more than ``REFIT_MIN_CHANGE``."""
+    if fitted is None or times.keys() != fitted.keys():
+        return True
+    return any(abs(new / old - 1.0) > REFIT_MIN_CHANGE
+               for key, pair in times.items() for new, old in zip(pair, fitted[key]))
+
+
 def maybe_refit(force: bool = False) -> bool:
-    """Refit the throughput model if enough new steps were profiled since the last fit.
+    """Refit the throughput model if enough new steps were profiled since the last fit
+    and the profile moved (or if ``force``, whenever there is a profile).
 
     Returns:
         True if a new model was fitted.
@@ -238,16 +260,21 @@ def maybe_refit(force: bool = False) -> bool:
          and time.monotonic() - m.last_fit_time >= REFIT_MIN_INTERVAL_S)
     if not (due or force):
         return False
-    arrays = _profile_arrays(m.profile)
-    if not arrays:
+    times = _profile_times(m.profile)
+    if not times:
         return False
-    keys = frozenset(k for k, e in m.profile.items() if e["optim_n"])
+    if not force and m.perf_params is not None and not _moved(times, m.fitted_times):
+        # (Checked again after as many steps and seconds.)
+        m.steps_since_fit = 0
+        m.last_fit_time = time.monotonic()
+        return False
     # Same configurations as last time: the optimum moved little, start from it (several
     # times cheaper than a fit from scratch).
-    initial = m.perf_params if keys == m.fitted_keys else None
+    same_keys = m.fitted_times is not None and times.keys() == m.fitted_times.keys()
+    initial = m.perf_params if same_keys else None
     try:
-        m.perf_params = fit_perf_params(*arrays, initial=initial)
-        m.fitted_keys = keys
+        m.perf_params = fit_perf_params(*_profile_arrays(times), initial=initial)
+        m.fitted_times = times
     except ValueError as exc:  # e.g. a degenerate profile; keep the previous model
         LOG.debug("throughput fit skipped: %s", exc)
         return False

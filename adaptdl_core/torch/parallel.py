@@ -83,7 +83,8 @@ class AdaptiveDataParallel(DistributedDataParallel):
         self._inner_step = None  # the optimizer's step below our wrapper (with the rule)
         self._replicas = dist.get_world_size()
         self._probe = GradientProbe([p for p in self.module.parameters() if p.requires_grad],
-                                    optimizer, self._replicas, self._precondition)
+                                    optimizer, self._replicas, self._precondition,
+                                    grads_in_buckets=self.gradient_as_bucket_view)
         self._state = _TrainingState(name, self)
         if checkpoint.load_state(self._state):
             LOG.info("restored model, optimizer and schedulers from the checkpoint")
@@ -104,7 +105,10 @@ class AdaptiveDataParallel(DistributedDataParallel):
         if loader is not None and torch.is_grad_enabled() and (
                 _training_loader() is None or loader.training):
             self._probe.before_forward(loader, sync)
-        return super().forward(*inputs, **kwargs)
+        output = super().forward(*inputs, **kwargs)
+        if self._probe.hook_output:
+            self._probe.after_forward(output)
+        return output
 
     # -- public measurements -------------------------------------------------------
     @property

@@ -7,7 +7,9 @@ batch (the batch stays fixed): with one replica the half-batch measurement runs,
 several the replicas' gradients are compared on sampled steps. With the argument
 ``pairs`` the micro-batch lower bound is the batch itself, so one replica measures on
 sampled steps of two whole batches instead (the cap is then twice the batch, the local
-bound keeps the batch fixed). Prints one JSON line with the estimates and the truth.
+bound keeps the batch fixed). With ``bucket_view`` DDP reduces the gradients in place
+(``gradient_as_bucket_view=True``), so several replicas measure their local norms
+parameter by parameter. Prints one JSON line with the estimates and the truth.
 """
 
 import json
@@ -20,7 +22,8 @@ import adaptdl_core.torch as adl
 
 
 def main():
-    pairs = sys.argv[1:] == ["pairs"]
+    pairs = "pairs" in sys.argv[1:]
+    bucket_view = "bucket_view" in sys.argv[1:]
     d, noise_var, size, batch = 8, 4.0, 4096, 32
     torch.manual_seed(0)
     adl.init_process_group("gloo")
@@ -31,7 +34,7 @@ def main():
     model = torch.nn.Linear(d, 1, bias=False)
     torch.nn.init.zeros_(model.weight)
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
-    ddp = adl.AdaptiveDataParallel(model, opt)
+    ddp = adl.AdaptiveDataParallel(model, opt, gradient_as_bucket_view=bucket_view)
     loader = adl.AdaptiveDataLoader(data, batch_size=batch, shuffle=True)
     if pairs:
         loader.autoscale_batch_size(2 * batch, local_bsz_bounds=(batch, batch))
