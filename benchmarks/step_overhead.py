@@ -16,9 +16,10 @@ arm            what runs
                adaptive loop (DDP's all-reduce, no noise measurement, no LR rule)
 ``adp+adl``    ``AdaptiveDataParallel`` + ``AdaptiveDataLoader`` with
                ``autoscale_batch_size(max_batch_size=batch)``: everything on -- gradient
-               noise measured on sampled steps (with 2 replicas per-parameter hooks on
-               those steps, and a small all-reduce every few steps for the side values;
-               with 1 replica sampled steps split in two half batches), step profiling
+               noise measured on sampled steps (with 2 replicas the local norms in one
+               fused call after those steps' backward pass, and a small all-reduce every
+               ~0.2 s for the side values; with 1 replica sampled steps split in two half
+               batches), step profiling
                and throughput refits, goodput decisions, AdaScale around
                ``optimizer.step()``. The cap
                equal to the batch keeps the batch (and so the compute) identical to the

@@ -59,7 +59,8 @@ STORE_STOP_CHECK_EVERY = 4
 # forward/backward call).
 NOISE_MAX_INTERVAL = 16
 # With several replicas every optimizer step has one gradient per replica, and measuring
-# costs per-parameter hooks and two squared norms of every gradient (local and averaged):
+# costs a hook, an engine callback and two squared norms of every gradient (local and
+# averaged):
 # measure every step for the first NOISE_DENSE_STEPS steps of a run (a quick first
 # estimate), then one step in NOISE_MULTI_INTERVAL.
 NOISE_DENSE_STEPS = 64
