@@ -269,10 +269,6 @@ class GradientProbe:
         # Fused float32 norms, squared and summed in float64.
         return torch.stack(torch._foreach_norm(grads)).double().pow_(2).sum()
 
-    def _sum_sqr_norms(self, params: list[torch.Tensor], grads: list[torch.Tensor]) -> float:
-        """:meth:`_sqr_norms_sum`, read as a float."""
-        return float(self._sqr_norms_sum(params, grads))
-
     def _copy_first_grads(self) -> None:
         """Keep a copy of the gradients accumulated so far (the first micro-batch's), in
         buffers reused from one measured step to the next."""
@@ -295,7 +291,9 @@ class GradientProbe:
         grads = [p.grad.detach() for p in params]
         diffs = self.first_grads
         torch._foreach_sub_(diffs, grads)
-        return self._sum_sqr_norms(params, grads), self._sum_sqr_norms(params, diffs)
+        total, spread = _read_floats(self._sqr_norms_sum(params, grads),
+                                     self._sqr_norms_sum(params, diffs))
+        return total, spread
 
     # -- side values (several replicas) ----------------------------------------------------
     def _side_values_due(self, loader: "AdaptiveDataLoader") -> bool:
@@ -345,9 +343,10 @@ class GradientProbe:
         batch choice to the loader's next boundary."""
         if self.measured:
             params = [p for p in self.params if p.grad is not None]
-            total = self._sum_sqr_norms(params, [p.grad.detach() for p in params])
-            self.unsent.append((_sum_parts(self.local_parts), total, batch_size,
-                                self.since_measure))
+            local, total = _read_floats(
+                _sum_parts(self.local_parts),
+                self._sqr_norms_sum(params, [p.grad.detach() for p in params]))
+            self.unsent.append((local, total, batch_size, self.since_measure))
             self.since_measure = 0
         loops = _data._LOOPS
         # (A boundary not reached since an earlier step, the loop left between steps,
@@ -404,14 +403,22 @@ def _blocked_sqr_norm(flat: torch.Tensor, block: int = 1 << 16) -> torch.Tensor:
     return torch.stack([torch.dot(c, c) for c in flat.split(block)]).double().sum()
 
 
-def _sum_parts(parts: list[Any]) -> float:
-    """The sum of per-parameter squared norms (float64 tensors, or floats when
-    preconditioned), read from the device once."""
+def _sum_parts(parts: list[Any]) -> "float | torch.Tensor":
+    """The sum of squared norms (float64 tensors on one device, or floats when
+    preconditioned), not read from the device yet."""
     if not parts:
         return 0.0
     if isinstance(parts[0], torch.Tensor):
-        return float(torch.stack(parts).sum().item())
+        return parts[0] if len(parts) == 1 else torch.stack(parts).sum()
     return float(sum(parts))
+
+
+def _read_floats(*values: "float | torch.Tensor") -> list[float]:
+    """``values`` as floats, the tensors among them read from their device at once (on a
+    GPU every read is a synchronisation)."""
+    tensors = [v for v in values if isinstance(v, torch.Tensor)]
+    read = iter(torch.stack(tensors).tolist() if tensors else ())
+    return [next(read) if isinstance(v, torch.Tensor) else float(v) for v in values]
 
 
 def _side_values_group() -> Any:
