@@ -53,7 +53,9 @@ def test_batch_size_grows_and_survives_restart(tmp_path):
 
 
 def test_replicas_agree_on_every_batch_size(tmp_path):
-    run(2, tmp_path, 0, "--stop-after", "50", expect=143)
+    # Replicas agree on a stop request with their side values, up to ~0.2 s or 64 steps
+    # later: 30 epochs (>= 240 steps) keep the job from finishing first.
+    run(2, tmp_path, 0, "--stop-after", "50", "--epochs", "30", expect=143)
     events = read_events(tmp_path)
     rank0 = [(e["batch_size"], e["local_bsz"]) for e in batches(events, rank=0)]
     rank1 = [(e["batch_size"], e["local_bsz"]) for e in batches(events, rank=1)]
