@@ -58,6 +58,13 @@ STORE_STOP_CHECK_EVERY = 4
 # the step count, to at most one step in this many (a sampled step costs one more
 # forward/backward call).
 NOISE_MAX_INTERVAL = 16
+# ...and, after the first NOISE_QUICK_SAMPLES sampled steps (a quick first estimate), so
+# that sampled steps cost at most this share of the training time: a small model's step
+# is mostly fixed per-call costs, so two half batches can cost 1.4x one whole batch (the
+# digits CNN at 64) and call for sampling one step in 9; a large one's halves cost
+# little more than the whole.
+NOISE_COST_SHARE = 0.05
+NOISE_QUICK_SAMPLES = 5
 # With several replicas every optimizer step has one gradient per replica, and measuring
 # costs a hook, an engine callback and two squared norms of every gradient (local and
 # averaged):
@@ -67,9 +74,16 @@ NOISE_DENSE_STEPS = 64
 NOISE_MULTI_INTERVAL = 4
 
 
-def _noise_interval(step: int) -> int:
-    """Steps from a sampled step ``step`` to the next one (single replica)."""
-    return min(NOISE_MAX_INTERVAL, max(2, step // 2))
+def _noise_interval(step: int, cost_floor: int = 2) -> int:
+    """Steps from a sampled step ``step`` to the next one (single replica), at least
+    ``cost_floor`` (from what sampled steps cost, see ``NOISE_COST_SHARE``)."""
+    return min(NOISE_MAX_INTERVAL, max(2, step // 2, cost_floor))
+
+
+def _cost_floor(extra: float) -> int:
+    """The sampling interval at which sampled steps whose samples take ``extra`` (0.4 =
+    40%) more time than other steps' cost ``NOISE_COST_SHARE`` of the training time."""
+    return max(2, math.ceil(extra / NOISE_COST_SHARE - 1e-9))
 
 
 class ElasticSampler(Sampler[int]):
@@ -166,6 +180,8 @@ class _LocalBatchSampler(Sampler[list[int]]):
         self.measure_from: int | None = None
         self.pairs = False
         self.next_split = 0
+        self.sampled = 0      # sampled steps handed out so far
+        self.cost_floor = 2   # least interval between them, set by the loader
         self.kinds: deque = deque()
 
     def __iter__(self) -> Iterator[list[int]]:
@@ -182,7 +198,9 @@ class _LocalBatchSampler(Sampler[list[int]]):
             pos += bsz
             if step is not None:
                 if step >= self.next_split and (not pairs or pos <= end):
-                    self.next_split = step + _noise_interval(step)
+                    self.sampled += 1
+                    self.next_split = step + _noise_interval(
+                        step, self.cost_floor if self.sampled >= NOISE_QUICK_SAMPLES else 2)
                     if pairs:
                         kinds.append((True, bsz))
                         yield batch
@@ -388,6 +406,12 @@ class AdaptiveDataLoader(DataLoader):
         self._step_samples = 0   # local samples of the current optimizer step so far
         self._last_micro = 0     # local samples of the micro-batch handed out last
         self._last_step_samples = 0
+        # What a single replica's sampled steps cost (seconds per sample of other steps
+        # at the current local batch, and the relative excess of sampled steps): sets
+        # the sampling interval (see NOISE_COST_SHARE).
+        self._plain_s_per_sample: float | None = None
+        self._cost_bsz = 0
+        self._sampled_extra: float | None = None
         # Goodput decisions: what they were based on, so that they are re-made only when
         # something moved, and replica 0's choice waiting for the next step's all-reduce.
         self._decided_on: tuple[float, int] | None = None
@@ -413,7 +437,8 @@ class AdaptiveDataLoader(DataLoader):
 
         A single replica without gradient accumulation has one gradient per step, which
         says nothing about the gradient noise: on sampled steps (every 2nd step at first,
-        at most every 16th later) it hands the step's batch out as two halves, two
+        at most every 16th later, and sparse enough that their extra time stays within
+        5% of the training time) it hands the step's batch out as two halves, two
         micro-batches that AdaptiveDataParallel accumulates into one optimizer step (as
         with gradient accumulation), when a half is within ``local_bsz_bounds``; else
         (a batch below twice the lower bound) such a step takes two whole batches, if
@@ -457,6 +482,20 @@ class AdaptiveDataLoader(DataLoader):
     def _bounded_local_bsz(self, local_bsz: int) -> int:
         lo, hi = self._local_bsz_bounds or (None, None)
         return max(local_bsz if hi is None else min(local_bsz, hi), lo or 1)
+
+    def _note_step_cost(self, seconds: float, samples: int, sampled: bool) -> None:
+        """Account one optimizer step of a single replica (from its start to the next
+        step's) and set the least interval between sampled steps from their cost."""
+        per_sample = seconds / max(samples, 1)
+        if not sampled:
+            last = self._plain_s_per_sample
+            self._plain_s_per_sample = per_sample if last is None \
+                else 0.8 * last + 0.2 * per_sample
+        elif self._plain_s_per_sample:
+            extra = max(0.0, per_sample / self._plain_s_per_sample - 1.0)
+            last = self._sampled_extra
+            self._sampled_extra = extra if last is None else 0.5 * (last + extra)
+            self._local_batch_sampler.cost_floor = _cost_floor(self._sampled_extra)
 
     def _decision_due(self) -> bool:
         """Whether a goodput decision could change anything: the noise scale moved by
@@ -629,6 +668,8 @@ class AdaptiveDataLoader(DataLoader):
                 self._decide_batch_size(initial=True)
             pass_end = (state.current_index // n + 1) * n
             batch_sampler.local_bsz = local_bsz = self.current_local_bsz
+            if local_bsz != self._cost_bsz:
+                self._cost_bsz, self._plain_s_per_sample = local_bsz, None
             accum_steps = self.accumulation_steps
             # A single replica with one micro-batch per step gives sampled steps two
             # micro-batches to measure the gradient noise (only when the batch size is
@@ -646,6 +687,7 @@ class AdaptiveDataLoader(DataLoader):
             self._step_samples = 0
             started = None
             timed_split = False
+            step_began, step_sampled = None, False
             restart_pass = False
             for batch in super().__iter__():
                 now = time.perf_counter()
@@ -657,6 +699,10 @@ class AdaptiveDataLoader(DataLoader):
                                                  optimizer_step=self._stepped,
                                                  world=self._world)
                 if self._micro_in_step == 0 and not self._pair_first:
+                    if measure and step_began is not None:
+                        self._note_step_cost(now - step_began, self._last_step_samples,
+                                             step_sampled)
+                    step_began, step_sampled = now, opens_pair
                     # Stop requests are honoured only between optimizer steps, so that no
                     # partially accumulated gradient is lost.
                     choice = _batch_boundary(replicas)
