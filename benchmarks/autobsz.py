@@ -46,7 +46,7 @@ final accuracy after the epoch budget, and the samples and time the budget took.
 
 Usage: ``python benchmarks/autobsz.py [--quick] [--seeds N] [--epochs E]
 [--max-batch-size M] [--json PATH]`` (default: 5 seeds x 8 arms x 30 epochs, about 9
-minutes on a 2-core machine; ``--quick``: 3 seeds x 6 arms x 15 epochs, about 2.5
+minutes on a 2-core machine; ``--quick``: 3 seeds x 6 arms x 15 epochs, about 2
 minutes).
 Targets: auto no slower than 1.05 x the best fixed size, final accuracy within 1 point.
 
