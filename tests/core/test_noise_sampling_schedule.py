@@ -31,6 +31,7 @@ def sampled_steps(cost_floor, steps=300, bsz=4):
 
 
 def gaps(steps):
+    """Steps between consecutive sampled steps."""
     return [b - a for a, b in zip(steps, steps[1:])]
 
 
