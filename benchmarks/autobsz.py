@@ -11,10 +11,13 @@ an ``AdaptiveDataLoader``. The arms differ only in the batch size:
   rule's scale is ``current_batch_size / batch_size`` = 1 for a fixed loader, and
   ``gain(1) == 1`` (see ``AdaptiveDataParallel._step`` and ``GradientNoiseScale.gain``).
 * ``auto-16`` (the arm the targets are judged on): ``batch_size=16``, the smallest size
-  of the sweep, plus ``loader.autoscale_batch_size(MAX_BATCH, local_bsz_bounds=(16,
+  of the sweep, plus ``loader.autoscale_batch_size(MAX_BATCH, local_bsz_bounds=(None,
   MAX_BATCH))``: the loader may grow the batch from 16 up to ``MAX_BATCH``, the lr (0.05
   at batch 16) follows AdaScale, and an epoch lasts until the statistical progress of
-  one pass at batch 16. Autoscaling never goes below the initial batch (as in Pollux,
+  one pass at batch 16. No lower bound (this CNN has no BatchNorm), so the sampled steps
+  that measure the gradient noise split a batch of 16 into two halves of 8; an arm
+  ``auto-16/lo16`` (``--arms``) sets the lower bound 16 instead, which makes those steps
+  take two whole batches (a step at 32). Autoscaling never goes below the initial batch (as in Pollux,
   the efficiency of a batch is at most 1 relative to it), so only an arm that starts at
   the smallest size can reach every fixed size it is compared with.
 * ``auto-64``: the same from ``batch_size=64`` (the batch the lr was tuned for): what a
@@ -45,7 +48,7 @@ training time at which the test accuracy first reaches 0.95 and 0.97 (to 5 ms), 
 final accuracy after the epoch budget, and the samples and time the budget took.
 
 Usage: ``python benchmarks/autobsz.py [--quick] [--seeds N] [--epochs E]
-[--max-batch-size M] [--json PATH]`` (default: 5 seeds x 8 arms x 30 epochs, about 9
+[--max-batch-size M] [--arms A,B,...] [--json PATH]`` (default: 5 seeds x 8 arms x 30 epochs, about 9
 minutes on a 2-core machine; ``--quick``: 3 seeds x 6 arms x 15 epochs, about 2
 minutes).
 Targets: auto no slower than 1.05 x the best fixed size, final accuracy within 1 point.
@@ -76,7 +79,6 @@ INIT_BATCH = 64
 LR = 0.05
 MOMENTUM = 0.9
 MAX_BATCH = 256
-MIN_LOCAL = 16
 SNAP_EVERY_S = 0.005       # training seconds between weight snapshots (the resolution)
 TIME_TARGET = 1.05         # auto <= 1.05 x best fixed time to target
 ACC_TARGET = 0.01          # auto final accuracy >= best fixed - 1 point
@@ -104,13 +106,15 @@ def worker(args: argparse.Namespace) -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.epochs)
     ddp = adl.AdaptiveDataParallel(model, optimizer, scheduler)
-    auto = args.arm.startswith("auto-")
-    batch = int(args.arm.split("-")[1])
+    name, _, low = args.arm.partition("/lo")  # e.g. auto-16/lo16: lower local bound 16
+    auto = name.startswith("auto-")
+    batch = int(name.split("-")[1])
     loader = adl.AdaptiveDataLoader(train, batch_size=batch,
                                     shuffle=True, drop_last=False)  # see the docstring
     if auto:
         loader.autoscale_batch_size(args.max_batch_size,
-                                    local_bsz_bounds=(min(MIN_LOCAL, batch), args.max_batch_size))
+                                    local_bsz_bounds=(int(low) if low else None,
+                                                      args.max_batch_size))
 
     snaps = []          # (train seconds, samples, steps, epoch, batch size, weights)
     bsz_samples = {}    # batch size -> training samples used at it
@@ -214,7 +218,7 @@ def report(runs: dict, seeds: list[int], arms: list[str], epochs: int,
 
     verdict = []
     fixed_names = [n for n in arms if n.startswith("fixed-")]
-    for name in [n for n in AUTO_ARMS if n in per_arm]:
+    for name in [n for n in arms if n.startswith("auto-")]:
         verdict += _verdict(name, per_arm, fixed_names, epochs)
     summary = _common.markdown_table(
         ["auto arm", "criterion", "best fixed arm (median)", "auto (median)",
@@ -287,7 +291,7 @@ def gns_check(arm: str, seed: int, steps: int) -> None:
     # A single replica measures the noise only when its batch size is adaptive; for a
     # fixed-B arm cap the batch at B: it stays fixed, the measurement runs.
     cap = MAX_BATCH if arm.startswith("auto-") else batch
-    loader.autoscale_batch_size(cap, local_bsz_bounds=(min(MIN_LOCAL, batch), cap))
+    loader.autoscale_batch_size(cap, local_bsz_bounds=(None, cap))
 
     def exact() -> tuple[float, float]:
         params = {k: v.detach() for k, v in model.named_parameters()}
@@ -332,6 +336,8 @@ def main() -> None:
     p.add_argument("--epochs", type=int, help="epoch budget (default 30; quick 15)")
     p.add_argument("--max-batch-size", type=int, default=MAX_BATCH,
                    help=f"the auto arm's max_batch_size (default {MAX_BATCH})")
+    p.add_argument("--arms", help="comma-separated arms instead of the default set "
+                   "(auto-B, auto-B/loL with lower local bound L, fixed-B)")
     p.add_argument("--json", help="also write every run's trace here")
     p.add_argument("--from-json", metavar="PATH",
                    help="print the tables of a run saved with --json, without measuring")
@@ -369,7 +375,8 @@ def main() -> None:
         print(out[0][1])
         return
     seeds = list(range(args.seeds if args.seeds else SEEDS[args.quick]))
-    arms = list(AUTO_ARMS) + [f"fixed-{b}" for b in FIXED[args.quick]]
+    arms = args.arms.split(",") if args.arms else \
+        list(AUTO_ARMS) + [f"fixed-{b}" for b in FIXED[args.quick]]
     machine = _common.machine_description()
     started = time.perf_counter()
     runs = {}
@@ -398,6 +405,8 @@ def main() -> None:
         cmd += f" --epochs {args.epochs}"
     if args.max_batch_size != MAX_BATCH:
         cmd += f" --max-batch-size {args.max_batch_size}"
+    if args.arms:
+        cmd += f" --arms {args.arms}"
     print(f"Machine: {machine}\n")
     print(f"Command: {cmd} (total {total:.0f} s)\n")
     print(report(runs, seeds, arms, args.epochs, args.max_batch_size))

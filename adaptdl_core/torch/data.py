@@ -18,6 +18,7 @@ DDP) it goes through the job's store every few batches.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import logging
 from collections import deque
@@ -33,7 +34,8 @@ from adaptdl_core import checkpoint, collective, env
 from adaptdl_core.torch import _interrupt, _metrics
 from adaptdl_core.torch.epoch import current_epoch
 
-__all__ = ["ElasticSampler", "AdaptiveDataLoader", "current_dataloader"]
+__all__ = ["ElasticSampler", "AdaptiveDataLoader", "current_dataloader",
+           "preferred_local_sizes"]
 
 LOG = logging.getLogger(__name__)
 
@@ -78,6 +80,31 @@ def _noise_interval(step: int, cost_floor: int = 2) -> int:
     """Steps from a sampled step ``step`` to the next one (single replica), at least
     ``cost_floor`` (from what sampled steps cost, see ``NOISE_COST_SHARE``)."""
     return min(NOISE_MAX_INTERVAL, max(2, step // 2, cost_floor))
+
+
+def preferred_local_sizes(lo: int, hi: int, keep: tuple[int, ...] = ()) -> list[int]:
+    """The local batch sizes an autoscaled loader chooses among, ascending: powers of two
+    and 1.5 x powers of two (1, 2, 3, 4, 6, 8, 12, 16, 24, ...) within ``[lo, hi]``, plus
+    ``lo``, ``hi`` and the sizes in ``keep`` that lie within (the initial batch).
+
+    Why a grid: every new input shape costs a one-off set-up -- oneDNN primitives on CPU
+    (the digits CNN's first step at a new batch size takes 1.3-2.6 ms more than the next
+    ones, about one step: ``benchmarks/new_shape_cost.py``), cuDNN autotuning under
+    ``cudnn.benchmark``, a recompile under ``torch.compile`` -- while goodput is flat near
+    its optimum, so two sizes per octave lose little (``tests/core/test_batch_size_grid.py``
+    checks at least 98% of the predicted optimum over random one-replica models). Halving
+    a grid size gives a grid size again, so the halves of sampled steps add few shapes.
+
+    Raises:
+        ValueError: if ``lo < 1`` or ``hi < lo``.
+    """
+    if lo < 1 or hi < lo:
+        raise ValueError(f"preferred_local_sizes(lo={lo}, hi={hi}): need 1 <= lo <= hi")
+    sizes = {lo, hi}
+    sizes.update(v for v in keep if lo <= v <= hi)
+    for k in range(hi.bit_length()):
+        sizes.update(v for v in (1 << k, (3 << k) >> 1) if lo <= v <= hi)
+    return sorted(sizes)
 
 
 def _cost_floor(extra: float) -> int:
@@ -446,6 +473,11 @@ class AdaptiveDataLoader(DataLoader):
         for the larger batch. (With neither, the noise is not measured on one replica
         and the batch size stays where it is.)
 
+        The local batch sizes chosen are powers of two and 1.5x powers of two within the
+        bounds, plus the bounds and the initial size (see :func:`preferred_local_sizes`):
+        each new input shape costs a one-off set-up (cuDNN autotuning, a
+        ``torch.compile`` recompile, oneDNN primitives).
+
         Arguments:
             max_batch_size: largest global batch size allowed (>= ``batch_size``).
             local_bsz_bounds: ``(min, max)`` per-replica micro-batch size, either may be
@@ -548,12 +580,32 @@ class AdaptiveDataLoader(DataLoader):
         best, bsz, accum = goodput_fn.optimize(nodes, replicas, self._max_batch_size,
                                                self._local_bsz_bounds or (None, None),
                                                self._gradient_accumulation)
+        best, bsz = self._on_grid(goodput_fn, float(best), int(bsz), int(accum))
         now = float(goodput_fn(nodes, replicas, current[0], current[1]))
         # A new shape (restart on another replica count) takes the best choice outright;
         # otherwise switch only for a clear gain, so the batch size does not oscillate.
         if float(best) > SWITCH_THRESHOLD * now or (initial and now <= 0):
             return int(bsz), int(accum)
         return current
+
+    def _on_grid(self, goodput_fn: Any, best: float, bsz: int, accum: int) -> tuple[float, int]:
+        """The better of the two :func:`preferred_local_sizes` around the optimal local
+        batch ``bsz`` (same accumulation steps), and its goodput. A ``bsz`` outside the
+        bounds (forced: the initial batch over more replicas than the bounds allow) stays."""
+        nodes, replicas, _ = self._world
+        lo, hi = self._local_bsz_bounds or (None, None)
+        lo = lo or 1
+        # (the total batch K * b * (s + 1) stays within max_batch_size)
+        hi = min(hi or self._max_batch_size, self._max_batch_size // (replicas * (accum + 1)))
+        if not lo <= bsz <= hi:
+            return best, bsz
+        initial = math.ceil(self._target_batch_size / (replicas * (accum + 1)))
+        sizes = preferred_local_sizes(lo, hi, (initial,))
+        i = bisect.bisect_left(sizes, bsz)
+        near = [bsz] if sizes[i] == bsz else sizes[i - 1:i + 1]
+        values = goodput_fn(nodes, replicas, np.array(near), accum)
+        j = int(np.argmax(values))
+        return float(values[j]), int(near[j])
 
     @property
     def current_local_bsz(self) -> int:

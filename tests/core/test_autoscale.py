@@ -26,7 +26,9 @@ def batches(events, restart=None, rank=0):
 
 
 def test_batch_size_grows_and_survives_restart(tmp_path):
-    run(1, tmp_path, 0, "--stop-after", "60", expect=143)
+    # (Stopped at the first batch of a grown size: on this noisy problem the choice may
+    # later move back and forth, with the noise estimate.)
+    run(1, tmp_path, 0, "--stop-when-grown", expect=143)
     first = batches(read_events(tmp_path), restart=0)
     sizes = [e["batch_size"] for e in first]
     assert sizes[0] == 8

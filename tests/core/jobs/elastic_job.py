@@ -40,6 +40,9 @@ def main():
     p.add_argument("--stop-after", type=int, default=-1,
                    help="rank --stop-rank requests a checkpoint-exit after this many batches")
     p.add_argument("--stop-rank", type=int, default=0)
+    p.add_argument("--stop-when-grown", action="store_true",
+                   help="rank --stop-rank requests a checkpoint-exit after the first batch "
+                        "at a batch size above --batch-size")
     p.add_argument("--die-after", type=int, default=-1,
                    help="rank --die-rank exits abruptly (status 7) after this many batches")
     p.add_argument("--die-rank", type=int, default=1)
@@ -92,7 +95,8 @@ def main():
             if args.sleep:
                 import time
                 time.sleep(args.sleep)
-            if batches == args.stop_after and rank == args.stop_rank:
+            grown = args.stop_when_grown and train.current_batch_size > args.batch_size
+            if (batches == args.stop_after or grown) and rank == args.stop_rank:
                 adl.request_checkpoint_and_exit()
             if batches == args.die_after and rank == args.die_rank:
                 os._exit(7)
