@@ -18,9 +18,7 @@ Usage: ``python benchmarks/new_shape_cost.py [--runs N]`` (about 20 s for 3 runs
 from __future__ import annotations
 
 import argparse
-import json
 import random
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -61,7 +59,7 @@ def worker(seed: int) -> None:
     for b in sizes:
         times = [step(b) for _ in range(REPEATS)]
         out[b] = (times[0], _common.median(times[1:]))
-    print(json.dumps({str(b): v for b, v in out.items()}))
+    _common.emit_result({str(b): v for b, v in out.items()})
 
 
 def main() -> None:
@@ -74,10 +72,11 @@ def main() -> None:
         return
     runs = []
     for seed in range(args.runs):
-        text = subprocess.run([sys.executable, __file__, "--worker", str(seed)],
-                              capture_output=True, text=True, check=True,
-                              env=_common.child_env()).stdout
-        runs.append({int(b): v for b, v in json.loads(text.strip().splitlines()[-1]).items()})
+        (status, text), = _common.launch_job(Path(__file__).resolve(),
+                                             ["--worker", str(seed)], timeout=300)
+        if status != 0:
+            raise RuntimeError(f"worker {seed} exited {status}:\n{text[-3000:]}")
+        runs.append({int(b): v for b, v in _common.parse_result(text).items()})
     rows = []
     for b in SIZES:
         first = [r[b][0] * 1e3 for r in runs]

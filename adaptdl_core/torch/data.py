@@ -434,10 +434,9 @@ class AdaptiveDataLoader(DataLoader):
         self._last_micro = 0     # local samples of the micro-batch handed out last
         self._last_step_samples = 0
         # What a single replica's sampled steps cost (seconds per sample of other steps
-        # at the current local batch, and the relative excess of sampled steps): sets
-        # the sampling interval (see NOISE_COST_SHARE).
+        # at the batch sampler's local batch, and the relative excess of sampled steps):
+        # sets the sampling interval (see NOISE_COST_SHARE).
         self._plain_s_per_sample: float | None = None
-        self._cost_bsz = 0
         self._sampled_extra: float | None = None
         # Goodput decisions: what they were based on, so that they are re-made only when
         # something moved, and replica 0's choice waiting for the next step's all-reduce.
@@ -511,6 +510,11 @@ class AdaptiveDataLoader(DataLoader):
                                        local_bsz_bounds, gradient_accumulation)
         self._decide_batch_size(initial=True)
 
+    def _initial_local_bsz(self, micros: int = 1) -> int:
+        """The local batch that makes the initial batch size with ``micros`` micro-batches
+        per step on this job's replicas (rounded up; before the bounds)."""
+        return math.ceil(self._target_batch_size / (self._world[1] * micros))
+
     def _bounded_local_bsz(self, local_bsz: int) -> int:
         lo, hi = self._local_bsz_bounds or (None, None)
         return max(local_bsz if hi is None else min(local_bsz, hi), lo or 1)
@@ -556,10 +560,10 @@ class AdaptiveDataLoader(DataLoader):
         _, replicas, rank = self._world
         current = (self._state.local_bsz, self._state.accum_steps)
         if self._max_batch_size is None:
-            choice = (self._bounded_local_bsz(math.ceil(self._target_batch_size / replicas)), 0)
+            choice = (self._bounded_local_bsz(self._initial_local_bsz()), 0)
         else:
             choice = current if current[0] is not None else \
-                (self._bounded_local_bsz(math.ceil(self._target_batch_size / replicas)), 0)
+                (self._bounded_local_bsz(self._initial_local_bsz()), 0)
             if rank == 0:
                 choice = self._goodput_choice(choice, initial)
             choice = collective.broadcast(choice)
@@ -599,8 +603,7 @@ class AdaptiveDataLoader(DataLoader):
         hi = min(hi or self._max_batch_size, self._max_batch_size // (replicas * (accum + 1)))
         if not lo <= bsz <= hi:
             return best, bsz
-        initial = math.ceil(self._target_batch_size / (replicas * (accum + 1)))
-        sizes = preferred_local_sizes(lo, hi, (initial,))
+        sizes = preferred_local_sizes(lo, hi, (self._initial_local_bsz(accum + 1),))
         i = bisect.bisect_left(sizes, bsz)
         near = [bsz] if sizes[i] == bsz else sizes[i - 1:i + 1]
         values = goodput_fn(nodes, replicas, np.array(near), accum)
@@ -719,9 +722,9 @@ class AdaptiveDataLoader(DataLoader):
             if self.training:
                 self._decide_batch_size(initial=True)
             pass_end = (state.current_index // n + 1) * n
-            batch_sampler.local_bsz = local_bsz = self.current_local_bsz
-            if local_bsz != self._cost_bsz:
-                self._cost_bsz, self._plain_s_per_sample = local_bsz, None
+            local_bsz = self.current_local_bsz
+            if local_bsz != batch_sampler.local_bsz:  # (step costs are per local batch)
+                batch_sampler.local_bsz, self._plain_s_per_sample = local_bsz, None
             accum_steps = self.accumulation_steps
             # A single replica with one micro-batch per step gives sampled steps two
             # micro-batches to measure the gradient noise (only when the batch size is
