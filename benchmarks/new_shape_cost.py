@@ -31,6 +31,8 @@ REPEATS = 6
 
 
 def worker(seed: int) -> None:
+    """One fresh process: step through ``SIZES`` (shuffled by ``seed``), ``REPEATS`` steps
+    each, and emit per size (first step's, median later step's) CPU seconds."""
     import torch
     import torch.nn.functional as F
 
@@ -63,6 +65,7 @@ def worker(seed: int) -> None:
 
 
 def main() -> None:
+    """Run the workers and print the table (see the module docstring)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--runs", type=int, default=3, help="fresh processes (default 3)")
     p.add_argument("--worker", type=int, help=argparse.SUPPRESS)
