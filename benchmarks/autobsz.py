@@ -22,6 +22,14 @@ an ``AdaptiveDataLoader``. The arms differ only in the batch size:
   the smallest size can reach every fixed size it is compared with.
 * ``auto-64``: the same from ``batch_size=64`` (the batch the lr was tuned for): what a
   user who starts larger gets. It cannot reach 16 or 32; the report judges it too.
+* ``auto-B/exact`` and ``auto-B/exact-now`` (``--arms``; diagnostics): ``auto-B`` with the
+  library's noise measurement replaced by the exact one. At every step where the library
+  measures (the same sampled steps, which still cost what they cost), the exact ``|G|^2``
+  and ``tr(Sigma)`` at the current weights are computed from per-sample gradients over the
+  whole training set (the clock paused meanwhile) and fed to the library's estimator as
+  the values its two half-batches would give on average: ``/exact`` through its usual
+  smoothing, ``/exact-now`` replacing the estimate outright (no smoothing, no lag). They
+  separate what the noise estimate costs from what the goodput model itself decides.
 
 All arms use ``drop_last=False`` (the example uses True): with ``drop_last=True`` an
 autoscaled loader never ends its epoch once fewer samples than one batch are left in the
@@ -48,7 +56,8 @@ training time at which the test accuracy first reaches 0.95 and 0.97 (to 5 ms), 
 final accuracy after the epoch budget, and the samples and time the budget took.
 
 Usage: ``python benchmarks/autobsz.py [--quick] [--seeds N] [--epochs E]
-[--max-batch-size M] [--arms A,B,...] [--json PATH]`` (default: 5 seeds x 8 arms x 30 epochs, about 9
+[--max-batch-size M] [--arms A,B,...] [--json PATH]`` (arms: ``fixed-B``, ``auto-B``,
+``auto-B/loL``, ``auto-B/exact``, ``auto-B/exact-now``) (default: 5 seeds x 8 arms x 30 epochs, about 9
 minutes on a 2-core machine; ``--quick``: 3 seeds x 6 arms x 15 epochs, about 2
 minutes).
 Targets: auto no slower than 1.05 x the best fixed size, final accuracy within 1 point.
@@ -106,15 +115,16 @@ def worker(args: argparse.Namespace) -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.epochs)
     ddp = adl.AdaptiveDataParallel(model, optimizer, scheduler)
-    name, _, low = args.arm.partition("/lo")  # e.g. auto-16/lo16: lower local bound 16
+    # e.g. auto-16/lo16 (lower local bound 16), auto-16/exact (see the module docstring)
+    name, *modifiers = args.arm.split("/")
+    low = next((int(m[2:]) for m in modifiers if m.startswith("lo")), None)
     auto = name.startswith("auto-")
     batch = int(name.split("-")[1])
     loader = adl.AdaptiveDataLoader(train, batch_size=batch,
                                     shuffle=True, drop_last=False)  # see the docstring
     if auto:
         loader.autoscale_batch_size(args.max_batch_size,
-                                    local_bsz_bounds=(int(low) if low else None,
-                                                      args.max_batch_size))
+                                    local_bsz_bounds=(low, args.max_batch_size))
 
     snaps = []          # (train seconds, samples, steps, epoch, batch size, weights)
     bsz_samples = {}    # batch size -> training samples used at it
@@ -123,6 +133,27 @@ def worker(args: argparse.Namespace) -> None:
     samples = steps = 0
     clock = _sliced.clock
     next_snap = 0.0
+
+    if "exact" in modifiers or "exact-now" in modifiers:
+        from adaptdl_core.torch.gradient_noise_scale import GradientNoiseScale
+
+        measured_update = GradientNoiseScale.update
+        # exact-now: the update carries 1e5 M0-steps of training, so the EMA forgets all
+        # earlier measurements and holds this one alone (no smoothing, no lag).
+        forget = "exact-now" in modifiers
+
+        def exact_update(gns, local_sqr, total_sqr, num_grads, batch_size, elapsed=None):
+            # The library's measurement (two halves of the batch) is discarded; what it
+            # would average to is fed instead: halves of M/2 samples give E|g_half|^2 =
+            # |G|^2 + 2 tr(Sigma) / M and E|mean|^2 = |G|^2 + tr(Sigma) / M.
+            nonlocal paused
+            t0 = clock()
+            sqr, trace = exact_noise(model, train)
+            paused += clock() - t0
+            measured_update(gns, sqr + 2 * trace / batch_size, sqr + trace / batch_size, 2,
+                            batch_size, 1e5 * gns.init_batch_size if forget else elapsed)
+
+        GradientNoiseScale.update = exact_update
 
     def snapshot(epoch: int) -> None:
         nonlocal paused, next_snap
@@ -259,7 +290,27 @@ def _verdict(name: str, per_arm: dict, fixed_names: list[str], epochs: int) -> l
     return verdict
 
 
-# ------------------------------------------------------------------ --gns-check (diagnostic)
+# ------------------------------------------------ exact noise (/exact arms, --gns-check)
+def exact_noise(model, dataset) -> tuple[float, float]:
+    """The exact ``|G|^2`` and ``tr(Sigma)`` (per-sample covariance) of ``model``'s
+    cross-entropy gradient over the whole ``dataset`` (a ``TensorDataset``), from per-sample
+    gradients (``torch.func``), in float64."""
+    import torch
+    import torch.nn.functional as F
+    from torch.func import functional_call, grad, vmap
+
+    xs, ys = dataset.tensors
+    params = {k: v.detach() for k, v in model.named_parameters()}
+
+    def loss(p, x, y):
+        return F.cross_entropy(functional_call(model, p, (x[None],)), y[None])
+
+    g = vmap(grad(loss), in_dims=(None, 0, 0))(params, xs, ys)
+    flat = torch.cat([v.reshape(len(xs), -1) for v in g.values()], 1).double()
+    mean = flat.mean(0)
+    return float(mean.pow(2).sum()), float(((flat - mean) ** 2).sum(1).mean())
+
+
 def gns_check(arm: str, seed: int, steps: int) -> None:
     """Print the library's gradient-noise estimate next to the exact one along a run.
 
@@ -271,7 +322,6 @@ def gns_check(arm: str, seed: int, steps: int) -> None:
     """
     import torch
     import torch.nn.functional as F
-    from torch.func import functional_call, grad, vmap
 
     sys.path.insert(0, str(_common.ROOT / "examples"))
     from digits_data import DigitsCNN, load_digits_datasets
@@ -282,7 +332,6 @@ def gns_check(arm: str, seed: int, steps: int) -> None:
     torch.manual_seed(seed)
     adl.init_process_group("gloo")
     train, _ = load_digits_datasets()
-    xs, ys = train.tensors
     model = DigitsCNN()
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     ddp = adl.AdaptiveDataParallel(model, optimizer)
@@ -293,17 +342,6 @@ def gns_check(arm: str, seed: int, steps: int) -> None:
     cap = MAX_BATCH if arm.startswith("auto-") else batch
     loader.autoscale_batch_size(cap, local_bsz_bounds=(None, cap))
 
-    def exact() -> tuple[float, float]:
-        params = {k: v.detach() for k, v in model.named_parameters()}
-
-        def loss(p, x, y):
-            return F.cross_entropy(functional_call(model, p, (x[None],)), y[None])
-
-        g = vmap(grad(loss), in_dims=(None, 0, 0))(params, xs, ys)
-        flat = torch.cat([v.reshape(len(xs), -1) for v in g.values()], 1).double()
-        mean = flat.mean(0)
-        return float(mean.pow(2).sum()), float(((flat - mean) ** 2).sum(1).mean())
-
     checks = {3, 5, 10, 20, 40, 80, 160, 320, 640}
     rows, step = [], 0
     for _epoch in adl.remaining_epochs_until(1000):
@@ -313,7 +351,7 @@ def gns_check(arm: str, seed: int, steps: int) -> None:
             optimizer.step()
             step += 1
             if step in checks:
-                sqr, trace = exact()
+                sqr, trace = exact_noise(model, train)
                 g = ddp.gns
                 rows.append([step, loader.current_batch_size, f"{trace / sqr:.0f}",
                              f"{g.noise_scale():.0f}", f"{g.noise_scale() / (trace / sqr):.2f}",
@@ -337,7 +375,8 @@ def main() -> None:
     p.add_argument("--max-batch-size", type=int, default=MAX_BATCH,
                    help=f"the auto arm's max_batch_size (default {MAX_BATCH})")
     p.add_argument("--arms", help="comma-separated arms instead of the default set "
-                   "(auto-B, auto-B/loL with lower local bound L, fixed-B)")
+                   "(auto-B, auto-B/loL with lower local bound L, auto-B/exact and "
+                   "auto-B/exact-now with the exact noise scale, fixed-B)")
     p.add_argument("--json", help="also write every run's trace here")
     p.add_argument("--from-json", metavar="PATH",
                    help="print the tables of a run saved with --json, without measuring")
