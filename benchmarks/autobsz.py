@@ -98,6 +98,30 @@ EPOCHS = {False: 30, True: 15}
 
 
 # ----------------------------------------------------------------------------- worker
+def parse_arm(arm: str) -> tuple[bool, int, int | None, set[str]]:
+    """``(autoscaled, initial batch size, lower local bound or None, modifiers)`` of an
+    arm name: ``fixed-B``, ``auto-B``, optionally followed (auto arms only) by ``/loL``
+    (lower local bound L), ``/exact`` or ``/exact-now`` (see the module docstring).
+
+    Raises:
+        ValueError: for any other name, saying which forms are accepted.
+    """
+    name, *modifiers = arm.split("/")
+    kind, _, size = name.partition("-")
+    low = None
+    ok = kind in ("fixed", "auto") and size.isdigit() and int(size) > 0 \
+        and (kind == "auto" or not modifiers)
+    for m in modifiers:
+        if m.startswith("lo") and m[2:].isdigit() and int(m[2:]) > 0:
+            low = int(m[2:])
+        elif m not in ("exact", "exact-now"):
+            ok = False
+    if not ok:
+        raise ValueError(f"bad arm {arm!r}: use fixed-B or auto-B[/loL][/exact|/exact-now] "
+                         "(B, L positive integers), e.g. auto-16/exact")
+    return kind == "auto", int(size), low, set(modifiers)
+
+
 def worker(args: argparse.Namespace) -> None:
     import torch
     import torch.nn.functional as F
@@ -115,11 +139,7 @@ def worker(args: argparse.Namespace) -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.epochs)
     ddp = adl.AdaptiveDataParallel(model, optimizer, scheduler)
-    # e.g. auto-16/lo16 (lower local bound 16), auto-16/exact (see the module docstring)
-    name, *modifiers = args.arm.split("/")
-    low = next((int(m[2:]) for m in modifiers if m.startswith("lo")), None)
-    auto = name.startswith("auto-")
-    batch = int(name.split("-")[1])
+    auto, batch, low, modifiers = parse_arm(args.arm)
     loader = adl.AdaptiveDataLoader(train, batch_size=batch,
                                     shuffle=True, drop_last=False)  # see the docstring
     if auto:
@@ -134,7 +154,7 @@ def worker(args: argparse.Namespace) -> None:
     clock = _sliced.clock
     next_snap = 0.0
 
-    if "exact" in modifiers or "exact-now" in modifiers:
+    if modifiers & {"exact", "exact-now"}:
         from adaptdl_core.torch.gradient_noise_scale import GradientNoiseScale
 
         measured_update = GradientNoiseScale.update
@@ -416,11 +436,16 @@ def main() -> None:
     seeds = list(range(args.seeds if args.seeds else SEEDS[args.quick]))
     arms = args.arms.split(",") if args.arms else \
         list(AUTO_ARMS) + [f"fixed-{b}" for b in FIXED[args.quick]]
+    for arm in arms:
+        try:
+            parse_arm(arm)
+        except ValueError as e:
+            p.error(f"--arms: {e}")
     machine = _common.machine_description()
     started = time.perf_counter()
     runs = {}
     for seed in seeds:
-        # All arms of a seed at once, in turns of 50 ms (see _sliced), in a random order.
+        # All arms of a seed at once, in turns of _sliced.SLICE_S, in a random order.
         order = list(arms)
         random.Random(1000 + seed).shuffle(order)
         commands = {arm: [sys.executable, str(Path(__file__).resolve()), "--worker",
