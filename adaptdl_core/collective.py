@@ -3,8 +3,11 @@
 Built on torch.distributed's ``TCPStore`` (replica 0 hosts it at the master address and
 port): each replica publishes its pickled value under a key for the operation, waits for
 the keys of all replicas, and applies ``reduce_fn`` to the values in rank order, so every
-replica computes the same result. Every wait has a timeout (``ADAPTDL_TIMEOUT``, 30 s by
-default) and the error names the replicas that did not answer.
+replica computes the same result. Replica 0, whose process hosts the store, returns from
+an operation only once every other replica has read its values, so any replica may exit
+in any way (``os._exit`` included) as soon as its last collective returned. Every wait
+has a timeout (``ADAPTDL_TIMEOUT``, 30 s by default) and the error names the replicas
+that did not answer.
 
 All operations run, in the order they were called, on one background thread; the
 synchronous functions simply wait for their turn. Hence :func:`allreduce_async` overlaps
@@ -78,31 +81,51 @@ class _Group:
     def key(self, op: int, rank: int) -> str:
         return f"adaptdl/c/{op}/{rank}"
 
+    def read_key(self, op: int, rank: int) -> str:
+        return f"adaptdl/r/{op}/{rank}"
+
     def exchange(self, value: Any) -> list[Any]:
         """Publish ``value``; return every replica's value in rank order (runs on the
-        collective thread)."""
+        collective thread).
+
+        Replica 0 hosts the store, so it returns only once every other replica has read
+        the values: a process may end in any way right after a collective returns
+        (``os._exit``, a forked child, a kill), and if replica 0's did, the store would go
+        with it while the others still read. The others confirm with a one-way ``set``,
+        and the wait for all values is the one inside ``multi_get``, so the protocol costs
+        the same number of store round trips as a separate wait followed by a read.
+        """
         op = self.op
         self.op += 1
         keys = [self.key(op, r) for r in range(self.size)]
         try:
             self.store.set(keys[self.rank], pickle.dumps(value))
+            if op >= 2:
+                # This replica read op - 1, which everyone had published: so everyone had
+                # read op - 2, and replica 0 had seen its read confirmations. (Cleaned up
+                # here, while the others may still be arriving, and not after the read:
+                # the read confirmation must be a replica's last call to the store in a
+                # collective, since replica 0 may be gone right after it.)
+                self.store.delete_key(self.key(op - 2, self.rank))
+                if self.rank != 0:
+                    self.store.delete_key(self.read_key(op - 2, self.rank))
             try:
-                self.store.wait(keys, timedelta(seconds=self.timeout_s))
+                raw = self.store.multi_get(keys)  # (waits for every key, up to the timeout)
             except Exception as exc:
-                # Probing raises if the store itself is gone (replica 0 exited): that is
-                # a lost connection, reported below, not a timeout.
-                missing = [r for r, k in enumerate(keys) if not self.store.check([k])]
-                if missing:
-                    raise CollectiveTimeoutError(
-                        f"replica {self.rank}: replicas {missing} of {self.size} did not reach "
-                        f"collective #{op} within {self.timeout_s:g} s (ADAPTDL_TIMEOUT); they "
-                        "have exited, hang, or run a different sequence of collectives",
-                        missing) from exc
+                self._raise_missing(op, keys, exc, "did not reach")
                 raise
-            values = [pickle.loads(v) for v in self.store.multi_get(keys)]
-            # Everyone has published op, so everyone has finished reading op - 1.
-            if op > 0:
-                self.store.delete_key(self.key(op - 1, self.rank))
+            values = [pickle.loads(v) for v in raw]
+            others = range(1, self.size)
+            if self.rank != 0:
+                self.store.set(self.read_key(op, self.rank), b"")
+            else:
+                reads = [self.read_key(op, r) for r in others]
+                try:
+                    self.store.wait(reads, timedelta(seconds=self.timeout_s))
+                except Exception as exc:
+                    self._raise_missing(op, reads, exc, "did not read the result of",
+                                        ranks=list(others))
+                    raise
         except CollectiveError:
             raise
         except Exception as exc:
@@ -111,6 +134,21 @@ class _Group:
                 f"replica {self.rank}: collective #{op} failed talking to the store at "
                 f"{self.addr}:{self.port} ({who}): {exc}") from exc
         return values
+
+    def _raise_missing(self, op: int, keys: list[str], exc: Exception, what: str,
+                       ranks: list[int] | None = None) -> None:
+        """After a failed wait for ``keys`` (of replicas ``ranks``, default all): raise
+        :class:`CollectiveTimeoutError` naming the replicas whose key is missing, if any.
+        Probing raises if the store itself is gone (replica 0 exited): that is a lost
+        connection, reported by the caller, not a timeout."""
+        ranks = list(range(self.size)) if ranks is None else ranks
+        missing = [r for r, k in zip(ranks, keys) if not self.store.check([k])]
+        if missing:
+            raise CollectiveTimeoutError(
+                f"replica {self.rank}: replicas {missing} of {self.size} {what} "
+                f"collective #{op} within {self.timeout_s:g} s (ADAPTDL_TIMEOUT); they "
+                "have exited, hang, or run a different sequence of collectives",
+                missing) from exc
 
 
 _GROUP: _Group | None = None
@@ -175,8 +213,10 @@ def teardown() -> None:
     """Disconnect from the store; pending asynchronous operations finish first.
 
     Replica 0 hosts the store, so before closing it waits (at most the timeout) until
-    every other replica has torn down too: otherwise a replica still reading the values
-    of the last collective would lose them. Runs automatically at interpreter exit.
+    every other replica has torn down too: the collectives themselves never need this
+    (replica 0 returns from one only after every replica read it), but the torch process
+    group's own connection to the store may still be in use on the others. Runs
+    automatically at interpreter exit.
     """
     global _GROUP
     with _LOCK:

@@ -36,6 +36,7 @@ FORKED = {
     "timeout2": ("timeout", 2, "1", ""),
     "hostdies": ("hostdies", 2, "", ""),
     "lastread": ("lastread", 2, "", ""),
+    "noread": ("noread", 3, "2", ""),
 }
 
 
@@ -278,3 +279,15 @@ def test_store_host_waits_for_the_last_collective_to_be_read(runs):
     r0, r1 = runs.reports("lastread")
     assert r0 == {"type": None, "value": 3}
     assert r1 == {"type": None, "value": 3}, r1
+
+
+def test_store_host_does_not_wait_forever_for_a_replica_that_never_reads(runs):
+    """Rank 2 publishes its value and dies before reading the result: replica 0 gives up
+    after about ADAPTDL_TIMEOUT seconds with an error naming rank 2; rank 1 gets the
+    value."""
+    r0, r1, r2 = runs.reports("noread")
+    assert r2 is None
+    assert r1["type"] is None and r1["value"] == 6, r1
+    assert r0["type"] == "CollectiveTimeoutError" and r0["missing"] == [2], r0
+    assert "[2]" in r0["message"] and "did not read" in r0["message"]
+    assert TIMEOUT_S * 0.9 <= r0["elapsed"] < TIMEOUT_S + MARGIN_S, r0

@@ -13,6 +13,9 @@ happened. Modes:
               rank 1 records the error it gets.
 ``lastread``  replica 0 leaves right after the last collective while replica 1 is still
               reading its values; replica 1 records the value or the error.
+``noread``    ranks in ``--absent`` publish their value and exit before reading the
+              result; replica 0 (which must not return before every replica read)
+              records the ``CollectiveTimeoutError`` it gets, the other ranks the value.
 ``ckpt``      a single-process training job (AdaptiveDataParallel, AdaptiveDataLoader,
               Accumulator with numpy and tensor values) that checkpoints itself mid-epoch
               with ``request_checkpoint_and_exit``; records what it expects on disk.
@@ -189,6 +192,41 @@ def mode_lastread(args, rank, size):
     os._exit(0)
 
 
+class _ExitOnRead:
+    """A store whose reads end the process (a replica that dies after publishing)."""
+
+    def __init__(self, store):
+        self._store = store
+
+    def multi_get(self, keys):
+        os._exit(0)
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+
+def mode_noread(args, rank, size):
+    from adaptdl_core import collective
+
+    barrier(args.out, rank, size, "started")
+    collective.initialize()
+    barrier(args.out, rank, size, "joined")
+    if rank in [int(r) for r in args.absent.split(",") if r]:
+        collective._GROUP.store = _ExitOnRead(collective._GROUP.store)
+    start = time.monotonic()
+    try:
+        report = {"type": None, "value": collective.allreduce(rank + 1),
+                  "elapsed": time.monotonic() - start}
+    except Exception as exc:
+        report = error_info(exc, start)
+    write(args.out, rank, report)
+    if rank == 0:
+        # Keep hosting the store until the reader that did read has reported.
+        for r in range(1, size):
+            wait_for(os.path.join(args.out, f"rank{r}.json"), 2)
+    os._exit(0)
+
+
 def mode_ckpt(args, rank, size):
     import numpy as np
     import torch
@@ -310,7 +348,8 @@ def launch(args):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("mode", choices=["ops", "timeout", "hostdies", "lastread", "ckpt", "launch"])
+    p.add_argument("mode", choices=["ops", "timeout", "hostdies", "lastread", "noread", "ckpt",
+                                      "launch"])
     p.add_argument("--out", required=True)
     p.add_argument("--absent", default="")
     p.add_argument("--hang", default="")
