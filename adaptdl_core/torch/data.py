@@ -251,9 +251,14 @@ class _LocalBatchSampler(Sampler[list[int]]):
             yield indices[pos:]
 
     def __len__(self) -> int:
+        return self.count(self.local_bsz)
+
+    def count(self, local_bsz: int) -> int:
+        """Batches of ``local_bsz`` in the sampler's pass from its position (a sampled
+        step's two micro-batches counted as one batch)."""
         if self.drop_last:
-            return len(self.sampler) // self.local_bsz
-        return math.ceil(len(self.sampler) / self.local_bsz)
+            return len(self.sampler) // local_bsz
+        return math.ceil(len(self.sampler) / local_bsz)
 
 
 class _LoaderState(checkpoint.State):
@@ -369,7 +374,9 @@ class AdaptiveDataLoader(DataLoader):
     Use it like a DataLoader, with these differences:
 
     1. ``batch_size`` is the *global* batch size across all replicas; each replica loads
-       ``ceil(batch_size / num_replicas)`` samples per batch.
+       ``ceil(batch_size / num_replicas)`` samples per batch. ``loader.batch_size`` reads
+       it back (the target; :attr:`current_batch_size` is the batch in use), and
+       ``loader.sampler`` is the :class:`ElasticSampler`.
     2. Custom ``sampler`` and ``batch_sampler`` are not supported (the loader needs its
        own to resume at any sample), nor are iterable datasets.
     3. Iterate it inside ``for epoch in remaining_epochs_until(...)``. A loop that
@@ -447,6 +454,43 @@ class AdaptiveDataLoader(DataLoader):
         self._state = _LoaderState(f"adaptdl-dataloader-{existing}")
         checkpoint.load_state(self._state)
         self._decide_batch_size(initial=True)
+
+    # -- DataLoader attributes ---------------------------------------------------------
+    # DataLoader.__init__ assigns batch_size (None, as a batch_sampler is given) and
+    # sampler (a SequentialSampler it makes); after __init__ its __setattr__ refuses both.
+    # With a batch_sampler, torch 2.13 reads neither for a map-style dataset (iteration,
+    # len() and the worker processes go through batch_sampler), so they can be
+    # properties that report the adaptive values, one source of truth with nothing
+    # stored: the setters only absorb DataLoader.__init__'s assignments.
+
+    @property
+    def batch_size(self) -> int:  # type: ignore[override]
+        """The global target batch size: the ``batch_size`` given to the constructor, over
+        all replicas (as in AdaptDL). The batch of an optimizer step actually in use is
+        :attr:`current_batch_size` (rounded up to a multiple of the replicas, or chosen by
+        :meth:`autoscale_batch_size`). Read-only, as on a DataLoader."""
+        return self._target_batch_size
+
+    @batch_size.setter
+    def batch_size(self, value: Any) -> None:
+        pass  # (DataLoader.__init__'s None; see above)
+
+    @property
+    def sampler(self) -> ElasticSampler:  # type: ignore[override]
+        """The :class:`ElasticSampler` that orders the dataset and deals this replica its
+        share. Read-only, as on a DataLoader."""
+        return self._elastic_sampler
+
+    @sampler.setter
+    def sampler(self, value: Any) -> None:
+        pass  # (DataLoader.__init__'s default sampler; see above)
+
+    def __len__(self) -> int:
+        """Batches this replica loads in the current pass from the sampler's position (the
+        start of the pass that is being or was last iterated, else of the dataset), at
+        the current local batch size. A sampled single-replica step's two half batches
+        count as one batch; an autoscaled loop may take more than one pass."""
+        return self._local_batch_sampler.count(self.current_local_bsz)
 
     # -- batch size ------------------------------------------------------------------
     def autoscale_batch_size(self, max_batch_size: int,
