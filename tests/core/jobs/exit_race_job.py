@@ -16,16 +16,11 @@ status], ...], "elapsed"}``.
 import argparse
 import json
 import os
-import socket
 import sys
 import time
 import traceback
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from adaptdl_core.launch import free_port
 
 
 def replica(port, rank, size, ops):
@@ -49,7 +44,7 @@ def replica(port, rank, size, ops):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--rounds", type=int, default=24)
+    p.add_argument("--rounds", type=int, default=16)
     p.add_argument("--replicas", type=int, default=3)
     p.add_argument("--ops", type=int, default=3)
     args = p.parse_args()
