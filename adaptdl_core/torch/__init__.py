@@ -13,11 +13,12 @@ A training script changes a few lines::
         with accum.synchronized(): ...
 
 and can then be interrupted (Ctrl-C, SIGTERM) at any batch, checkpointed and restarted on
-any number of replicas.
+any number of replicas, or checkpointed in place while it trains
+(:func:`request_checkpoint`).
 """
 
-from adaptdl_core.torch._interrupt import (CheckpointExit, exit_requested,
-                                           request_checkpoint_and_exit)
+from adaptdl_core.torch._interrupt import (CheckpointExit, PendingCheckpoint, exit_requested,
+                                           request_checkpoint, request_checkpoint_and_exit)
 from adaptdl_core.torch.accumulator import Accumulator
 from adaptdl_core.torch.data import AdaptiveDataLoader, ElasticSampler, current_dataloader
 from adaptdl_core.torch.epoch import current_epoch, finished_epochs, remaining_epochs_until
@@ -37,4 +38,6 @@ __all__ = [
     "CheckpointExit",
     "request_checkpoint_and_exit",
     "exit_requested",
+    "request_checkpoint",
+    "PendingCheckpoint",
 ]

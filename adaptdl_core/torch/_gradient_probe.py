@@ -24,10 +24,10 @@ adds, only on the steps that need it:
 - **Side values.** Every few steps (as many as take about ``SIDE_VALUES_INTERVAL_S`` of
   training, from 1 to ``SIDE_VALUES_MAX_EVERY``), a small all-reduce of its own, started
   at the step's first forward pass and read when the step ends (so it overlaps the
-  step's compute), sums the graceful-stop flag, replica 0's batch size choice, the
-  replicas' proposals for the next interval and the local norms of the measured steps
-  since the last one; the data loader applies the first two at the batch boundary after
-  the step.
+  step's compute), sums the graceful-stop flag, the in-place checkpoint flag, replica
+  0's batch size choice, the replicas' proposals for the next interval and the local
+  norms of the measured steps since the last one; the data loader applies the first
+  three at the batch boundary after the step.
 - **The sync wait** of the measured steps, from the last local gradient to the end of
   the backward pass (DDP waits for its all-reduces there), for the throughput model.
 
@@ -61,7 +61,9 @@ SIDE_VALUES_INTERVAL_S = 0.2
 # is measured at first), so the noise estimate loses nothing.
 SIDE_VALUES_MAX_EVERY = 64
 SIDE_VALUES_FIRST_EVERY = 4  # before any step time is known
-_HEADER = 4  # stop flag, replica 0's (local batch, accumulation steps), interval proposals
+# Stop flag, in-place checkpoint flag, replica 0's (local batch, accumulation steps),
+# interval proposals.
+_HEADER = 5
 
 
 class Measurement(NamedTuple):
@@ -305,10 +307,10 @@ class GradientProbe:
         return step >= self.side_next or self.side_next - step > SIDE_VALUES_MAX_EVERY
 
     def _start_side_values(self, loader: "AdaptiveDataLoader") -> None:
-        """Start summing over the replicas [stop flag, replica 0's choice of (local
-        batch, accumulation steps) or zeros, a proposal for the next interval, then per
-        measured step since the last time (local |g|^2, 1)]; read in
-        :meth:`_receive_side_values` when the step ends."""
+        """Start summing over the replicas [stop flag, in-place checkpoint flag,
+        replica 0's choice of (local batch, accumulation steps) or zeros, a proposal for
+        the next interval, then per measured step since the last time (local |g|^2, 1)];
+        read in :meth:`_receive_side_values` when the step ends."""
         key = (id(loader), loader._sync_steps)
         if self.side_step == key or self.side_work is not None:
             return  # (a second forward pass in the same step)
@@ -317,7 +319,8 @@ class GradientProbe:
         # only when steps ran outside a loader's schedule: drop the oldest.)
         self.in_flight, self.unsent = self.unsent[-SIDE_VALUES_MAX_EVERY:], []
         proposal, loader._proposal = loader._proposal, None
-        values = [1.0 if _interrupt.exit_requested() else 0.0,
+        requests = _interrupt.local_requests()
+        values = [float(requests.exit), float(requests.save),
                   float(proposal[0]) if proposal else 0.0,
                   float(proposal[1]) if proposal else 0.0,
                   float(self._propose_interval(loader._sync_steps))]
@@ -339,8 +342,8 @@ class GradientProbe:
 
     def _receive_side_values(self, batch_size: int) -> list[Measurement]:
         """Keep this step's norms for the next side values; if side values were sent in
-        this step, return the measurements they completed and hand the stop flag and
-        batch choice to the loader's next boundary."""
+        this step, return the measurements they completed and hand the agreed requests
+        (stop, in-place checkpoint) and batch choice to the loader's next boundary."""
         if self.measured:
             params = [p for p in self.params if p.grad is not None]
             local, total = _read_floats(
@@ -350,14 +353,14 @@ class GradientProbe:
             self.since_measure = 0
         loops = _data._LOOPS
         # (A boundary not reached since an earlier step, the loop left between steps,
-        # still owes its stop request.)
-        stop, choice = loops.side_channel or (False, None)
+        # still owes its requests.)
+        agreed, choice = loops.side_channel or (_interrupt.Requests(), None)
         found = []
         if self.side_work is not None:
             tensor, work = self.side_work
             self.side_work = None
             work.wait()
-            flag, bsz, accum, every, *slots = tensor.tolist()
+            stop, save, bsz, accum, every, *slots = tensor.tolist()
             # (The mean of the proposals, each within bounds.)
             self.side_every = round(every / self.replicas)
             self.side_next = self.side_step[1] + self.side_every
@@ -367,11 +370,11 @@ class GradientProbe:
                     found.append(Measurement(local_sum / self.replicas, total, self.replicas,
                                              batch, elapsed))
             self.in_flight = []
-            stop = stop or flag > 0
+            agreed = agreed | _interrupt.Requests(stop > 0, save > 0)
             if bsz > 0:
                 choice = (int(round(bsz)), int(round(accum)))
         # Boundaries between side values need no collective of their own.
-        loops.side_channel = (stop, choice)
+        loops.side_channel = (agreed, choice)
         return found
 
 

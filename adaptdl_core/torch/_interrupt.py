@@ -1,10 +1,18 @@
-"""Graceful interruption: "checkpoint at the next batch boundary, then exit".
+"""Graceful interruption and in-place checkpoints, agreed at batch boundaries.
 
 The first SIGINT or SIGTERM (or a call to :func:`request_checkpoint_and_exit`, which is
 what the Ray layer uses) only raises a flag. The adaptive data loader agrees on the flag
 across replicas at every batch boundary, so all replicas stop after the same batch;
 replica 0 saves every State and all replicas raise :class:`CheckpointExit` (status 143,
 the conventional answer to SIGTERM). A second SIGINT exits at once without a checkpoint.
+
+:func:`request_checkpoint` asks for a checkpoint *without* stopping: it is agreed on in
+the same way (as a second flag beside the exit flag), every replica saves at the same
+boundary and training goes on; the :class:`PendingCheckpoint` it returns says when.
+
+This module owns the process-wide request state; the data loader reads it with
+:func:`exit_requested` and :func:`checkpoint_requested` and settles the save requests with
+:func:`take_checkpoint_requests` and :func:`resolve_checkpoint_requests`.
 """
 
 from __future__ import annotations
@@ -13,8 +21,11 @@ import logging
 import os
 import signal
 import threading
+from typing import NamedTuple
 
 __all__ = ["CheckpointExit", "EXIT_CODE", "request_checkpoint_and_exit", "exit_requested",
+           "request_checkpoint", "PendingCheckpoint", "checkpoint_requested", "Requests",
+           "local_requests", "take_checkpoint_requests", "resolve_checkpoint_requests",
            "install_signal_handlers"]
 
 LOG = logging.getLogger(__name__)
@@ -52,9 +63,149 @@ def exit_requested() -> bool:
     return _FLAG.is_set()
 
 
+class PendingCheckpoint:
+    """One request for an in-place checkpoint (from :func:`request_checkpoint`).
+
+    It is *resolved* once the checkpoint it asked for was taken (at the first batch
+    boundary the replicas agreed on the request), or when it is cancelled. All methods
+    are thread-safe.
+    """
+
+    def __init__(self) -> None:
+        self._resolved = threading.Event()
+        self._taken = False
+        self._path: str | None = None
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the request is resolved (taken or cancelled), at most ``timeout``
+        seconds (``None``: no limit).
+
+        Returns:
+            True if resolved, False if the timeout passed first.
+        """
+        return self._resolved.wait(timeout)
+
+    @property
+    def done(self) -> bool:
+        """True once resolved: the checkpoint was taken, or the request was cancelled."""
+        return self._resolved.is_set()
+
+    @property
+    def taken(self) -> bool:
+        """True if every replica saved its States for this request (False while pending
+        and after :meth:`cancel`)."""
+        return self._taken
+
+    @property
+    def path(self) -> str | None:
+        """The checkpoint directory written for this request, on replica 0; ``None`` on
+        the other replicas, when no checkpoint path is set (``ADAPTDL_CHECKPOINT_PATH``),
+        and while pending or if cancelled."""
+        return self._path
+
+    def cancel(self) -> bool:
+        """Resolve the request as not taken, if it is still pending (for example when the
+        job ended before another batch boundary); this replica then no longer asks for
+        it (a request the replicas already agreed on is still saved, for the others).
+
+        Returns:
+            True if this call cancelled it; False if it was already resolved.
+        """
+        with _LOCK:
+            if self in _PENDING:
+                _PENDING.remove(self)
+            return self._resolve(False, None)
+
+    def _resolve(self, taken: bool, path: str | None) -> bool:
+        # (with _LOCK held) The first resolution wins: a cancel racing a save settles it.
+        if self._resolved.is_set():
+            return False
+        self._taken, self._path = taken, path
+        self._resolved.set()
+        return True
+
+    def __repr__(self) -> str:
+        state = "pending" if not self.done else f"taken, path={self._path!r}" \
+            if self._taken else "cancelled"
+        return f"<PendingCheckpoint {state}>"
+
+
+_LOCK = threading.Lock()
+_PENDING: list[PendingCheckpoint] = []  # requests of this replica not resolved yet
+
+
+def request_checkpoint() -> PendingCheckpoint:
+    """Ask the job to checkpoint at the next batch boundary and keep training (thread-safe).
+
+    Like :func:`request_checkpoint_and_exit`, it may be called from any thread and on any
+    one replica (or on all): the replicas agree on it at a batch boundary between
+    optimizer steps of an adaptive data loader loop (a training or a validation loop;
+    with several replicas within about 0.2 s of training or 64 steps), every replica
+    saves its States there (replica 0 writes the checkpoint), and the loop goes on from
+    the same position. Every request pending at that boundary is resolved by that one
+    checkpoint; one agreed at the same boundary as an exit request is resolved by the
+    exit's checkpoint, before :class:`CheckpointExit` is raised.
+
+    A request made when no further batch boundary comes (the training loop is over)
+    stays pending until :meth:`PendingCheckpoint.cancel` is called; cancel it when the
+    job ends, as in a long-lived process it would otherwise be taken by the next job's
+    first boundary.
+
+    Returns:
+        the request's :class:`PendingCheckpoint`.
+    """
+    handle = PendingCheckpoint()
+    with _LOCK:
+        _PENDING.append(handle)
+    return handle
+
+
+def checkpoint_requested() -> bool:
+    """True while this replica has an in-place checkpoint request pending."""
+    return bool(_PENDING)
+
+
+class Requests(NamedTuple):
+    """What the replicas agree on at a batch boundary: someone asked to checkpoint and
+    exit (``exit``), someone asked for an in-place checkpoint (``save``). ``a | b`` is
+    the agreement of two replicas' requests."""
+
+    exit: bool = False
+    save: bool = False
+
+    def __or__(self, other: "Requests") -> "Requests":  # type: ignore[override]
+        return Requests(self.exit or other.exit, self.save or other.save)
+
+
+def local_requests() -> Requests:
+    """This replica's pending requests."""
+    return Requests(_FLAG.is_set(), bool(_PENDING))
+
+
+def take_checkpoint_requests() -> list[PendingCheckpoint]:
+    """The pending requests, which a checkpoint about to be taken will resolve; requests
+    made from now on wait for the next one."""
+    with _LOCK:
+        taken = list(_PENDING)
+        _PENDING.clear()
+    return taken
+
+
+def resolve_checkpoint_requests(requests: list[PendingCheckpoint], taken: bool,
+                                path: str | None = None) -> None:
+    """Resolve ``requests`` (from :func:`take_checkpoint_requests`): the checkpoint was
+    taken (into ``path`` on replica 0), or it failed (``taken=False``)."""
+    with _LOCK:
+        for request in requests:
+            request._resolve(taken, path)
+
+
 def _clear() -> None:
-    """Forget a pending request (used after a programmatic stop in long-lived processes)."""
+    """Forget pending requests: the exit flag (used after a programmatic stop in
+    long-lived processes) and the in-place checkpoint requests (cancelled)."""
     _FLAG.clear()
+    for request in take_checkpoint_requests():
+        request.cancel()
 
 
 def _handler(signum: int, frame: object) -> None:

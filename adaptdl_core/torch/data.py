@@ -10,16 +10,19 @@ do not divide evenly among replicas (``drop_last=True`` drops that batch instead
 
 Every batch boundary of every adaptive loader is also where the replicas agree on a
 pending stop request (SIGINT/SIGTERM or
-:func:`adaptdl_core.torch.request_checkpoint_and_exit`), checkpoint, and exit. While
-AdaptiveDataParallel steps on the loader's batches the agreement rides on the small
-all-reduce it does after every optimizer step anyway; otherwise (a validation loop, plain
-DDP) it goes through the job's store every few batches.
+:func:`adaptdl_core.torch.request_checkpoint_and_exit`), checkpoint, and exit, or on a
+pending in-place checkpoint request (:func:`adaptdl_core.torch.request_checkpoint`),
+checkpoint, and go on. While AdaptiveDataParallel steps on the loader's batches the
+agreement rides on the small all-reduce it does every few optimizer steps anyway;
+otherwise (a validation loop, plain DDP) it goes through the job's store every few
+batches.
 """
 
 from __future__ import annotations
 
 import bisect
 import collections
+import concurrent.futures
 import logging
 from collections import deque
 import math
@@ -299,13 +302,14 @@ class _Loops:
         # position identifies it when the program replays an epoch after a restart.
         self.position: collections.Counter = collections.Counter()
         self.current: "AdaptiveDataLoader | None" = None
-        self.pending_exit = None  # future of the last stop-flag allreduce through the store
+        # Future of the last all-reduce of the replicas' requests through the store.
+        self.pending_requests: "concurrent.futures.Future | None" = None
         self.store_boundaries = 0  # boundaries that used the store path (its schedule)
         self.training: "AdaptiveDataLoader | None" = None  # the loader optimizer steps follow
         # Set by AdaptiveDataParallel after every optimizer step with several replicas
-        # (from its side values, summed every few steps; see _gradient_probe): (stop
-        # requested on any replica, replica 0's batch size choice or None).
-        self.side_channel: tuple[bool, tuple[int, int] | None] | None = None
+        # (from its side values, summed every few steps; see _gradient_probe): (the
+        # requests of any replica, replica 0's batch size choice or None).
+        self.side_channel: tuple[_interrupt.Requests, tuple[int, int] | None] | None = None
 
 
 _LOOPS = _Loops()
@@ -324,21 +328,62 @@ def current_dataloader() -> "AdaptiveDataLoader | None":
     return _LOOPS.current
 
 
+def _save_for(requests: list[_interrupt.PendingCheckpoint]) -> str | None:
+    """Checkpoint every State (all replicas together) and resolve ``requests`` with it;
+    returns the checkpoint directory (replica 0) or None."""
+    try:
+        ckpt_dir = checkpoint.save_all_states()
+    except BaseException:
+        # (No checkpoint: whoever waits on a request learns it was not taken.)
+        _interrupt.resolve_checkpoint_requests(requests, False)
+        raise
+    _interrupt.resolve_checkpoint_requests(requests, True, ckpt_dir)
+    return ckpt_dir
+
+
 def _checkpoint_and_exit() -> None:
-    _LOOPS.pending_exit = None
-    ckpt_dir = checkpoint.save_all_states()
+    _LOOPS.pending_requests = None
+    # In-place requests of this replica are settled by the same checkpoint: no boundary
+    # follows where they could be.
+    ckpt_dir = _save_for(_interrupt.take_checkpoint_requests())
     LOG.info("checkpointed%s; exiting with status %d",
              f" to {ckpt_dir}" if ckpt_dir else "", _interrupt.EXIT_CODE)
     raise _interrupt.CheckpointExit(ckpt_dir)
 
 
-def _batch_boundary(replicas: int) -> tuple[int, int] | None:
-    """Stop here, on every replica at once, if any replica was asked to stop.
+def _checkpoint_in_place(replicas: int) -> None:
+    requests = _interrupt.take_checkpoint_requests()
+    start = time.perf_counter()
+    ckpt_dir = _save_for(requests)
+    if replicas > 1:
+        # Replica 0 writes while the others would run ahead into the next step and wait
+        # there for it, which would inflate that step's measured time: resume together.
+        collective.broadcast(None)
+    loader = _LOOPS.current
+    LOG.info("in-place checkpoint%s at epoch %s, position %s, in %.3f s (%d request(s) on "
+             "this replica); training goes on", f" to {ckpt_dir}" if ckpt_dir else "",
+             current_epoch(), loader.current_index if loader is not None else None,
+             time.perf_counter() - start, len(requests))
 
-    With several replicas the flag must be agreed on. After an optimizer step of
-    AdaptiveDataParallel it came with that model's side values (summed over the replicas
-    every few steps, overlapped with the steps), and the choice of batch size that replica
-    0 put there is returned. Otherwise the flag is
+
+def _honour(agreed: _interrupt.Requests, replicas: int) -> None:
+    """Act on the requests the replicas agreed on at this boundary (the same on all)."""
+    if agreed.exit:
+        _checkpoint_and_exit()
+    elif agreed.save:
+        _checkpoint_in_place(replicas)
+
+
+def _batch_boundary(replicas: int) -> tuple[int, int] | None:
+    """Checkpoint here, on every replica at once, if any replica asked for a checkpoint,
+    and stop if any replica asked to stop.
+
+    With several replicas the requests must be agreed on: the exit and the in-place
+    checkpoint flags travel separately, so that a replica that has not been asked
+    itself learns which one the others agreed on. After an optimizer step of
+    AdaptiveDataParallel they came with that model's side values (summed over the
+    replicas every few steps, overlapped with the steps), and the choice of batch size
+    that replica 0 put there is returned. Otherwise the flags are
     all-reduced through the store asynchronously, every ``STORE_STOP_CHECK_EVERY``
     boundaries: the reduction started at one such boundary is read at the next, so no
     boundary waits on the network. All replicas run the same sequence of boundaries and
@@ -347,24 +392,25 @@ def _batch_boundary(replicas: int) -> tuple[int, int] | None:
     loops = _LOOPS
     if replicas == 1 or not collective.is_initialized():
         loops.side_channel = None
-        if _interrupt.exit_requested():
-            _checkpoint_and_exit()
+        # (Two flag reads, no allocation: this runs at every boundary of one replica.)
+        if _interrupt.exit_requested() or _interrupt.checkpoint_requested():
+            _honour(_interrupt.local_requests(), 1)
         return None
     side, loops.side_channel = loops.side_channel, None
     if side is not None:
-        stop, choice = side
-        if loops.pending_exit is not None:  # started at an earlier store-path boundary
-            stop = loops.pending_exit.result() or stop
-            loops.pending_exit = None
-        if stop:
-            _checkpoint_and_exit()
+        agreed, choice = side
+        if loops.pending_requests is not None:  # started at an earlier store-path boundary
+            agreed = agreed | loops.pending_requests.result()
+            loops.pending_requests = None
+        _honour(agreed, replicas)
         return choice
     loops.store_boundaries += 1
     if loops.store_boundaries % STORE_STOP_CHECK_EVERY == 1:
-        if loops.pending_exit is not None and loops.pending_exit.result():
-            _checkpoint_and_exit()
-        loops.pending_exit = collective.allreduce_async(_interrupt.exit_requested(),
-                                                        lambda a, b: a or b)
+        if loops.pending_requests is not None:
+            agreed, loops.pending_requests = loops.pending_requests.result(), None
+            _honour(agreed, replicas)
+        loops.pending_requests = collective.allreduce_async(_interrupt.local_requests(),
+                                                            _interrupt.Requests.__or__)
     return None
 
 
@@ -801,9 +847,8 @@ class AdaptiveDataLoader(DataLoader):
                     if measure and step_began is not None:
                         self._note_step_cost(now - step_began, self._last_step_samples,
                                              step_sampled)
-                    step_began, step_sampled = now, opens_pair
-                    # Stop requests are honoured only between optimizer steps, so that no
-                    # partially accumulated gradient is lost.
+                    # Stop and checkpoint requests are honoured only between optimizer
+                    # steps, so that no partially accumulated gradient is lost.
                     choice = _batch_boundary(replicas)
                     if choice is not None and choice != (state.local_bsz, state.accum_steps):
                         # Replica 0's new batch size reached every replica with the last
@@ -815,6 +860,8 @@ class AdaptiveDataLoader(DataLoader):
                                  self.accumulation_steps + 1, replicas)
                         restart_pass = True
                         break
+                    # (Timed from here: an in-place checkpoint just taken is no step cost.)
+                    step_began, step_sampled = time.perf_counter(), opens_pair
                     self._step_micros = 2 if opens_pair else accum_steps + 1
                     self._measure_norms = (self._sync_steps < NOISE_DENSE_STEPS
                                            or self._sync_steps % NOISE_MULTI_INTERVAL == 0)

@@ -4,13 +4,16 @@ It trains a linear model on a synthetic dataset whose items carry their own inde
 writes what it observes into ``--record`` (one JSON line per event and replica):
 the sample indices of every training batch, accumulator results, the epochs it ran and,
 on rank 0 at the end, the final parameters. Options make it interrupt itself after a
-number of batches or kill one replica, so tests can exercise restarts and failures.
+number of batches, ask for in-place checkpoints (``request_checkpoint``) or kill one
+replica, so tests can exercise restarts and failures. Logs at INFO level.
 """
 
 import argparse
 import json
+import logging
 import os
 import sys
+import threading
 
 import torch
 
@@ -53,7 +56,18 @@ def main():
     p.add_argument("--drop-last", action="store_true")
     p.add_argument("--noise", type=float, default=0.1, help="label noise (std)")
     p.add_argument("--sleep", type=float, default=0.0, help="seconds per batch")
+    p.add_argument("--save-after", type=int, default=-1,
+                   help="rank --save-rank (-1: every rank) calls request_checkpoint "
+                        "--save-requests times after this many batches")
+    p.add_argument("--save-rank", type=int, default=0)
+    p.add_argument("--save-requests", type=int, default=1)
+    p.add_argument("--save-from-thread", action="store_true",
+                   help="make the requests from another thread, while training goes on")
+    p.add_argument("--late-save", action="store_true",
+                   help="request a checkpoint after training (no boundary follows), then "
+                        "cancel it")
     args = p.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(name)s %(levelname)s %(message)s")
 
     torch.manual_seed(0)
     adl.init_process_group("gloo")
@@ -77,6 +91,41 @@ def main():
     accum = adl.Accumulator()
     emit(event="start", replicas=env.num_replicas(), epoch=adl.finished_epochs())
 
+    requests, askers = [], []
+
+    def ask():
+        requests.extend(adl.request_checkpoint() for _ in range(args.save_requests))
+
+    def emit_requests():
+        # (From the main thread only: the record file is not shared between threads.)
+        for t in askers:
+            t.join()
+        for request in requests:
+            request.wait(20)
+            emit(event="save", done=request.done, taken=request.taken, path=request.path)
+
+    try:
+        train_epochs(args, rank, model, opt, sched, train, valid, accum, emit, ask, askers)
+    except adl.CheckpointExit:
+        emit_requests()
+        raise
+    emit_requests()
+    if args.late_save:
+        request = adl.request_checkpoint()
+        waited = request.wait(0.2)
+        done = request.done
+        cancelled = request.cancel()
+        emit(event="late_save", waited=waited, done_before_cancel=done, cancelled=cancelled,
+             done=request.done, taken=request.taken, cancel_again=request.cancel())
+
+    if rank == 0:
+        torch.save({k: v.detach().clone() for k, v in model.module.state_dict().items()},
+                   os.path.join(args.record, "final.pt"))
+    emit(event="done")
+    return 0
+
+
+def train_epochs(args, rank, model, opt, sched, train, valid, accum, emit, ask, askers):
     batches = 0
     for epoch in adl.remaining_epochs_until(args.epochs):
         for idx, x, y in train:
@@ -96,6 +145,12 @@ def main():
                 import time
                 time.sleep(args.sleep)
             grown = args.stop_when_grown and train.current_batch_size > args.batch_size
+            if batches == args.save_after and args.save_rank in (-1, rank):
+                if args.save_from_thread:
+                    askers.append(threading.Thread(target=ask))
+                    askers[-1].start()
+                else:
+                    ask()
             if (batches == args.stop_after or grown) and rank == args.stop_rank:
                 adl.request_checkpoint_and_exit()
             if batches == args.die_after and rank == args.die_rank:
@@ -108,12 +163,6 @@ def main():
             emit(event="epoch_end", epoch=epoch, results=dict(accum))
             accum.clear()
         sched.step()
-
-    if rank == 0:
-        torch.save({k: v.detach().clone() for k, v in model.module.state_dict().items()},
-                   os.path.join(args.record, "final.pt"))
-    emit(event="done")
-    return 0
 
 
 if __name__ == "__main__":
