@@ -63,6 +63,9 @@ def main():
     p.add_argument("--save-requests", type=int, default=1)
     p.add_argument("--save-from-thread", action="store_true",
                    help="make the requests from another thread, while training goes on")
+    p.add_argument("--save-in-valid", action="store_true",
+                   help="count --save-after in validation batches instead (no "
+                        "AdaptiveDataParallel step there: the store path agrees)")
     p.add_argument("--late-save", action="store_true",
                    help="request a checkpoint after training (no boundary follows), then "
                         "cancel it")
@@ -126,7 +129,16 @@ def main():
 
 
 def train_epochs(args, rank, model, opt, sched, train, valid, accum, emit, ask, askers):
-    batches = 0
+    batches = valid_batches = 0
+
+    def maybe_ask(count):
+        if count == args.save_after and args.save_rank in (-1, rank):
+            if args.save_from_thread:
+                askers.append(threading.Thread(target=ask))
+                askers[-1].start()
+            else:
+                ask()
+
     for epoch in adl.remaining_epochs_until(args.epochs):
         for idx, x, y in train:
             opt.zero_grad()
@@ -145,12 +157,8 @@ def train_epochs(args, rank, model, opt, sched, train, valid, accum, emit, ask, 
                 import time
                 time.sleep(args.sleep)
             grown = args.stop_when_grown and train.current_batch_size > args.batch_size
-            if batches == args.save_after and args.save_rank in (-1, rank):
-                if args.save_from_thread:
-                    askers.append(threading.Thread(target=ask))
-                    askers[-1].start()
-                else:
-                    ask()
+            if not args.save_in_valid:
+                maybe_ask(batches)
             if (batches == args.stop_after or grown) and rank == args.stop_rank:
                 adl.request_checkpoint_and_exit()
             if batches == args.die_after and rank == args.die_rank:
@@ -159,6 +167,9 @@ def train_epochs(args, rank, model, opt, sched, train, valid, accum, emit, ask, 
             for idx, x, y in valid:
                 accum["valid_sq"] += ((model(x).squeeze(1) - y) ** 2).sum().item()
                 accum["valid_n"] += len(idx)
+                valid_batches += 1
+                if args.save_in_valid:
+                    maybe_ask(valid_batches)
         with accum.synchronized():
             emit(event="epoch_end", epoch=epoch, results=dict(accum))
             accum.clear()
