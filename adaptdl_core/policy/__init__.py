@@ -12,6 +12,7 @@ from .allocator import (
     power_mean,
     restart_penalty,
 )
+from .resize import MIN_COST_MULTIPLES, ResizeVerdict, resize_verdict
 from .speedup import GoodputOptimizer, LinearSpeedup, SpeedupFunction
 
 __all__ = [
@@ -20,12 +21,15 @@ __all__ = [
     "GoodputOptimizer",
     "JobInfo",
     "LinearSpeedup",
+    "MIN_COST_MULTIPLES",
     "NodeInfo",
     "PolluxPolicy",
+    "ResizeVerdict",
     "SpeedupFunction",
     "check_allocations",
     "effective_speedups",
     "optimize",
     "power_mean",
+    "resize_verdict",
     "restart_penalty",
 ]

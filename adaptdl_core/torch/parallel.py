@@ -12,6 +12,7 @@ size choice, is in ``_gradient_probe.py``.
 from __future__ import annotations
 
 import logging
+import os
 import types
 import weakref
 from typing import IO, Any
@@ -266,3 +267,30 @@ class _TrainingState(checkpoint.State):
         ddp._gns_saved = data.get("gns")
         if data.get("scaling_rule"):
             ddp.scaling_rule.load_state_dict(data["scaling_rule"])
+
+
+def load_model_state_dict(checkpoint_dir: str, name: str = "adaptdl-dataparallel",
+                          map_location: Any = "cpu") -> dict:
+    """The model weights an :class:`AdaptiveDataParallel` saved into a checkpoint directory
+    (``checkpoint.latest_checkpoint_dir()``), without building the model first.
+
+    Args:
+        checkpoint_dir: one checkpoint directory (``.../checkpoint-<n>``).
+        name: the ``name=`` given to ``AdaptiveDataParallel`` (its default if not given).
+        map_location: as for ``torch.load``.
+
+    Returns:
+        the wrapped module's ``state_dict`` (no ``module.`` prefixes).
+
+    Raises:
+        ValueError: the checkpoint holds no model state called ``name`` (the message lists
+            the states it holds).
+    """
+    path = os.path.join(checkpoint_dir, name)
+    if not os.path.isfile(path):
+        held = sorted(os.listdir(checkpoint_dir)) if os.path.isdir(checkpoint_dir) else []
+        raise ValueError(f"{checkpoint_dir} holds no AdaptiveDataParallel state named "
+                         f"{name!r} (it holds {held}); pass the name= given to "
+                         "AdaptiveDataParallel")
+    with open(path, "rb") as f:
+        return torch.load(f, map_location=map_location, weights_only=True)["model"]

@@ -1,7 +1,8 @@
 """From trials' scheduler hints to the policy's jobs (pure functions, no Ray calls).
 
 Each trial becomes a :class:`~adaptdl_core.policy.JobInfo`: its speedup function comes
-from the goodput model in its hints (or the linear prior before it has one), its replica
+from the goodput model in its hints (or the linear prior before it has one; with the sync
+cost of replicas not measured yet taken as zero, Pollux's prior-driven exploration), its replica
 bounds from the trainable's :class:`~adaptdl_ray.tune.resources.ReplicaSpec`, the cluster,
 and bounded exploration (at most twice the largest replica count it has been profiled at,
 so an extrapolated model is never trusted far beyond what was measured).
@@ -12,6 +13,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Mapping
 
+from adaptdl_core.goodput import GoodputFunction, PerfParams
 from adaptdl_core.policy import JobInfo, LinearSpeedup, NodeInfo, SpeedupFunction
 from adaptdl_core.sched_hints import SchedHints
 from adaptdl_ray.tune.resources import ReplicaSpec, cluster_capacity
@@ -34,12 +36,25 @@ def speedup_from_hints(hints: Mapping[str, Any] | None) -> Any:
     goodput = parsed.goodput_function()
     if goodput is None:
         return LinearSpeedup(parsed.max_profiled_replicas)
+    if parsed.max_profiled_replicas <= 1:
+        goodput = _exploring(parsed)
     try:
         return SpeedupFunction(goodput, parsed.max_batch_size, parsed.local_bsz_bounds,
                                parsed.gradient_accumulation)
     except ValueError as exc:
         LOG.warning("goodput model unusable (%s); using the linear prior", exc)
         return LinearSpeedup(parsed.max_profiled_replicas)
+
+
+def _exploring(hints: SchedHints) -> GoodputFunction:
+    """Pollux's prior-driven exploration: a job measured on one replica only has no
+    measured gradient-sync cost, and the fit's stand-in for it is a guess; take it as zero
+    instead, so that a job with idle room next to it tries a second replica (its growth is
+    bounded by :func:`exploration_cap`, and it must pay for its resize). Once it has run on
+    several replicas, the fitted sync cost decides."""
+    p = hints.perf_params
+    optimistic = PerfParams(p.alpha_c, p.beta_c, p.alpha_n, p.beta_n, 0.0, 0.0, p.gamma)
+    return GoodputFunction(optimistic, hints.grad_params, hints.init_batch_size)
 
 
 def exploration_cap(hints: Mapping[str, Any] | None) -> int:

@@ -27,10 +27,17 @@ class TrialRecord:
         hints: the trial's latest scheduler hints (``SchedHints.to_dict()``), if reported.
         restarts: checkpoint-restarts so far (from the trial's results).
         resize_s: measured seconds its last resize cost, if any.
+        launch_s: seconds its latest launch took to its first step (a resize costs at
+            least that), if known.
         target: replicas the policy gives it (0: it waits).
         nodes: node ids of the policy's placement, one per replica.
+        placed: node ids of its current replicas, as the last allocation assumed them.
         resizes: how many times the scheduler resized it.
-        waiting_since: when it started waiting for admission (``None``: not waiting).
+        resize_pending: a resize was asked for and its first result has not arrived.
+        resize_log: one dict per resize: ``time``, ``from``, ``to`` (replicas),
+            ``reason`` (why it pays), ``saved_s`` (predicted seconds saved, growths),
+            ``cost_s`` (the resize cost assumed) and, once known, ``measured_s``.
+        last_veto: why the latest proposed resize was not made (logged once).
         history: ``[time, replicas]`` pairs, each time its target changed.
         remaining_s: estimated seconds of training left (from its epochs and training
             time so far), if known.
@@ -40,10 +47,14 @@ class TrialRecord:
     hints: dict | None = None
     restarts: int = 0
     resize_s: float | None = None
+    launch_s: float | None = None
     target: int = 0
     nodes: list = dataclasses.field(default_factory=list)
+    placed: list = dataclasses.field(default_factory=list)
     resizes: int = 0
-    waiting_since: float | None = None
+    resize_pending: bool = False
+    resize_log: list = dataclasses.field(default_factory=list)
+    last_veto: str | None = None
     history: list = dataclasses.field(default_factory=list)
     remaining_s: float | None = None
 

@@ -2,66 +2,76 @@
 
 The trial actor itself does no training. It starts one worker actor per bundle of its
 placement group (see :mod:`.worker_group`), runs the user's function on all of them and
-hands rank 0's reports to Tune, one result per ``step``. Tune's class-trainable hooks give
-exact pauses:
+hands rank 0's reports to Tune, one result per ``step``, as any Tune function trial would:
 
-* ``save_checkpoint`` (called by Tune when the trial pauses, e.g. to be resized) asks the
-  replicas to checkpoint at the next batch boundary, waits for them, and stores rank 0's
-  checkpoint (tar-packed by :mod:`.transfer`) plus a small JSON record in Tune's checkpoint
-  directory. Reports made between the request and the stop are kept and handed to Tune
-  after the resume, so none is lost or repeated.
-* ``load_checkpoint`` (after Tune relaunches the trial, possibly with another number of
-  bundles) keeps the bytes; the first ``step`` sends them to every new replica through the
-  object store, and the job resumes at the same epoch and sample.
+* **Checkpoints are the user's.** A report with ``checkpoint=`` becomes a Tune checkpoint
+  holding the user's files, governed by ``CheckpointConfig``. Every checkpoint the trial
+  writes (``save_checkpoint``: after such a report, on ``checkpoint_frequency``, at a pause
+  for a resize, at the end) also carries the job's own state, taken in place at the next
+  batch boundary without stopping the replicas, so a restore from any of them resumes at
+  that batch (layout: :mod:`.checkpoint_files`).
+* **Failures** of a replica end ``step`` with :class:`WorkerFailed` after every report made
+  before them has been handed to Tune; Tune's ``FailureConfig`` retries from the latest
+  checkpoint.
+* **Interrupts** of the driver reach the trial through the experiment's control actor
+  (:mod:`.control`): it stops its replicas at the next batch boundary and saves their state
+  into its trial directory, which a ``Tuner.restore`` picks up (newest state wins).
+* **Pauses** (resizes by :class:`~adaptdl_ray.tune.AdaptDLScheduler`): Tune saves, then stops
+  the trial; the relaunched trial resumes from that checkpoint on its new number of
+  replicas at the same epoch and sample.
 """
 
 from __future__ import annotations
 
+import collections
 import inspect
-import json
 import logging
-import os
+import math
 import time
 from typing import Any, Callable, Mapping
 
-import numpy as np
+import ray
 from ray import tune
-from ray.tune.result import RESULT_DUPLICATE
+from ray.tune.result import (DONE, RESULT_DUPLICATE, SHOULD_CHECKPOINT, TIME_THIS_ITER_S)
 
-from adaptdl_ray.tune import transfer
+from adaptdl_ray.tune import _ray_private, checkpoint_files, control
 from adaptdl_ray.tune.resources import ReplicaSpec, num_replicas_of, placement_group_factory
-from adaptdl_ray.tune.worker import METRIC_PREFIX
-from adaptdl_ray.tune.worker_group import WorkerGroup
+from adaptdl_ray.tune.results import order_like, result_row
+from adaptdl_ray.tune.trial_progress import PendingReport, TrialProgress
+from adaptdl_ray.tune.worker_group import WorkerFailed, WorkerGroup
 
 LOG = logging.getLogger(__name__)
 
 __all__ = ["AdaptDLTrainableCreator", "AdaptDLTrainable", "is_adaptdl_trainable",
-           "replica_spec_of"]
+           "replica_spec_of", "stop_timeout_of", "resize_phases", "WorkerFailed"]
 
-_STATE_DIR = "adaptdl"
-_RECORD_FILE = "adaptdl_trial.json"
 _POLL_S = 1.0
 # After a report, how long to wait for the function to end (to mark the report final).
 _FINISH_GRACE_S = 0.3
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    return repr(value)
+# After saving on an interrupt, how long to wait for Tune to stop the trial.
+_INTERRUPTED_WAIT_S = 120.0
+_WITH_RESOURCES_ERROR = (
+    "tune.with_resources() cannot set the resources of an AdaptDL trainable: a trial's "
+    "resources are its replicas', and AdaptDLScheduler changes their number. Pass "
+    "num_cpus_per_worker=..., num_gpus_per_worker=... or resources_per_worker={...} (and "
+    "min_replicas/max_replicas) to AdaptDLTrainableCreator instead")
 
 
 class AdaptDLTrainable(tune.Trainable):
     """Base class of the trainables made by :func:`AdaptDLTrainableCreator` (do not
     subclass it directly; the creator fills in the training function and the replica
-    spec)."""
+    spec). ``tune.with_parameters`` works on it; ``tune.with_resources`` raises
+    :class:`TypeError` (set per-replica resources in the creator)."""
 
-    _adaptdl_fn: Callable[[dict], Any] | None = None
+    _adaptdl_fn: Callable[..., Any] | None = None
     _adaptdl_spec: ReplicaSpec | None = None
     _adaptdl_stop_timeout_s: float = 120.0
     _adaptdl_collective_timeout_s: float | None = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "default_resource_request" in cls.__dict__:
+            raise TypeError(_WITH_RESOURCES_ERROR)
 
     @classmethod
     def default_resource_request(cls, config: dict) -> Any:
@@ -69,106 +79,114 @@ class AdaptDLTrainable(tune.Trainable):
         return placement_group_factory(cls._adaptdl_spec, cls._adaptdl_spec.min_replicas)
 
     # -- Tune hooks -------------------------------------------------------------------
-    def setup(self, config: dict) -> None:
-        """Start the replica actors (the training function starts at the first step)."""
+    def setup(self, config: dict, **fn_kwargs: Any) -> None:
+        """Start the replica actors (the training function starts at the first step).
+
+        Keyword arguments (from ``tune.with_parameters``) are passed on to the training
+        function as ``train_fn(config, **kwargs)``."""
         if self._adaptdl_fn is None or self._adaptdl_spec is None:
             raise TypeError("AdaptDLTrainable is a base class: create trainables with "
                             "adaptdl_ray.tune.AdaptDLTrainableCreator(train_fn)")
         self._config = config
-        self._setup_walltime = time.time()
-        self._archive: bytes | None = None
-        self._queue: list[dict] = []  # rank 0's reports not yet returned to Tune
-        self._record: dict[str, Any] = {"restarts": 0, "finished": False, "resize_s": 0.0,
-                                         "pause": None}
-        self._measure_resize = False
-        self._group = self._new_group()
-
-    def _new_group(self) -> WorkerGroup:
-        import ray
-        pg = ray.util.get_current_placement_group()
-        n = num_replicas_of(self.trial_resources) if pg is not None else \
-            self._adaptdl_spec.min_replicas
-        info = {"trial_name": self.trial_name, "trial_id": self.trial_id,
-                "experiment_name": None, "trial_resources": self.trial_resources,
-                "trial_dir": self.logdir}
-        return WorkerGroup(n, self._adaptdl_spec.resources, pg, info)
+        self._fn_kwargs = ray.put(fn_kwargs) if fn_kwargs else {}
+        self._progress = TrialProgress()
+        self._archive: bytes | None = None      # the job state the next launch starts from
+        self._user_files: bytes | None = None   # the user's latest checkpoint (tar bytes)
+        self._queue: collections.deque[PendingReport] = collections.deque()
+        self._error: WorkerFailed | None = None  # raised once the queued reports are out
+        self._measure_from: dict[str, float] | None = None  # pause record of a relaunch
+        self._first_step = True
+        self._posted_hints: str | None = None
+        self._control = control.find()
+        self._interrupt = self._control.wait_interrupt.remote() if self._control else None
+        self._storage_info = _ray_private.trial_storage(self)
+        self._launch_at = time.time()
+        self._launch_s = 0.0  # this launch's start to first step, once seen
+        self._group: WorkerGroup | None = self._new_group()
 
     def load_checkpoint(self, checkpoint_dir: str) -> None:
-        """Keep the checkpoint bytes and reports saved at the pause; count a restart."""
-        with open(os.path.join(checkpoint_dir, _RECORD_FILE)) as f:
-            record = json.load(f)
-        self._archive = transfer.pack_latest_checkpoint(os.path.join(checkpoint_dir,
-                                                                    _STATE_DIR))
-        self._queue = list(record.pop("pending", []))
-        record["restarts"] = int(record["restarts"]) + 1
-        self._record.update(record)
-        self._measure_resize = record.get("pause") is not None
+        """Take the job state, the user's files and the unreturned reports of a checkpoint
+        this trial wrote; the relaunch counts as a restart."""
+        self._adopt(*checkpoint_files.read(checkpoint_dir))
 
     def step(self) -> dict:
         """Return rank 0's next report (the last one marked done).
 
         Raises:
-            WorkerFailed: a replica failed (its traceback in the message)."""
-        if self._record["finished"]:
+            WorkerFailed: a replica failed (after every earlier report was returned)."""
+        if self._first_step:
+            self._first_step = False
+            self._adopt_interrupted_state()
+        if self._progress.finished:
             return self._next_final()
-        if self._queue and not (self._group is not None and self._group.started):
-            return self._decorate(self._queue.pop(0))  # reports replayed after a pause
-        if self._group is None:
-            self._record["restarts"] += 1
-            self._setup_walltime = time.time()
-            self._group = self._new_group()
-        if not self._group.started:
-            self._group.start(self._adaptdl_fn, self._config, archive=self._archive,
-                              num_restarts=self._record["restarts"], job_id=self.trial_id,
-                              timeout_s=self._adaptdl_collective_timeout_s)
+        self._ensure_started()
         while True:
-            if not self._queue:
-                self._queue.extend(self._group.next_results(_POLL_S))
-            if len(self._queue) > 1:
-                return self._decorate(self._queue.pop(0))
-            # With one report in hand, wait briefly for the function to end: its last
-            # report then goes to Tune as the final result, so no scheduler decides a
-            # resize for a trial that is done. Raises WorkerFailed on a failure.
-            outcomes = self._group.finished(_FINISH_GRACE_S if self._queue else 0.0)
+            self._check_interrupt()
+            outcomes = None
+            if self._error is None:
+                try:
+                    self._fetch(0.0 if self._queue else _POLL_S)
+                    grace = _FINISH_GRACE_S if len(self._queue) == 1 else 0.0
+                    outcomes = self._group.finished(grace if self._queue else 0.0)
+                except (WorkerFailed, ray.exceptions.RayActorError) as exc:
+                    self._error = exc if isinstance(exc, WorkerFailed) else WorkerFailed(
+                        f"replica 0 died: {exc}")
+                    self._fetch_quietly()
+            if self._error is not None:
+                if self._queue:
+                    return self._emit(self._queue.popleft())
+                raise self._error
             if outcomes is None:
                 if self._queue:
-                    return self._decorate(self._queue.pop(0))
+                    return self._emit(self._queue.popleft())
                 continue
-            self._queue.extend(self._group.next_results(0.0))
+            self._fetch(0.0)
             if any(o["status"] == "checkpointed" for o in outcomes):
                 # The job stopped itself (request_checkpoint_and_exit in the function):
                 # continue from its checkpoint in fresh processes.
                 self._relaunch_from_checkpoint()
                 continue
-            self._record["finished"] = True
+            self._progress.finished = True
             return self._next_final()
 
-    def save_checkpoint(self, checkpoint_dir: str) -> dict | None:
-        """Stop the replicas at the next batch boundary and store their checkpoint here.
+    def save_checkpoint(self, checkpoint_dir: str) -> None:
+        """Write the user's latest files and the job's state, taken at the next batch
+        boundary, into ``checkpoint_dir``. The replicas keep training, unless the scheduler
+        announced that this save precedes a pause: then they stop at the checkpoint.
 
         Raises:
-            TimeoutError: the replicas did not stop within stop_timeout_s."""
+            TimeoutError: the replicas reached no batch boundary within stop_timeout_s.
+            WorkerFailed: a replica failed meanwhile."""
+        if self._error is not None:
+            raise self._error  # the replicas are gone: retry from the last checkpoint
         t0 = time.time()
-        stopped = t0
-        if self._group is not None and self._group.started and not self._record["finished"]:
+        archive, pending = self._archive, list(self._queue)
+        if self._group is not None and self._group.started and self._pause_announced():
             outcomes = self._group.stop(self._adaptdl_stop_timeout_s)
-            stopped = time.time()
-            self._queue.extend(self._group.next_results(0.0))
-            if all(o["status"] == "finished" for o in outcomes):
-                self._record["finished"] = True
-        if self._group is not None and self._group.started:
-            self._archive = self._group.checkpoint_archive() or self._archive
-            self._group.shutdown()
-            self._group = None
-        if self._archive is not None:
-            transfer.unpack(self._archive, os.path.join(checkpoint_dir, _STATE_DIR))
-        record = dict(self._record, pending=self._queue,
-                      pause={"requested": t0, "stopped": stopped, "saved": time.time()})
-        with open(os.path.join(checkpoint_dir, _RECORD_FILE), "w") as f:
-            json.dump(record, f, default=_jsonable)
-        LOG.info("trial %s checkpointed in %.2f s (%d pending results)", self.trial_id,
-                 record["pause"]["saved"] - t0, len(self._queue))
-        return None
+            self._fetch(0.0)
+            archive, pending = self._group.checkpoint_archive() or archive, list(self._queue)
+            self._progress.finished = all(o["status"] == "finished" for o in outcomes)
+        elif self._group is not None and self._group.started:
+            answer = self._group.save(self._adaptdl_stop_timeout_s)
+            self._fetch(0.0)
+            if answer["taken"]:
+                archive = self._group.checkpoint_archive(answer["path"])
+                pending = [r for r in self._queue if r.tag < answer["index"]]
+            else:  # the function ended before a boundary: its final state
+                self._group.finished(self._adaptdl_stop_timeout_s)
+                self._fetch(0.0)
+                archive, pending = self._group.checkpoint_archive(), list(self._queue)
+        stopped = time.time()
+        self._archive = archive
+        self._progress.seq += 1
+        self._progress.pause = {"requested": t0, "stopped": stopped, "saved": time.time()}
+        self._progress.pending = pending
+        try:
+            checkpoint_files.write(checkpoint_dir, self._progress, archive, self._user_files)
+        finally:
+            self._progress.pending = []
+        LOG.info("trial %s checkpointed in %.2f s (%d reports not yet returned)",
+                 self.trial_id, time.time() - t0, len(pending))
 
     def cleanup(self) -> None:
         """Kill the replica actors."""
@@ -178,66 +196,198 @@ class AdaptDLTrainable(tune.Trainable):
 
     def reset_config(self, new_config: dict) -> bool:
         """Never reuse a trial actor: every trial gets fresh replica processes."""
-        return False  # fresh worker processes for every trial
+        return False
 
-    # -- helpers ---------------------------------------------------------------------
-    def _next_final(self) -> dict:
-        """After the function ended: its remaining reports, the last marked done."""
-        if not self._queue:
-            return self._final_result()
-        result = self._decorate(self._queue.pop(0))
-        return dict(result, done=True) if not self._queue else result
+    def _pause_announced(self) -> bool:
+        """Whether the scheduler announced that the save now asked for precedes a pause."""
+        if self._control is None:
+            return False
+        try:
+            return bool(ray.get(self._control.take_pausing.remote(self.trial_id), timeout=10))
+        except ray.exceptions.RayError:
+            return False
+
+    # -- launching ---------------------------------------------------------------------
+    def _new_group(self) -> WorkerGroup:
+        pg = ray.util.get_current_placement_group()
+        n = num_replicas_of(self.trial_resources) if pg is not None else \
+            self._adaptdl_spec.min_replicas
+        storage = self._storage_info
+        info = {"trial_name": self.trial_name, "trial_id": self.trial_id,
+                "experiment_name": storage.experiment_name if storage else None,
+                "trial_resources": self.trial_resources,
+                "trial_dir": (storage.trial_dir if storage else None) or self.logdir}
+        return WorkerGroup(n, self._adaptdl_spec.resources, pg, info)
+
+    def _ensure_started(self) -> None:
+        if self._group is None:
+            self._progress.restarts += 1
+            self._launch_at, self._launch_s = time.time(), 0.0
+            self._group = self._new_group()
+        if not self._group.started:
+            self._group.start(self._adaptdl_fn, self._config, fn_kwargs=self._fn_kwargs,
+                              archive=self._archive, user_files=self._user_files,
+                              num_restarts=self._progress.restarts, job_id=self.trial_id,
+                              timeout_s=self._adaptdl_collective_timeout_s)
 
     def _relaunch_from_checkpoint(self) -> None:
         self._archive = self._group.checkpoint_archive() or self._archive
         self._group.shutdown()
         self._group = None
-        self._record["restarts"] += 1
-        self._setup_walltime = time.time()
-        self._group = self._new_group()
-        self._group.start(self._adaptdl_fn, self._config, archive=self._archive,
-                          num_restarts=self._record["restarts"], job_id=self.trial_id,
-                          timeout_s=self._adaptdl_collective_timeout_s)
+        self._ensure_started()
 
-    def _decorate(self, result: dict) -> dict:
-        result = dict(result)
-        if self._measure_resize and self._group is not None and result.get(
-                METRIC_PREFIX + "restarts") == self._record["restarts"]:
-            # The first report of the resumed job: how long the resize took, by phase.
-            self._measure_resize = False
-            phases = resize_phases(self._record["pause"], self._setup_walltime,
-                                   self._group.timeline())
-            self._record["resize_s"] = phases.pop("total_s")
-            result.update({f"{METRIC_PREFIX}resize/{k}": v for k, v in phases.items()})
-        result[METRIC_PREFIX + "resize_s"] = self._record["resize_s"]
-        return result
+    def _adopt(self, progress: TrialProgress, archive: bytes | None,
+               user_files: bytes | None) -> None:
+        """Continue from a saved record: its unreturned reports come first."""
+        for report in progress.pending:
+            report.tag = -1  # made before any checkpoint of the coming launch
+        self._queue = collections.deque(progress.pending)
+        progress.pending = []
+        progress.restarts += 1
+        self._progress = progress
+        self._archive, self._user_files = archive, user_files
+        self._measure_from = progress.pause
 
-    def _final_result(self) -> dict:
-        # Tune then completes the trial with its last reported result, without logging a
-        # repeated row.
-        return {RESULT_DUPLICATE: True, "done": True}
+    def _adopt_interrupted_state(self) -> None:
+        """Resume from the state an interrupted run saved, if it is newer than the
+        checkpoint Tune restored (or there was none)."""
+        if self._storage_info is None:
+            return
+        try:
+            saved = checkpoint_files.read_interrupted(self._storage_info)
+        except (OSError, ValueError) as exc:
+            LOG.warning("trial %s: ignoring the state saved on an interrupt: %s",
+                        self.trial_id, exc)
+            return
+        if saved is None or saved[0].seq <= self._progress.seq:
+            return
+        progress = saved[0]
+        LOG.info("trial %s resumes where the interrupted run stopped (iteration %d)",
+                 self.trial_id, progress.iteration)
+        _ray_private.set_trainable_counters(self, iteration=progress.iteration,
+                                            time_total_s=progress.time_total_s)
+        self._adopt(*saved)
+        self._measure_from = None  # not a resize
+
+    # -- reports -----------------------------------------------------------------------
+    def _fetch(self, timeout_s: float) -> None:
+        """Queue rank 0's new reports as result rows."""
+        for item in self._group.next_results(timeout_s):
+            hints = item.get("hints")
+            if hints and hints != self._posted_hints and self._control is not None:
+                self._control.put_hints.remote(self.trial_id, hints)
+                self._posted_hints = hints
+            phases = None
+            if self._measure_from is not None or not self._launch_s:
+                timeline = self._group.timeline()
+                if "first_step" in timeline:
+                    self._launch_s = max(timeline["first_step"] - self._launch_at, 0.0)
+                if self._measure_from is not None:
+                    # The first report of a relaunch: what the relaunch cost, by phase.
+                    phases = resize_phases(self._measure_from, self._launch_at, timeline)
+                    self._progress.resize_s = phases.pop("total_s")
+                    self._measure_from = None
+            row = result_row(item["metrics"], item["status"], launch_s=self._launch_s,
+                             resize_s=self._progress.resize_s, phases=phases)
+            row[TIME_THIS_ITER_S] = float(item["time_this_iter_s"])
+            self._queue.append(PendingReport(row, item["tag"], item["user_checkpoint"]))
+
+    def _fetch_quietly(self) -> None:
+        """After a failure: take what rank 0 reported, if it is still alive."""
+        try:
+            self._fetch(0.0)
+        except ray.exceptions.RayActorError:
+            pass
+
+    def _emit(self, report: PendingReport, *, final: bool = False) -> dict:
+        """The result Tune receives for a queued report."""
+        row = dict(report.metrics)
+        checkpoint = report.user_checkpoint is not None
+        if checkpoint:
+            self._user_files = report.user_checkpoint
+            self._progress.user_checkpoints += 1
+        elif final and self._progress.user_checkpoints == 0:
+            # Never checkpointed by the user: the final state goes to Tune, so that
+            # result.checkpoint holds the trained model (model_state_dict()).
+            checkpoint = True
+        # After a failure no fresh state can be taken: the retry starts from the last
+        # checkpoint, so the reports still queued go to Tune without one.
+        row[SHOULD_CHECKPOINT] = checkpoint and self._error is None
+        row[DONE] = final or bool(row.get(DONE, False))
+        row[TIME_THIS_ITER_S] = row.pop(TIME_THIS_ITER_S)
+        if not self._progress.schema:
+            self._progress.schema = list(row)
+        self._progress.iteration += 1
+        self._progress.time_total_s += row[TIME_THIS_ITER_S]
+        return order_like(row, self._progress.schema)
+
+    def _next_final(self) -> dict:
+        """After the function ended: its remaining reports, the last marked done."""
+        if not self._queue:
+            # Tune then completes the trial with its last result, without a new row.
+            return {RESULT_DUPLICATE: True, DONE: True}
+        report = self._queue.popleft()
+        return self._emit(report, final=not self._queue)
+
+    # -- interrupts --------------------------------------------------------------------
+    def _check_interrupt(self) -> None:
+        """On an interrupt of the driver: save where the replicas are, tell the scheduler,
+        and wait for Tune to stop this trial."""
+        if self._interrupt is None or not ray.wait([self._interrupt], timeout=0)[0]:
+            return
+        self._interrupt = None
+        t0 = time.time()
+        try:
+            self._save_interrupted()
+        except Exception:  # noqa: BLE001 - a restore then starts from Tune's checkpoint
+            LOG.warning("trial %s could not save its state on the interrupt", self.trial_id,
+                        exc_info=True)
+        finally:
+            self._control.ack.remote(self.trial_id)
+        LOG.info("trial %s saved its state on the interrupt in %.2f s", self.trial_id,
+                 time.time() - t0)
+        time.sleep(_INTERRUPTED_WAIT_S)
+        raise RuntimeError("the run was interrupted, but Tune did not stop this trial within "
+                           f"{_INTERRUPTED_WAIT_S:.0f} s")
+
+    def _save_interrupted(self) -> None:
+        if self._storage_info is None or self._error is not None:
+            return
+        outcomes = self._group.stop(self._adaptdl_stop_timeout_s)
+        self._fetch(0.0)
+        self._archive = self._group.checkpoint_archive() or self._archive
+        self._progress.finished = all(o["status"] == "finished" for o in outcomes)
+        self._progress.seq += 1
+        self._progress.pause = None
+        self._progress.pending = list(self._queue)
+        try:
+            path = checkpoint_files.write_interrupted(self._storage_info, self._progress,
+                                                      self._archive, self._user_files)
+        finally:
+            self._progress.pending = []
+        LOG.info("trial %s: state saved to %s", self.trial_id, path)
 
 
 def resize_phases(pause: Mapping[str, float], setup_at: float,
                   timeline: Mapping[str, float]) -> dict[str, float]:
-    """Split one pause-resize-resume cycle into phases (seconds).
+    """Split one checkpoint-relaunch cycle into phases (seconds).
 
     Args:
-        pause: wall-clock times the pause was ``requested``, the replicas ``stopped`` (the
-            checkpoint written) and the checkpoint was ``saved`` into Tune's directory.
-        setup_at: when the relaunched trial actor began its setup.
+        pause: wall-clock times the checkpoint was ``requested``, the replicas ``stopped``
+            (saved at a batch boundary) and the checkpoint was ``saved`` into Tune's
+            directory.
+        setup_at: when the relaunched trial actor began its launch.
         timeline: the new launch's milestones (``created``, ``workers_up``, ``ready``,
             ``first_step``; see ``WorkerGroup.timeline``); a missing ``first_step`` means
             "not seen", and the current time stands in for it.
 
     Returns:
-        ``checkpoint_s`` (stop at a batch boundary, rank 0 writes), ``save_s`` (checkpoint
-        bytes into Tune's directory, old replicas gone), ``relaunch_s`` (Tune persists the
-        checkpoint, frees and re-creates the placement group, starts the trial actor; also
-        any time the trial waited for resources), ``worker_start_s`` (replica actors up),
-        ``restore_s`` (checkpoint handed over, torch imported, files unpacked),
-        ``first_step_s`` (process group, states loaded, first optimizer step), and their sum
-        ``total_s``.
+        ``checkpoint_s`` (to a batch boundary, rank 0 writes), ``save_s`` (checkpoint
+        bytes into Tune's directory), ``relaunch_s`` (Tune persists the checkpoint, frees
+        and re-creates the placement group, starts the trial actor; also any time the trial
+        waited for resources), ``worker_start_s`` (replica actors up), ``restore_s``
+        (checkpoint handed over, torch imported, files unpacked), ``first_step_s`` (process
+        group, states loaded, first optimizer step), and their sum ``total_s``.
     """
     first = timeline.get("first_step", time.time())
     ready = timeline.get("ready", first)
@@ -255,7 +405,8 @@ def resize_phases(pause: Mapping[str, float], setup_at: float,
 
 
 def is_adaptdl_trainable(trainable_cls: Any) -> bool:
-    """True for a class made by :func:`AdaptDLTrainableCreator`."""
+    """True for a class made by :func:`AdaptDLTrainableCreator` (or a Tune wrapper of one,
+    such as ``tune.with_parameters``)."""
     return isinstance(trainable_cls, type) and issubclass(trainable_cls, AdaptDLTrainable) \
         and trainable_cls._adaptdl_spec is not None
 
@@ -264,18 +415,46 @@ def replica_spec_of(trainable_cls: Any) -> ReplicaSpec:
     """The :class:`ReplicaSpec` of an AdaptDL trainable.
 
     Raises:
-        TypeError: if ``trainable_cls`` was not made by :func:`AdaptDLTrainableCreator`.
+        TypeError: if ``trainable_cls`` was not made by :func:`AdaptDLTrainableCreator`
+            (the message says how to wrap a training function, or a Ray Train trainer's).
     """
     if not is_adaptdl_trainable(trainable_cls):
         name = getattr(trainable_cls, "__name__", repr(trainable_cls))
+        if "Trainer" in name:
+            raise TypeError(
+                f"AdaptDLScheduler cannot resize a Ray Train {name}: Ray Train fixes the "
+                "number of workers. Run the same function elastically with "
+                "tune.Tuner(AdaptDLTrainableCreator(train_loop_per_worker, "
+                "num_cpus_per_worker=..., num_gpus_per_worker=...), param_space="
+                "{'train_loop_config': ...}) - see 'Coming from Ray Train' in the README")
         raise TypeError(f"AdaptDLScheduler can only schedule trainables created with "
                         f"adaptdl_ray.tune.AdaptDLTrainableCreator(train_fn); got {name}. "
                         "Wrap your training function: "
-                        "tune.run(AdaptDLTrainableCreator(train_fn), ...)")
+                        "tune.Tuner(AdaptDLTrainableCreator(train_fn), ...)")
     return trainable_cls._adaptdl_spec
 
 
-def AdaptDLTrainableCreator(train_fn: Callable[[dict], Any], *,  # noqa: N802 (AdaptDL's name)
+def stop_timeout_of(trainable_cls: Any) -> float:
+    """How long a checkpoint of an AdaptDL trainable's trial may wait for a batch boundary
+    (its creator's ``stop_timeout_s``).
+
+    Raises:
+        TypeError: as :func:`replica_spec_of`.
+    """
+    replica_spec_of(trainable_cls)
+    return trainable_cls._adaptdl_stop_timeout_s
+
+
+def _check_seconds(name: str, value: Any, *, optional: bool = False) -> None:
+    """A finite number of seconds > 0 (or ``None`` where ``optional``)."""
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
+
+
+def AdaptDLTrainableCreator(train_fn: Callable[..., Any], *,  # noqa: N802 (AdaptDL's name)
                             num_cpus_per_worker: float = 1.0, num_gpus_per_worker: float = 0.0,
                             resources_per_worker: Mapping[str, float] | None = None,
                             min_replicas: int = 1, max_replicas: int | None = None,
@@ -286,19 +465,22 @@ def AdaptDLTrainableCreator(train_fn: Callable[[dict], Any], *,  # noqa: N802 (A
 
     ``train_fn`` is an ordinary adaptdl_core training function (``init_process_group``,
     ``AdaptiveDataParallel``, ``AdaptiveDataLoader``, ``remaining_epochs_until``...) that
-    calls ``ray.tune.report(metrics)``; only rank 0's reports reach Tune, with the
-    ``adaptdl/...`` metrics added. The number of replicas is the number of bundles after
-    the head bundle of the trial's placement group, which :class:`AdaptDLScheduler` sets.
+    calls ``ray.tune.report(metrics, checkpoint=...)``; only rank 0's reports reach Tune,
+    with the ``adaptdl/...`` metrics added. The number of replicas is the number of bundles
+    after the head bundle of the trial's placement group, which :class:`AdaptDLScheduler`
+    sets.
 
     Args:
-        train_fn: ``fn(config)``; it is pickled and run in each worker actor.
+        train_fn: ``fn(config)`` (or ``fn(config, **kwargs)`` with ``tune.with_parameters``,
+            wrapped around the function or around the returned trainable); it is pickled
+            and run in each worker actor.
         num_cpus_per_worker: CPUs of each replica's bundle (also its torch threads).
         num_gpus_per_worker: GPUs of each replica's bundle.
         resources_per_worker: extra custom resources per replica.
         min_replicas, max_replicas: bounds on the replica count (``max`` ``None``: the
             cluster is the limit).
-        stop_timeout_s: how long a pause may wait for the replicas to reach a batch
-            boundary and checkpoint.
+        stop_timeout_s: how long a checkpoint may wait for the replicas to reach a batch
+            boundary (also bounds the save on an interrupt of the driver).
         collective_timeout_s: ``ADAPTDL_TIMEOUT`` for the replicas (default: the core's 30 s).
         name: the trainable's name in Tune (trial names start with it); default
             ``AdaptDL_<function name>``.
@@ -308,11 +490,12 @@ def AdaptDLTrainableCreator(train_fn: Callable[[dict], Any], *,  # noqa: N802 (A
 
     Raises:
         ValueError: for a non-callable ``train_fn``, a function that cannot take a config
-            argument, non-positive resources, or ``min_replicas > max_replicas`` (the message
-            names the argument).
+            argument, non-finite or negative resources or timeouts, or ``min_replicas >
+            max_replicas`` (the message names the argument).
     """
-    if not callable(train_fn):
-        raise ValueError(f"train_fn must be a function fn(config), got {type(train_fn).__name__}")
+    if not callable(train_fn) or isinstance(train_fn, type):
+        raise ValueError(f"train_fn must be a function fn(config), got "
+                         f"{type(train_fn).__name__}: pass the training function itself")
     try:
         inspect.signature(train_fn).bind({})
     except TypeError:
@@ -321,12 +504,14 @@ def AdaptDLTrainableCreator(train_fn: Callable[[dict], Any], *,  # noqa: N802 (A
     except ValueError:
         pass  # builtins without a signature: let them fail at run time
     for arg, value in (("num_cpus_per_worker", num_cpus_per_worker),
-                       ("num_gpus_per_worker", num_gpus_per_worker),
-                       ("stop_timeout_s", stop_timeout_s)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            raise ValueError(f"{arg} must be a number >= 0, got {value!r}")
-    if stop_timeout_s <= 0:
-        raise ValueError(f"stop_timeout_s must be > 0, got {stop_timeout_s!r}")
+                       ("num_gpus_per_worker", num_gpus_per_worker)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                not math.isfinite(value) or value < 0:
+            raise ValueError(f"{arg} must be a finite number >= 0, got {value!r}")
+    _check_seconds("stop_timeout_s", stop_timeout_s)
+    _check_seconds("collective_timeout_s", collective_timeout_s, optional=True)
+    if name is not None and (not isinstance(name, str) or not name):
+        raise ValueError(f"name must be a non-empty string or None, got {name!r}")
     resources = {"CPU": float(num_cpus_per_worker), "GPU": float(num_gpus_per_worker)}
     resources.update(resources_per_worker or {})
     spec = ReplicaSpec(resources, min_replicas=min_replicas, max_replicas=max_replicas)

@@ -15,7 +15,7 @@ import tarfile
 
 from adaptdl_core import checkpoint
 
-__all__ = ["pack_latest_checkpoint", "pack_dir", "unpack"]
+__all__ = ["pack_latest_checkpoint", "pack_dir", "pack_entries", "unpack"]
 
 
 def pack_dir(path: str, arcname: str) -> bytes:
@@ -23,6 +23,15 @@ def pack_dir(path: str, arcname: str) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         tar.add(path, arcname=arcname)
+    return buf.getvalue()
+
+
+def pack_entries(directory: str, entries: list[str]) -> bytes:
+    """Tar the given entries (files or directories) of ``directory`` under their own names."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for entry in entries:
+            tar.add(os.path.join(directory, entry), arcname=entry)
     return buf.getvalue()
 
 

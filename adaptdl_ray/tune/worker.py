@@ -1,13 +1,16 @@
 """One replica of a trial: a Ray actor that runs the user's training function.
 
 The function runs in one of the actor's threads (the actor is threaded), so the trial can
-still ask for results or request a checkpoint-and-stop while it trains. Each launch of a
-trial uses fresh actors: the core library keeps per-process state (the State registry,
-the process group), and a new process per launch keeps every launch clean.
+still collect reports, ask for an in-place checkpoint or a checkpoint-and-stop while it
+trains. Each launch of a trial uses fresh actors: the core library keeps per-process state
+(the State registry, the process group), and a new process per launch keeps every launch
+clean.
 
-Inside the function ``ray.tune.report`` and ``ray.tune.get_context`` work as in any Tune
-function: a minimal session forwards rank 0's reports (with the ``adaptdl/`` metrics and
-the scheduler hints added) to the trial; other ranks' reports are dropped.
+Inside the function ``ray.tune.report``, ``ray.tune.get_checkpoint`` and
+``ray.tune.get_context()`` work as in any Tune function (the context also knows the
+replica's world rank and size, as in Ray Train): rank 0's reports, with the user's
+checkpoint packed at once (the function may delete its files right after the call), go to
+the trial; other ranks' reports are dropped.
 """
 
 from __future__ import annotations
@@ -18,7 +21,6 @@ import logging
 import os
 import queue
 import shutil
-import socket
 import tempfile
 import threading
 import time
@@ -27,35 +29,7 @@ from typing import Any, Callable
 
 LOG = logging.getLogger(__name__)
 
-__all__ = ["ReplicaWorker", "HINTS_KEY", "METRIC_PREFIX"]
-
-METRIC_PREFIX = "adaptdl/"
-HINTS_KEY = METRIC_PREFIX + "hints"
-
-
-class _ReportSession:
-    """Just enough of Ray Train's session object for ``tune.report`` / ``tune.get_context``
-    inside a worker (Ray reads ``ray.train._internal.session._session``)."""
-
-    def __init__(self, worker: "ReplicaWorker", trial_info: dict[str, Any]) -> None:
-        self._worker = worker
-        self.world_rank = None  # None marks a Tune (not Train) session
-        self.loaded_checkpoint = None
-        self.trial_name = trial_info.get("trial_name")
-        self.trial_id = trial_info.get("trial_id")
-        self.experiment_name = trial_info.get("experiment_name")
-        self.trial_resources = trial_info.get("trial_resources")
-        self.trial_dir = trial_info.get("trial_dir")  # on the trial actor's node
-        self.run_id = trial_info.get("trial_id")
-        self._warned_checkpoint = False
-
-    def report(self, metrics: dict, checkpoint: Any = None) -> None:
-        """Hand rank 0's metrics to the trial (other ranks: dropped)."""
-        if checkpoint is not None and not self._warned_checkpoint:
-            self._warned_checkpoint = True
-            LOG.warning("tune.report(checkpoint=...) is ignored in AdaptDL trials: the job's "
-                        "state is checkpointed automatically at every resize and pause")
-        self._worker._on_report(metrics)
+__all__ = ["ReplicaWorker"]
 
 
 def _preimport() -> None:
@@ -65,9 +39,11 @@ def _preimport() -> None:
         LOG.debug("pre-import of adaptdl_core.torch failed", exc_info=True)
 
 
-def _install_session(session: _ReportSession) -> None:
-    from ray.train._internal import session as train_session
-    train_session._session = session
+def _checkpoint_files(checkpoint: Any) -> bytes:
+    """A ``tune.Checkpoint``'s files as tar bytes (read now: the caller may delete them)."""
+    from adaptdl_ray.tune import transfer
+    with checkpoint.as_directory() as directory:
+        return transfer.pack_entries(directory, sorted(os.listdir(directory)))
 
 
 class ReplicaWorker:
@@ -75,7 +51,8 @@ class ReplicaWorker:
 
     Args:
         rank: this replica's provisional rank (the final one comes with :meth:`run`).
-        trial_info: trial name, id, experiment name and resources, for ``tune.get_context``.
+        trial_info: trial name, id, experiment name, resources and directory, for
+            ``tune.get_context``.
     """
 
     def __init__(self, rank: int, trial_info: dict[str, Any]) -> None:
@@ -83,8 +60,16 @@ class ReplicaWorker:
         self._trial_info = trial_info
         self._results: queue.Queue = queue.Queue()
         self._checkpoint_root: str | None = None
+        self._user_root: str | None = None
         # Wall-clock milestones of this launch (seconds since the epoch), for resize costs.
         self._timeline: dict[str, float] = {}
+        self._last_report: float | None = None
+        # In-place checkpoints requested on this replica (PendingCheckpoint handles, in
+        # order) and how many of them were taken: the tag of each report.
+        self._saves: list[Any] = []
+        self._saves_taken = 0
+        self._saves_lock = threading.Lock()
+        self._running = False
         # Importing torch takes seconds: start now, while the trial sets up, so that
         # run() finds it imported (run's own import waits for this one to finish).
         threading.Thread(target=_preimport, daemon=True, name="adaptdl-preimport").start()
@@ -97,60 +82,98 @@ class ReplicaWorker:
 
     def free_port(self) -> int:
         """A TCP port free on this node (rank 0 hosts the job's store on it)."""
+        import socket
         with socket.socket() as s:
             s.bind(("", 0))
             return s.getsockname()[1]
 
     # -- running ------------------------------------------------------------------
-    def run(self, fn: Callable[[dict], Any], config: dict, env: dict[str, str],
-            archive: bytes | None, num_threads: int) -> dict[str, Any]:
-        """Run ``fn(config)`` to its end with the ``ADAPTDL_*`` variables ``env``.
+    def run(self, fn: Callable[..., Any], config: dict, fn_kwargs: dict, env: dict[str, str],
+            archive: bytes | None, user_files: bytes | None, num_threads: int,
+            world: dict[str, int]) -> dict[str, Any]:
+        """Run ``fn(config, **fn_kwargs)`` to its end with the ``ADAPTDL_*`` variables ``env``.
 
         Args:
-            archive: the trial's checkpoint (tar bytes from :mod:`.transfer`), unpacked into
-                this worker's local checkpoint path first; ``None`` for a fresh start.
+            archive: the job's adaptdl_core checkpoint (tar bytes from :mod:`.transfer`),
+                unpacked into this worker's local checkpoint path first; ``None`` for a
+                fresh start.
+            user_files: the user's checkpoint to resume from (tar bytes), which
+                ``tune.get_checkpoint()`` returns inside the function; ``None``: none.
             num_threads: torch intra-op threads (the CPUs of this worker's bundle).
+            world: ``world_rank``, ``world_size``, ``local_rank``, ``local_world_size``,
+                ``node_rank`` for ``tune.get_context()``.
 
         Returns:
             ``{"status": "finished" | "checkpointed" | "error", "traceback": str | None}``.
+            A function that returns normally is checkpointed once more at its end (every
+            replica takes part), so the final state can be handed to Tune.
         """
         self._timeline["run_called"] = time.time()
         import torch
+        from ray import tune
 
-        from adaptdl_core.torch import _interrupt
-        from adaptdl_ray.tune import transfer
+        from adaptdl_core import checkpoint
+        from adaptdl_core.torch import CheckpointExit
+        from adaptdl_ray.tune import _ray_private, transfer
 
         self.rank = int(env["ADAPTDL_REPLICA_RANK"])
-        self._checkpoint_root = tempfile.mkdtemp(
-            prefix=f"adaptdl-{env.get('ADAPTDL_JOB_ID', 'job')}-r{self.rank}-")
+        job = env.get("ADAPTDL_JOB_ID", "job")
+        self._checkpoint_root = tempfile.mkdtemp(prefix=f"adaptdl-{job}-r{self.rank}-")
         os.environ.update(env)
         os.environ["ADAPTDL_CHECKPOINT_PATH"] = self._checkpoint_root
         if archive is not None:
             transfer.unpack(archive, self._checkpoint_root)
+        loaded = None
+        if user_files is not None:
+            self._user_root = tempfile.mkdtemp(prefix=f"adaptdl-{job}-r{self.rank}-user-")
+            transfer.unpack(user_files, self._user_root)
+            loaded = tune.Checkpoint.from_directory(self._user_root)
         torch.set_num_threads(max(1, int(num_threads)))
-        _install_session(_ReportSession(self, self._trial_info))
+        _ray_private.install_replica_session(_ray_private.ReplicaSession(
+            self._on_report, self._trial_info, world, loaded))
         self._timeline["ready"] = time.time()
+        self._last_report = self._timeline["ready"]
+        self._running = True
         outcome: dict[str, Any] = {"status": "finished", "traceback": None}
         try:
-            fn(config)
-        except _interrupt.CheckpointExit:
+            fn(config, **fn_kwargs)
+            checkpoint.save_all_states()
+        except CheckpointExit:
             outcome["status"] = "checkpointed"
         except BaseException:  # noqa: BLE001 - report any failure to the trial
             outcome = {"status": "error", "traceback": traceback.format_exc()}
             LOG.error("replica %d failed:\n%s", self.rank, outcome["traceback"])
+        finally:
+            self._running = False
+            with self._saves_lock:
+                for handle in self._saves:
+                    handle.cancel()
         self._results.put(None)  # wakes a reader blocked in next_results
         return outcome
 
-    def _on_report(self, metrics: dict) -> None:
+    def _tag(self) -> int:
+        """In-place checkpoints taken before now (called in the training thread, where they
+        are taken, so the count is exact)."""
+        with self._saves_lock:
+            while self._saves and self._saves[0].done:
+                self._saves_taken += bool(self._saves.pop(0).taken)
+            return self._saves_taken
+
+    def _on_report(self, metrics: dict, checkpoint: Any = None) -> None:
         if self.rank != 0:
             return
         from adaptdl_core.torch import status
-        result = dict(metrics)
-        for key, value in status.training_status().items():
-            result[METRIC_PREFIX + key] = value
+        now = time.time()
         hints = status.sched_hints_dict()
-        result[HINTS_KEY] = json.dumps(hints) if hints is not None else ""
-        self._results.put(result)
+        self._results.put({
+            "metrics": dict(metrics),
+            "status": status.training_status(),
+            "hints": json.dumps(hints) if hints is not None else None,
+            "time_this_iter_s": now - (self._last_report or now),
+            "tag": self._tag(),
+            "user_checkpoint": _checkpoint_files(checkpoint) if checkpoint is not None else None,
+        })
+        self._last_report = now
 
     def next_results(self, timeout_s: float) -> list[dict]:
         """Reports of rank 0 not yet handed out: waits up to ``timeout_s`` for the first,
@@ -168,10 +191,49 @@ class ReplicaWorker:
             except queue.Empty:
                 return out
 
+    # -- checkpoints ---------------------------------------------------------------
+    def save(self, timeout_s: float) -> dict[str, Any]:
+        """Checkpoint at the next batch boundary and keep training (every replica of the
+        job must be asked; they agree on the boundary).
+
+        Returns:
+            ``{"taken": bool, "path": str | None, "index": int}``: whether a checkpoint was
+            written before the function ended, its directory (rank 0), and how many
+            in-place checkpoints this launch has taken including it (a report with
+            ``tag < index`` was made before it).
+
+        Raises:
+            TimeoutError: no batch boundary within ``timeout_s`` (names this replica).
+        """
+        if not self._running:
+            return {"taken": False, "path": None, "index": self._tag()}
+        from adaptdl_core.torch import request_checkpoint
+        handle = request_checkpoint()
+        with self._saves_lock:
+            self._saves.append(handle)
+        if not self._running:  # the function ended while the request was made
+            handle.cancel()
+        if not handle.wait(timeout_s):
+            raise TimeoutError(
+                f"replica {self.rank} did not reach a batch boundary within {timeout_s:.0f} s "
+                "of a checkpoint request; the training function must iterate an "
+                "AdaptiveDataLoader (checkpoints are taken at its batch boundaries)")
+        return {"taken": handle.taken, "path": handle.path, "index": self._tag_after(handle)}
+
+    def _tag_after(self, handle: Any) -> int:
+        """Taken checkpoints up to and including ``handle`` (resolved)."""
+        with self._saves_lock:
+            taken = self._saves_taken
+            for other in self._saves:
+                taken += bool(other.done and other.taken)
+                if other is handle:
+                    break
+            return taken
+
     def request_stop(self) -> None:
         """Ask the job to checkpoint at the next batch boundary and stop."""
-        from adaptdl_core.torch import _interrupt
-        _interrupt.request_checkpoint_and_exit()
+        from adaptdl_core.torch import request_checkpoint_and_exit
+        request_checkpoint_and_exit()
 
     def timeline(self) -> dict[str, float]:
         """Milestones of this launch: ``run_called``, ``ready`` (torch imported, checkpoint
@@ -184,16 +246,19 @@ class ReplicaWorker:
             timeline["first_step"] = first_step
         return timeline
 
-    def checkpoint_archive(self) -> bytes | None:
-        """The newest checkpoint of this worker's checkpoint path as tar bytes (rank 0 holds
-        the job's checkpoint), ``None`` if there is none."""
+    def checkpoint_archive(self, path: str | None = None) -> bytes | None:
+        """The checkpoint ``path`` (default: the newest in this worker's checkpoint path) as
+        tar bytes (rank 0 holds the job's checkpoints), ``None`` if there is none."""
         from adaptdl_ray.tune import transfer
+        if path is not None:
+            return transfer.pack_dir(path, os.path.basename(path))
         if self._checkpoint_root is None:
             return None
         return transfer.pack_latest_checkpoint(self._checkpoint_root)
 
     def remove_local_files(self) -> None:
-        """Delete this worker's local checkpoint directory (the trial keeps its own copy)."""
-        if self._checkpoint_root is not None:
-            shutil.rmtree(self._checkpoint_root, ignore_errors=True)
-            self._checkpoint_root = None
+        """Delete this worker's local checkpoint directories (the trial keeps its copy)."""
+        for root in (self._checkpoint_root, self._user_root):
+            if root is not None:
+                shutil.rmtree(root, ignore_errors=True)
+        self._checkpoint_root = self._user_root = None

@@ -23,8 +23,19 @@ LOG = logging.getLogger(__name__)
 
 __all__ = ["WorkerGroup", "WorkerFailed"]
 
-# Threads per worker actor: the training function, result polling, stop requests.
+# Threads per worker actor: the training function, result polling, checkpoint requests.
 _ACTOR_CONCURRENCY = 4
+# After one replica failed, how long to wait for the others' outcomes to tell the cause.
+_SETTLE_S = 2.0
+# Errors a replica gets because another one failed (a collective lost its peer).
+_SECONDARY_ERRORS = ("Connection reset by peer", "Connection closed by peer", "Broken pipe",
+                     "CollectiveError", "DistStoreError", "DistNetworkError",
+                     "gloo/transport", "Connection refused", "timed out")
+
+
+def _looks_secondary(text: str) -> bool:
+    """Whether a replica's traceback looks like the echo of another replica's failure."""
+    return any(marker in text for marker in _SECONDARY_ERRORS)
 
 
 class WorkerFailed(RuntimeError):
@@ -73,7 +84,8 @@ class WorkerGroup:
                                                            addresses[i][1], i))
         self.actors = [actors[i] for i in order]
         self.node_ips = [addresses[i][0] for i in order]
-        self.num_nodes = len({addresses[i][1] for i in order})
+        self.node_ids = [addresses[i][1] for i in order]
+        self.num_nodes = len(set(self.node_ids))
         self.master_addr = self.node_ips[0]
         self.master_port = self._get(self.actors[0].free_port.remote(), timeout_s,
                                      "pick a port on rank 0's node")
@@ -100,16 +112,37 @@ class WorkerGroup:
                            master_addr=self.master_addr, num_restarts=num_restarts,
                            extra_env=extra, base_env={})
 
-    def start(self, fn: Callable[[dict], Any], config: dict, *, archive: bytes | None,
-              num_restarts: int, job_id: str, timeout_s: float | None) -> None:
-        """Run ``fn(config)`` on every replica (returns at once)."""
+    def world_of(self, rank: int) -> dict[str, int]:
+        """Replica ``rank``'s place in the job, as Ray Train reports it to its workers:
+        ``world_rank``, ``world_size``, ``local_rank`` and ``local_world_size`` (among the
+        replicas on its node) and ``node_rank``."""
+        nodes = list(dict.fromkeys(self.node_ids))  # in rank order (ranks are node-grouped)
+        node = self.node_ids[rank]
+        same = [r for r, n in enumerate(self.node_ids) if n == node]
+        return {"world_rank": rank, "world_size": self.num_replicas,
+                "local_rank": same.index(rank), "local_world_size": len(same),
+                "node_rank": nodes.index(node)}
+
+    def start(self, fn: Callable[..., Any], config: dict, *, fn_kwargs: Any,
+              archive: bytes | None, user_files: bytes | None, num_restarts: int,
+              job_id: str, timeout_s: float | None) -> None:
+        """Run ``fn(config, **fn_kwargs)`` on every replica (returns at once).
+
+        Args:
+            fn_kwargs: the keyword arguments (a dict, or an ``ObjectRef`` of one, which Ray
+                resolves on each replica).
+            archive, user_files: the job's checkpoint and the user's checkpoint files to
+                resume from (tar bytes, or ``None``); sent once through the object store.
+        """
         archive_ref = ray.put(archive) if archive is not None else None
+        user_ref = ray.put(user_files) if user_files is not None else None
         threads = max(1, int(self.resources_per_replica.get("CPU", 1)))
         self.started_at = time.time()
         self._runs = [
-            actor.run.remote(fn, config, self.env_for(rank, num_restarts=num_restarts,
-                                                      job_id=job_id, timeout_s=timeout_s),
-                             archive_ref, threads)
+            actor.run.remote(fn, config, fn_kwargs,
+                             self.env_for(rank, num_restarts=num_restarts, job_id=job_id,
+                                          timeout_s=timeout_s),
+                             archive_ref, user_ref, threads, self.world_of(rank))
             for rank, actor in enumerate(self.actors)]
 
     @property
@@ -126,7 +159,7 @@ class WorkerGroup:
         else ``None``.
 
         Raises:
-            WorkerFailed: as soon as one replica failed (its traceback in the message).
+            WorkerFailed: as soon as one replica failed (see :meth:`_raise_if_failed`).
         """
         done, _ = ray.wait(self._runs, num_returns=len(self._runs), timeout=wait_s)
         for ref in done:
@@ -136,14 +169,38 @@ class WorkerGroup:
         return ray.get(self._runs)
 
     def _raise_if_failed(self, ref: ray.ObjectRef) -> None:
-        rank = self._runs.index(ref)
+        """Raise :class:`WorkerFailed` if the replica behind ``ref`` failed.
+
+        One replica's failure makes the others fail too (a collective loses its peer), so
+        the error names the replica that failed first in cause: one that died, else one
+        whose error is not a lost connection, waiting up to ``_SETTLE_S`` for the others.
+        """
+        if self._failure(ref) is None:
+            return
+        ray.wait(self._runs, num_returns=len(self._runs), timeout=_SETTLE_S)
+        failures = [(rank, f) for rank, f in enumerate(map(self._failure, self._runs))
+                    if f is not None]
+        rank, (died, text) = min(failures, key=lambda rf: (not rf[1][0],
+                                                          _looks_secondary(rf[1][1]), rf[0]))
+        others = [r for r, _ in failures if r != rank]
+        also = f" (replicas {others} failed after it)" if others else ""
+        where = f"replica {rank} of {self.num_replicas} on node {self.node_ips[rank]}"
+        if died:
+            raise WorkerFailed(f"{where} died{also}: {text}")
+        raise WorkerFailed(f"{where} failed{also}:\n{text}")
+
+    def _failure(self, ref: ray.ObjectRef) -> tuple[bool, str] | None:
+        """``(died, message)`` if the replica behind a finished ``ref`` failed, else None."""
+        done, _ = ray.wait([ref], timeout=0)
+        if not done:
+            return None
         try:
             outcome = ray.get(ref)
         except ray.exceptions.RayActorError as exc:
-            raise WorkerFailed(f"replica {rank} died: {exc}") from exc
+            return True, str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         if outcome["status"] == "error":
-            raise WorkerFailed(f"replica {rank} of {self.num_replicas} failed:\n"
-                               f"{outcome['traceback']}")
+            return False, outcome["traceback"]
+        return None
 
     def stop(self, timeout_s: float) -> list[dict]:
         """Ask every replica to checkpoint at the next batch boundary, wait for all to end.
@@ -167,9 +224,38 @@ class WorkerGroup:
             self._raise_if_failed(ref)
         return ray.get(self._runs)
 
-    def checkpoint_archive(self) -> bytes | None:
-        """Rank 0's newest checkpoint as tar bytes (``None`` if it never saved one)."""
-        return ray.get(self.actors[0].checkpoint_archive.remote())
+    def save(self, timeout_s: float) -> dict[str, Any]:
+        """Checkpoint at the next batch boundary on every replica and keep training.
+
+        Returns:
+            rank 0's answer (see ``ReplicaWorker.save``): ``taken`` (False if the function
+            ended first), ``path`` of the checkpoint on rank 0, ``index``.
+
+        Raises:
+            WorkerFailed: a replica failed before the checkpoint.
+            TimeoutError: no batch boundary within ``timeout_s``.
+        """
+        refs = [actor.save.remote(timeout_s) for actor in self.actors]
+        pending = list(refs)
+        while pending:
+            _, pending = ray.wait(pending, num_returns=len(pending), timeout=1.0)
+            if pending:
+                # A failed replica never reaches the boundary: do not wait for the timeout
+                # (a failure after the checkpoint is the next step's to report).
+                done, _ = ray.wait(self._runs, num_returns=len(self._runs), timeout=0)
+                for ref in done:
+                    self._raise_if_failed(ref)
+        try:
+            return ray.get(refs)[0]
+        except ray.exceptions.RayTaskError as exc:
+            if isinstance(exc.cause, TimeoutError):
+                raise TimeoutError(str(exc.cause)) from None
+            raise
+
+    def checkpoint_archive(self, path: str | None = None) -> bytes | None:
+        """Rank 0's checkpoint ``path`` (default: its newest) as tar bytes (``None`` if it
+        never saved one)."""
+        return ray.get(self.actors[0].checkpoint_archive.remote(path))
 
     def timeline(self) -> dict[str, float]:
         """Rank 0's launch milestones (see ``ReplicaWorker.timeline``) plus the group's

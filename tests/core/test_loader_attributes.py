@@ -69,8 +69,12 @@ def test_len_counts_batches_before_during_and_after_iteration(drop_last, expecte
 
 @pytest.mark.parametrize("persistent", [False, True])
 def test_worker_processes_see_every_sample_once(persistent):
+    # forkserver: workers forked from a clean server process. Forking pytest itself can
+    # deadlock a worker on a lock some other thread of the test session held (seen once
+    # in a full suite run: a worker stuck for 10 minutes in torch's manual_seed).
     loader = adl.AdaptiveDataLoader(DATA, batch_size=16, shuffle=True, num_workers=2,
-                                    persistent_workers=persistent)
+                                    persistent_workers=persistent,
+                                    multiprocessing_context="forkserver", timeout=60)
     seen = indices(loader, epochs=2)
     assert sorted(seen) == sorted(list(range(100)) * 2)
     assert loader.batch_size == 16 and isinstance(loader.sampler, adl.ElasticSampler)

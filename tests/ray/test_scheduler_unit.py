@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import types
 
 import pytest
@@ -11,13 +10,12 @@ pytest.importorskip("ray.tune")
 from ray.tune.experiment import Trial  # noqa: E402
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler  # noqa: E402
 
-from adaptdl_core.policy import NodeInfo, PolluxPolicy  # noqa: E402
+from adaptdl_core.policy import NodeInfo, PolluxPolicy, resize_verdict  # noqa: E402
 from adaptdl_ray.tune import AdaptDLScheduler, AdaptDLTrainableCreator  # noqa: E402
 from adaptdl_ray.tune.allocation import job_info, speedup_from_hints  # noqa: E402
 from adaptdl_ray.tune.resources import (ReplicaSpec, num_replicas_of,  # noqa: E402
                                         placement_group_factory)
 from adaptdl_ray.tune.scheduler_state import STATE_FILE, SchedulerState  # noqa: E402
-from adaptdl_ray.tune.worker import HINTS_KEY  # noqa: E402
 
 
 def train_fn(config):
@@ -36,6 +34,8 @@ class StubTrial:
         self._cls = trainable
         self.placement_group_factory = trainable.default_resource_request({})
         self.storage = types.SimpleNamespace(experiment_driver_staging_path=state_dir)
+        self.checkpoint = None  # no Tune checkpoint, no local directory yet
+        self.local_path = self.path = None
 
     def get_trainable_cls(self):
         return self._cls
@@ -57,8 +57,12 @@ class StubTrial:
 
 
 class StubController:
-    def __init__(self):
+    """Tune's controller as the scheduler sees it: a PENDING trial starts when the
+    cluster (``cpus``) has room for it, as Tune's resource manager does."""
+
+    def __init__(self, cpus=float("inf")):
         self.trials = []
+        self.cpus = cpus
 
     def get_trials(self):
         return list(self.trials)
@@ -72,14 +76,15 @@ class StubController:
         """What Tune does: resume the paused trials the scheduler chooses (once its settle
         and throttle delays have passed), then start every PENDING trial."""
         while scheduler is not None:
-            scheduler._last_add = scheduler._last_check = float("-inf")
+            scheduler._last_check = float("-inf")
             trial = scheduler.choose_trial_to_run(self)
             if trial is None or trial.status == Trial.PENDING:  # Tune starts those anyway
                 break
             assert trial.status == Trial.PAUSED
             trial.status = Trial.PENDING
         for t in self.trials:
-            if t.status == Trial.PENDING:
+            if t.status == Trial.PENDING and used_cpus(self, Trial.RUNNING) + \
+                    t.placement_group_factory.required_resources.get("CPU", 0) <= self.cpus:
                 t.status = Trial.RUNNING
 
 
@@ -107,6 +112,16 @@ def clock(monkeypatch):
     return now
 
 
+class Hints:
+    """A stand-in for what trials post to the control actor: ``hints[trial_id] = {...}``."""
+
+    def __init__(self):
+        self.hints = {}
+
+    def __call__(self, trial_ids):
+        return {t: self.hints[t] for t in trial_ids if t in self.hints}
+
+
 def start_trial(sched, name):
     """A stub controller with one trial added and started by ``sched``."""
     tc = StubController()
@@ -115,58 +130,70 @@ def start_trial(sched, name):
     return tc, trial
 
 
-def used_cpus(controller):
+def used_cpus(controller, *statuses):
+    statuses = statuses or (Trial.RUNNING, Trial.PENDING)
     return sum(t.placement_group_factory.required_resources.get("CPU", 0.0)
-               for t in controller.trials if t.status in (Trial.RUNNING, Trial.PENDING))
+               for t in controller.trials if t.status in statuses)
 
 
-def test_admission_never_exceeds_the_cluster_and_releases_waiting_trials_in_order():
+PROFILED_2 = {"init_batch_size": 32, "max_profiled_replicas": 2, "max_profiled_nodes": 1}
+
+
+# -- admission: Tune's own --------------------------------------------------------------
+def test_new_trials_stay_pending_so_tune_and_searchers_count_them():
+    """Tune's pending-trial limit (and so a searcher's feedback) counts PENDING trials: the
+    scheduler never parks a new trial in another state, and starts it at min_replicas."""
     sched = AdaptDLScheduler(nodes_fn=cluster(4), allocation_interval_s=3600)
-    tc = StubController()
+    tc = StubController(cpus=4)
     trials = [tc.add(sched, StubTrial(f"t{i}")) for i in range(6)]
+    assert all(t.status == Trial.PENDING and t.replicas == 1 for t in trials)
     tc.start_pending(sched)
-    assert used_cpus(tc) <= 4
-    waiting = [t for t in trials if t.status == Trial.PAUSED]
-    assert len(waiting) >= 2  # 6 trials, 4 CPUs, 1 CPU per replica
-    assert sum(sched.state.trials[t.trial_id].target for t in trials) <= 4
-    # A trial ends: the scheduler re-divides and releases the first waiting trial that fits.
-    finished = next(t for t in trials if t.status == Trial.RUNNING)
-    finished.status = Trial.TERMINATED
-    sched.on_trial_complete(tc, finished, {})
-    sched._last_check = float("-inf")
-    released = sched.choose_trial_to_run(tc)
-    assert released is waiting[0]  # first come, first served
-    released.status = Trial.PENDING
-    tc.start_pending(sched)
-    assert used_cpus(tc) <= 4
-    assert all(t.local_path_ready for t in trials)  # reporters may read their directories
+    assert used_cpus(tc, Trial.RUNNING) == 4
+    assert [t.status for t in trials] == [Trial.RUNNING] * 4 + [Trial.PENDING] * 2
+    # A burst of additions is divided once, when Tune next asks for a trial to run.
+    policy = CountingPolicy()
+    sched2 = AdaptDLScheduler(nodes_fn=cluster(4), policy=policy)
+    tc2 = StubController(cpus=4)
+    for i in range(10):
+        tc2.add(sched2, StubTrial(f"b{i}"))
+    assert policy.calls == 0
+    tc2.start_pending(sched2)
+    assert policy.calls == 1
+
+
+def test_a_retried_trial_is_added_again_and_keeps_a_size_that_fits():
+    sched = AdaptDLScheduler(nodes_fn=cluster(4), allocation_interval_s=3600)
+    tc, a = start_trial(sched, "a")
+    big = placement_group_factory(ReplicaSpec({"CPU": 1}), 3)
+    a.placement_group_factory = big
+    # What Tune does on a failure with retries left: on_trial_error, PENDING, on_trial_add.
+    sched.on_trial_error(tc, a)
+    a.status = Trial.PENDING
+    sched.on_trial_add(tc, a)
+    assert a.status == Trial.PENDING and a.replicas == 3
+    # A request the cluster could never hold again (a node was lost) restarts small.
+    a.placement_group_factory = placement_group_factory(ReplicaSpec({"CPU": 1}), 6)
+    sched.on_trial_error(tc, a)
+    sched.on_trial_add(tc, a)
+    assert a.replicas == 4
 
 
 def test_a_lone_trial_starts_at_one_replica_and_grows_once_profiled(clock):
-    sched = AdaptDLScheduler(nodes_fn=cluster(8), allocation_interval_s=30)
-    tc = StubController()
-    trial = tc.add(sched, StubTrial("solo"))
-    assert trial.status == Trial.PAUSED  # released once additions settle
-    tc.start_pending(sched)
+    hints = Hints()
+    sched = AdaptDLScheduler(nodes_fn=cluster(8), allocation_interval_s=30, hints_fn=hints)
+    tc, trial = start_trial(sched, "solo")
     # Bounded exploration: nothing measured yet -> one replica, not a blind guess at two.
     assert trial.status == Trial.RUNNING and trial.replicas == 1
     # Measured at one replica (no model fitted yet): the prior now allows two, and the
     # trial is old enough for a restart to pay off.
-    hints = {"init_batch_size": 32, "max_profiled_replicas": 1, "max_profiled_nodes": 1}
+    hints.hints["solo"] = {"init_batch_size": 32, "max_profiled_replicas": 1,
+                           "max_profiled_nodes": 1}
     clock[0] += 600
-    assert sched.on_trial_result(tc, trial, {HINTS_KEY: json.dumps(hints)}) == \
-        TrialScheduler.PAUSE
-    assert sched.state.trials["solo"].target == 2
-
-
-def test_a_burst_of_trials_is_divided_once_without_stale_requests():
-    sched = AdaptDLScheduler(nodes_fn=cluster(2))
-    tc = StubController()
-    a, b = tc.add(sched, StubTrial("a")), tc.add(sched, StubTrial("b"))
-    tc.start_pending(sched)
-    # Both start, at one replica each.
-    assert (a.status, a.replicas, b.status, b.replicas) == (Trial.RUNNING, 1, Trial.RUNNING, 1)
-    assert sched.on_trial_result(tc, a, {}) == TrialScheduler.CONTINUE
+    assert sched.on_trial_result(tc, trial, {}) == TrialScheduler.PAUSE
+    record = sched.state.trials["solo"]
+    assert record.target == 2 and record.resize_pending
+    assert record.resize_log[-1]["from"] == 1 and record.resize_log[-1]["to"] == 2
+    assert "remaining training not known" in record.resize_log[-1]["reason"]
 
 
 def test_results_do_not_trigger_allocations_within_the_interval():
@@ -187,16 +214,17 @@ def test_results_do_not_trigger_allocations_within_the_interval():
 
 def test_interval_elapsed_reallocates_and_pauses_trials_whose_count_changes(clock):
     policy = CountingPolicy()
-    sched = AdaptDLScheduler(nodes_fn=cluster(4), allocation_interval_s=30, policy=policy)
+    hints = Hints()
+    sched = AdaptDLScheduler(nodes_fn=cluster(4), allocation_interval_s=30, policy=policy,
+                             hints_fn=hints)
     tc, a = start_trial(sched, "a")
     assert a.replicas == 1
     # Profiled at 2 replicas with a perfectly scaling prior: exploration allows 4.
-    hints = {"init_batch_size": 32, "max_profiled_replicas": 2, "max_profiled_nodes": 1}
-    assert sched.on_trial_result(tc, a, {HINTS_KEY: json.dumps(hints)}) == \
-        TrialScheduler.CONTINUE  # within the interval: no new decision
+    hints.hints["a"] = PROFILED_2
+    assert sched.on_trial_result(tc, a, {}) == TrialScheduler.CONTINUE  # within the interval
     clock[0] += 31
     calls = policy.calls
-    assert sched.on_trial_result(tc, a, {HINTS_KEY: json.dumps(hints)}) == TrialScheduler.PAUSE
+    assert sched.on_trial_result(tc, a, {}) == TrialScheduler.PAUSE
     assert policy.calls == calls + 1
     assert sched.state.trials["a"].target == 4
     # Tune pauses it; the scheduler then resumes it with 4 replicas.
@@ -220,6 +248,26 @@ def test_growth_waits_until_the_room_is_free():
     assert sched.on_trial_result(tc, a, {}) == TrialScheduler.PAUSE
 
 
+def test_a_resized_trial_is_not_resumed_by_the_base_scheduler_before_it_fits():
+    sched = AdaptDLScheduler(nodes_fn=cluster(4), allocation_interval_s=3600)
+    tc, a = start_trial(sched, "a")
+    b = StubTrial("b")
+    b.status = Trial.RUNNING
+    b.placement_group_factory = placement_group_factory(ReplicaSpec({"CPU": 1}), 3)
+    tc.trials.append(b)
+    sched.state.trials["a"].target = 4  # paused to grow to 4 while b still holds 3 CPUs
+    sched._enqueue("a")
+    a.status = Trial.PAUSED
+    for _ in range(3):
+        sched._last_check = float("-inf")
+        assert sched.choose_trial_to_run(tc) is None
+    b.status = Trial.TERMINATED
+    sched._last_check = float("-inf")
+    sched.state.trials["a"].target = 4
+    sched._dirty = False
+    assert sched.choose_trial_to_run(tc) is a and a.replicas == 4
+
+
 def test_base_scheduler_decides_stopping():
     class StopAfterTwo(FIFOScheduler):
         def on_trial_result(self, tc, trial, result):
@@ -233,25 +281,24 @@ def test_base_scheduler_decides_stopping():
 
 
 def test_state_survives_a_new_scheduler_instance(tmp_path):
-    sched = AdaptDLScheduler(nodes_fn=cluster(4))
+    hints = Hints()
+    sched = AdaptDLScheduler(nodes_fn=cluster(4), hints_fn=hints)
     tc = StubController()
     a = tc.add(sched, StubTrial("a", state_dir=str(tmp_path)))
     tc.start_pending(sched)
-    hints = {"init_batch_size": 32, "max_profiled_replicas": 2, "max_profiled_nodes": 1}
-    sched.on_trial_result(tc, a, {HINTS_KEY: json.dumps(hints), "adaptdl/restarts": 3,
-                                  "adaptdl/resize_s": 4.5})
+    hints.hints["a"] = PROFILED_2
+    sched._dirty = True
+    sched.on_trial_result(tc, a, {"adaptdl/restarts": 3, "adaptdl/resize_s": 4.5})
     assert (tmp_path / STATE_FILE).exists()
     # Tuner.restore: a fresh scheduler sees the same trial again.
     again = AdaptDLScheduler(nodes_fn=cluster(4))
     tc2 = StubController()
     a2 = StubTrial("a", state_dir=str(tmp_path))
-    a2.status = Trial.PAUSED
     tc2.add(again, a2)
     record = again.state.trials["a"]
     assert record.created == sched.state.trials["a"].created
-    assert record.restarts == 3 and record.resize_s == 4.5 and record.hints == hints
-    again._last_add = float("-inf")  # past the settle delay
-    assert again.choose_trial_to_run(tc2) is a2
+    assert record.restarts == 3 and record.hints == PROFILED_2
+    assert a2.status == Trial.PENDING
 
 
 def test_state_file_round_trip_and_bad_json(tmp_path):
@@ -261,6 +308,62 @@ def test_state_file_round_trip_and_bad_json(tmp_path):
     (tmp_path / STATE_FILE).write_text("{not json")
     with pytest.raises(ValueError):
         SchedulerState.load(str(tmp_path))
+
+
+# -- no resize that cannot pay ----------------------------------------------------------
+def test_a_trial_one_short_epoch_from_its_end_is_not_grown(clock):
+    """The case that cost 22.9 s for ~1 s of training left: never again."""
+    hints = Hints()
+    sched = AdaptDLScheduler(nodes_fn=cluster(4), allocation_interval_s=30, hints_fn=hints)
+    tc, a = start_trial(sched, "a")
+    hints.hints["a"] = PROFILED_2
+    # 9 of 10 one-second epochs done; its last resize cost 22.9 s.
+    record = sched.state.trials["a"]
+    record.resize_s = 22.9
+    result = {"adaptdl/epochs_done": 9, "adaptdl/epochs": 10, "time_total_s": 9.0}
+    clock[0] += 31
+    assert sched.on_trial_result(tc, a, result) == TrialScheduler.CONTINUE
+    assert record.remaining_s == pytest.approx(1.0)
+    assert a.replicas == 1 and record.resizes == 0
+    # The same trial with most of its training ahead grows.
+    clock[0] += 31
+    result.update({"adaptdl/epochs_done": 1, "time_total_s": 200.0})
+    assert sched.on_trial_result(tc, a, result) == TrialScheduler.PAUSE
+    assert record.target == 4 and "saves" in record.resize_log[-1]["reason"]
+
+
+def test_a_growth_whose_gain_is_below_its_cost_is_not_made(clock):
+    hints = Hints()
+    sched = AdaptDLScheduler(nodes_fn=cluster(4), allocation_interval_s=30, hints_fn=hints)
+    tc, a = start_trial(sched, "a")
+    # A fitted model that scales poorly: 4 replicas are predicted 1.25x one replica.
+    hints.hints["a"] = {"init_batch_size": 64, "max_batch_size": 1024,
+                        "perf_params": [0.01, 0.001, 0.05, 0.0001, 0.5, 0.0002, 1.2],
+                        "grad_params": [1.0, 50.0], "max_profiled_replicas": 2,
+                        "max_profiled_nodes": 1, "local_bsz_bounds": [16, 256]}
+    record = sched.state.trials["a"]
+    record.resize_s = 30.0
+    # 100 s left (more than two resize costs), but growing saves ~20 s < 30 s.
+    result = {"adaptdl/epochs_done": 1, "adaptdl/epochs": 2, "time_total_s": 100.0}
+    clock[0] += 600
+    assert sched.on_trial_result(tc, a, result) == TrialScheduler.CONTINUE
+    assert record.target > 1, "the policy proposed a growth"
+    assert "not more than the resize cost" in record.last_veto
+    assert a.replicas == 1 and record.resizes == 0
+
+
+def test_resize_verdict_rules():
+    assert not resize_verdict(current=1, target=2, remaining_s=10, cost_s=8).pays
+    shrink = resize_verdict(current=4, target=2, remaining_s=100, cost_s=8)
+    assert shrink.pays and shrink.saved_s is None
+    grow = resize_verdict(current=1, target=2, remaining_s=100, cost_s=8, speedup_now=1.0,
+                          speedup_new=1.9)
+    assert grow.pays and grow.saved_s == pytest.approx(100 * (1 - 1 / 1.9))
+    assert not resize_verdict(current=1, target=2, remaining_s=100, cost_s=8,
+                              speedup_now=1.0, speedup_new=1.05).pays
+    assert resize_verdict(current=1, target=2, remaining_s=None, cost_s=8).pays
+    with pytest.raises(ValueError, match="cost_s"):
+        resize_verdict(current=1, target=2, remaining_s=1, cost_s=float("nan"))
 
 
 # -- clear errors ---------------------------------------------------------------------
@@ -275,6 +378,17 @@ def test_rejects_a_trainable_not_made_by_the_creator():
         StubController().add(sched, StubTrial("x", trainable=Plain))
 
 
+def test_a_ray_train_trainer_is_told_how_to_run_under_adaptdl():
+    from ray import tune
+
+    class TorchTrainer(tune.Trainable):  # what Tune runs for a Ray Train TorchTrainer
+        pass
+
+    sched = AdaptDLScheduler(nodes_fn=cluster(4))
+    with pytest.raises(TypeError, match="train_loop_per_worker.*Coming from Ray Train"):
+        StubController().add(sched, StubTrial("x", trainable=TorchTrainer))
+
+
 def test_rejects_more_replicas_than_the_cluster_has():
     big = AdaptDLTrainableCreator(train_fn, min_replicas=5)
     sched = AdaptDLScheduler(nodes_fn=cluster(4))
@@ -286,8 +400,13 @@ def test_rejects_more_replicas_than_the_cluster_has():
     ({"min_replicas": 3, "max_replicas": 2}, "min_replicas .3. must be <= max_replicas"),
     ({"min_replicas": 0}, "min_replicas must be an integer >= 1"),
     ({"num_cpus_per_worker": -1}, "num_cpus_per_worker"),
+    ({"num_cpus_per_worker": float("nan")}, "num_cpus_per_worker"),
     ({"num_cpus_per_worker": 0}, "must request some resource"),
     ({"stop_timeout_s": 0}, "stop_timeout_s"),
+    ({"stop_timeout_s": float("nan")}, "stop_timeout_s"),
+    ({"stop_timeout_s": float("inf")}, "stop_timeout_s"),
+    ({"collective_timeout_s": -1}, "collective_timeout_s"),
+    ({"name": ""}, "name"),
 ])
 def test_creator_rejects_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -299,10 +418,31 @@ def test_creator_rejects_a_function_without_a_config_argument():
         AdaptDLTrainableCreator(lambda: None)
 
 
-@pytest.mark.parametrize("interval", [0, -1, "30", True])
-def test_scheduler_rejects_bad_interval(interval):
-    with pytest.raises(ValueError, match="allocation_interval_s"):
-        AdaptDLScheduler(allocation_interval_s=interval)
+def test_with_resources_names_the_creator_arguments():
+    from ray import tune
+    with pytest.raises(TypeError, match="num_cpus_per_worker.*AdaptDLTrainableCreator"):
+        tune.with_resources(TRAINABLE, {"cpu": 2})
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"allocation_interval_s": 0}, ValueError, "allocation_interval_s"),
+    ({"allocation_interval_s": -1}, ValueError, "allocation_interval_s"),
+    ({"allocation_interval_s": "30"}, ValueError, "allocation_interval_s"),
+    ({"allocation_interval_s": True}, ValueError, "allocation_interval_s"),
+    ({"allocation_interval_s": float("nan")}, ValueError, "allocation_interval_s"),
+    ({"base_scheduler": "asha"}, TypeError, "base_scheduler.*ASHAScheduler"),
+    ({"policy": "x"}, TypeError, "policy"),
+    ({"nodes_fn": 42}, TypeError, "nodes_fn"),
+    ({"hints_fn": 42}, TypeError, "hints_fn"),
+    ({"p": float("nan")}, ValueError, "p must be"),
+])
+def test_scheduler_rejects_bad_arguments_at_construction(kwargs, error, match):
+    if "base_scheduler" in kwargs:
+        with pytest.raises(error, match=match):
+            AdaptDLScheduler(kwargs["base_scheduler"])
+        return
+    with pytest.raises(error, match=match):
+        AdaptDLScheduler(**kwargs)
 
 
 def test_metric_missing_from_results_is_named():
@@ -330,35 +470,3 @@ def test_hints_with_a_fitted_model_give_a_goodput_speedup():
 def test_malformed_hints_fall_back_to_the_linear_prior():
     assert type(speedup_from_hints({"init_batch_size": -3})).__name__ == "LinearSpeedup"
     assert type(speedup_from_hints(None)).__name__ == "LinearSpeedup"
-
-
-def test_fifo_base_does_not_resume_trials_held_back():
-    sched = AdaptDLScheduler(nodes_fn=cluster(2), allocation_interval_s=3600)
-    tc = StubController()
-    trials = [tc.add(sched, StubTrial(f"t{i}")) for i in range(4)]
-    tc.start_pending(sched)
-    held = [t for t in trials if t.status == Trial.PAUSED]
-    assert held  # 4 trials, 2 CPUs
-    for _ in range(3):
-        sched._last_check = 0.0  # as if the throttle interval had passed
-        assert sched.choose_trial_to_run(tc) is None
-    assert all(t.status == Trial.PAUSED for t in held)
-
-
-def test_a_trial_about_to_finish_is_not_resized(clock):
-    sched = AdaptDLScheduler(nodes_fn=cluster(4), allocation_interval_s=30)
-    tc, a = start_trial(sched, "a")
-    assert a.replicas == 1
-    hints = json.dumps({"init_batch_size": 32, "max_profiled_replicas": 2,
-                        "max_profiled_nodes": 1})
-    # 9 of 10 epochs done in 90 s: ~10 s left, less than two resizes of 8 s.
-    result = {HINTS_KEY: hints, "adaptdl/epochs_done": 9, "adaptdl/epochs": 10,
-              "time_total_s": 90.0, "adaptdl/resize_s": 8.0}
-    clock[0] += 31
-    assert sched.on_trial_result(tc, a, result) == TrialScheduler.CONTINUE
-    assert sched.state.trials["a"].remaining_s == pytest.approx(10.0)
-    # The same trial with most of its training ahead grows to 4.
-    clock[0] += 31
-    result.update({"adaptdl/epochs_done": 1, "time_total_s": 10.0})
-    assert sched.on_trial_result(tc, a, result) == TrialScheduler.PAUSE
-    assert sched.state.trials["a"].target == 4

@@ -29,7 +29,8 @@ pytestmark = pytest.mark.usefixtures("ray_session")
 class ScriptedPolicy:
     """A deterministic grow / shrink sequence: a job gets ``start`` replicas until it has
     been seen running, then ``script[r]`` once it has restarted ``r`` times (the last entry
-    once the script is exhausted)."""
+    once the script is exhausted). Use it with :func:`always_resize`: these tests check
+    the resize mechanism, not whether a resize pays (test_scheduler_unit does)."""
 
     def __init__(self, start, script):
         self.start, self.script = start, list(script)
@@ -47,6 +48,19 @@ class ScriptedPolicy:
                                 1.0, 0, True, 0.0)
 
 
+def always_resize(monkeypatch=None):
+    """Make every resize the scheduler proposes go ahead (in this process)."""
+    import adaptdl_ray.tune.scheduler as scheduler_module
+    from adaptdl_core.policy import ResizeVerdict
+
+    def verdict(**kwargs):
+        return ResizeVerdict(kwargs["current"] != kwargs["target"], "scripted")
+    if monkeypatch is not None:
+        monkeypatch.setattr(scheduler_module, "resize_verdict", verdict)
+    else:
+        scheduler_module.resize_verdict = verdict
+
+
 def read_records(record_dir):
     events = []
     for path in glob.glob(os.path.join(record_dir, "*.jsonl")):
@@ -56,11 +70,15 @@ def read_records(record_dir):
 
 
 def progress_rows(trial):
-    with open(os.path.join(trial.local_path, "progress.csv")) as f:
-        return list(csv.DictReader(f))
+    """progress.csv's rows; every one as wide as the header (through resizes)."""
+    with open(os.path.join(trial.local_path, "progress.csv"), newline="") as f:
+        raw = list(csv.reader(f))
+    assert all(len(r) == len(raw[0]) for r in raw[1:])
+    return [dict(zip(raw[0], r)) for r in raw[1:]]
 
 
-def test_trial_grows_shrinks_and_finishes_every_epoch_exactly_once(tmp_path):
+def test_trial_grows_shrinks_and_finishes_every_epoch_exactly_once(tmp_path, monkeypatch):
+    always_resize(monkeypatch)
     record_dir = tmp_path / "records"
     record_dir.mkdir()
     # ~12 s of training (4 epochs x 20 batches x 0.15 s): long enough for three resizes
@@ -96,7 +114,6 @@ def test_trial_grows_shrinks_and_finishes_every_epoch_exactly_once(tmp_path):
     rows = progress_rows(trial)
     keys = [r["report_key"] for r in rows]
     assert len(keys) == len(set(keys)), [k for k, c in collections.Counter(keys).items() if c > 1]
-    # (progress.csv keeps the columns of the first row, so epoch ends are told by key.)
     assert [k for k in keys if k.endswith(":end")] == [f"{e}:end" for e in range(epochs)]
     # The last report is the final result (no extra row, no resize decided after it).
     assert rows[-1]["done"] == "True" and all(r["done"] == "False" for r in rows[:-1])
@@ -168,7 +185,8 @@ def test_two_node_cluster_spans_nodes_and_moves_checkpoints_between_them(tmp_pat
     starts = sorted((e["restarts"], e["replicas"], e["nodes"]) for e in events
                     if e["event"] == "start")
     shapes = sorted(set(starts))
-    assert [(r, n) for _, r, n in shapes] == [(3, 2), (2, 1), (4, 2)], shapes
+    # 1 replica, then 3 (over both 2-CPU nodes), then 4: the checkpoint moved between nodes.
+    assert [(r, n) for _, r, n in shapes] == [(1, 1), (3, 2), (4, 2)], shapes
 
 
 def test_tuner_api_and_worker_failure_is_reported(tmp_path):

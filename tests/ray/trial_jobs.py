@@ -17,6 +17,7 @@ from ray import tune
 
 import adaptdl_core.env as env
 import adaptdl_core.torch as adl
+from adaptdl_core import checkpoint
 
 
 class IndexedData(torch.utils.data.Dataset):
@@ -34,9 +35,8 @@ class IndexedData(torch.utils.data.Dataset):
         return i, self.x[i], self.y[i]
 
 
-def counting_job(config: dict) -> None:
-    """Config: ``record_dir``, ``epochs``, ``size``, ``batch_size``, ``sleep`` (seconds per
-    batch), ``report_every`` (batches between reports), optional ``autoscale`` (max batch)."""
+def _start(config: dict) -> tuple:
+    """Join the job; ``(rank, restarts, replicas, record file, loader over IndexedData)``."""
     torch.manual_seed(0)
     adl.init_process_group("gloo")
     rank, restarts, replicas = env.replica_rank(), env.num_restarts(), env.num_replicas()
@@ -44,6 +44,13 @@ def counting_job(config: dict) -> None:
     log = open(path, "a", buffering=1)
     loader = adl.AdaptiveDataLoader(IndexedData(config["size"]),
                                     batch_size=config["batch_size"], shuffle=True)
+    return rank, restarts, replicas, log, loader
+
+
+def counting_job(config: dict) -> None:
+    """Config: ``record_dir``, ``epochs``, ``size``, ``batch_size``, ``sleep`` (seconds per
+    batch), ``report_every`` (batches between reports), optional ``autoscale`` (max batch)."""
+    rank, restarts, replicas, log, loader = _start(config)
     if config.get("autoscale"):
         loader.autoscale_batch_size(config["autoscale"], local_bsz_bounds=(2, 64))
     net = torch.nn.Linear(2, 1)
@@ -67,4 +74,70 @@ def counting_job(config: dict) -> None:
                 tune.report({"epoch": epoch, "loss": loss.item(),
                              "report_key": f"{epoch}:{loader.current_index}"})
         tune.report({"epoch": epoch, "loss": loss.item(), "report_key": f"{epoch}:end"})
+    log.write(json.dumps({"event": "finished"}) + "\n")
+
+
+def contract_job(config: dict) -> None:
+    """A job that exercises the Tune contracts; config as for :func:`counting_job`, plus:
+
+    ``user_checkpoint`` (report ``model.pt`` with every epoch's report), ``fail_at``
+    (``[epoch, batch]``: rank 0 raises there, or at the first batch after it once the job
+    has a checkpoint, once; the markers live in ``record_dir``; ``after_checkpoint:
+    False`` drops the wait for a checkpoint) and ``exit_at`` (the same, but the last
+    rank's process dies with ``os._exit(1)``).
+    Keys under ``config["case"]`` override the others (one grid-search value per trial).
+    Every epoch reports ``epoch``, ``loss``, ``neg_loss``, ``weights`` (the model's
+    parameters as floats) and ``report_key``; the start event records what
+    ``tune.get_context()`` says on each replica."""
+    import tempfile
+
+    config = {**config, **config.get("case", {})}
+    rank, restarts, replicas, log, loader = _start(config)
+    net = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(net.parameters(), lr=0.05)
+    model = adl.AdaptiveDataParallel(net, opt)
+    ctx = tune.get_context()
+    log.write(json.dumps({
+        "event": "start", "replicas": replicas, "restarts": restarts,
+        "finished_epochs": adl.finished_epochs(),
+        "trial_id": ctx.get_trial_id(), "trial_name": ctx.get_trial_name(),
+        "trial_dir": ctx.get_trial_dir(), "world_rank": ctx.get_world_rank(),
+        "world_size": ctx.get_world_size(), "local_rank": ctx.get_local_rank(),
+        "local_world_size": ctx.get_local_world_size(), "node_rank": ctx.get_node_rank(),
+        "resumed_from": sorted(os.listdir(tune.get_checkpoint().path))
+        if tune.get_checkpoint() else None}) + "\n")
+    marker = os.path.join(config["record_dir"], "failed-once")
+    saved = os.path.join(config["record_dir"], "checkpointed")
+    for epoch in adl.remaining_epochs_until(config["epochs"]):
+        loss = torch.tensor(float("nan"))
+        for step, (idx, x, y) in enumerate(loader):
+            if rank == 0 and checkpoint.latest_checkpoint_dir() is not None:
+                open(saved, "a").close()  # the trial has a checkpoint to retry from
+            ready = os.path.exists(saved) or not config.get("after_checkpoint", True)
+            if not os.path.exists(marker) and ready:
+                if config.get("fail_at") and [epoch, step] >= config["fail_at"] and rank == 0:
+                    open(marker, "w").close()
+                    raise RuntimeError(f"planned failure at epoch {epoch} batch {step}")
+                if config.get("exit_at") and [epoch, step] >= config["exit_at"] and \
+                        rank == replicas - 1:
+                    open(marker, "w").close()
+                    os._exit(1)
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x).squeeze(1), y)
+            loss.backward()
+            opt.step()
+            log.write(json.dumps({"event": "batch", "epoch": epoch, "idx": idx.tolist(),
+                                  "replicas": replicas, "restarts": restarts}) + "\n")
+            time.sleep(config.get("sleep", 0.0))
+        metrics = {"epoch": epoch, "loss": loss.item(), "neg_loss": -loss.item(),
+                   "weights": [p.item() for p in net.parameters() for p in p.flatten()],
+                   "report_key": f"{epoch}:end"}
+        if config.get("user_checkpoint"):
+            with tempfile.TemporaryDirectory() as d:
+                torch.save(net.state_dict(), os.path.join(d, "model.pt"))
+                tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(d))
+        else:
+            tune.report(metrics)
+        log.write(json.dumps({"event": "report", "key": f"{epoch}:end",
+                              "time": time.time()}) + "\n")
     log.write(json.dumps({"event": "finished"}) + "\n")

@@ -1,8 +1,8 @@
 """Run one AdaptDL trial on a 2-node ``ray.cluster_utils.Cluster`` (a separate Ray
 instance, hence a separate process from the test session) and print a JSON summary.
 
-Each node has 2 CPUs; the trial is scripted to run on 3 replicas (so it spans both
-nodes), then 2, then 4, so its checkpoint moves between nodes through Tune's checkpoint
+Each node has 2 CPUs; the trial starts on 1 replica and is scripted to grow to 3 (so it
+spans both nodes), then 4, so its checkpoint moves between nodes through Tune's checkpoint
 storage and the object store.
 
 Usage: python -m tests.ray.two_node_run RECORD_DIR STORAGE_DIR
@@ -18,7 +18,7 @@ from ray import tune
 from ray.cluster_utils import Cluster
 
 from adaptdl_ray.tune import AdaptDLScheduler, AdaptDLTrainableCreator
-from tests.ray.test_tune_trials import ScriptedPolicy
+from tests.ray.test_tune_trials import ScriptedPolicy, always_resize
 from tests.ray.trial_jobs import counting_job
 
 
@@ -28,9 +28,10 @@ def main(record_dir: str, storage_dir: str) -> None:
     cluster.add_node(num_cpus=2, object_store_memory=100 * 2**20)
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, log_to_driver=False)
+    always_resize()
     try:
         scheduler = AdaptDLScheduler(allocation_interval_s=1.0,
-                                     policy=ScriptedPolicy(3, [2, 4]))
+                                     policy=ScriptedPolicy(1, [3, 4]))
         analysis = tune.run(
             AdaptDLTrainableCreator(counting_job, max_replicas=4), scheduler=scheduler,
             storage_path=storage_dir, verbose=0,

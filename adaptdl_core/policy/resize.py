@@ -1,0 +1,89 @@
+"""Whether resizing a running job pays for itself (pure arithmetic; no torch, no Ray).
+
+A resize stops a job at a batch boundary, checkpoints it and relaunches it: for
+``cost_s`` seconds it makes no progress. The allocator weighs restarts against goodput
+across the whole cluster (``restart_penalty``); this check is the job's own, applied to
+every resize a policy proposes:
+
+* a job with less training left than ``min_cost_multiples`` resize costs is left as it is
+  (however the cluster would gain, it would spend a large part of its remaining time
+  restarting);
+* a job is *grown* only when the time the growth saves over its remaining training,
+  ``remaining_s * (1 - speedup_now / speedup_new)``, exceeds the resize cost.
+
+A shrink serves other jobs, so only the first rule applies to it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+__all__ = ["ResizeVerdict", "resize_verdict", "MIN_COST_MULTIPLES"]
+
+# A job with less than this many resize costs of training left is not resized.
+MIN_COST_MULTIPLES = 2.0
+
+
+@dataclasses.dataclass(frozen=True)
+class ResizeVerdict:
+    """The answer of :func:`resize_verdict`.
+
+    Attributes:
+        pays: resize the job.
+        reason: one line saying why (for logs and users).
+        saved_s: predicted seconds the resize saves over the job's remaining training
+            (growth only; ``None`` when not computed).
+    """
+
+    pays: bool
+    reason: str
+    saved_s: float | None = None
+
+
+def resize_verdict(*, current: int, target: int, remaining_s: float | None, cost_s: float,
+                   speedup_now: float | None = None, speedup_new: float | None = None,
+                   min_cost_multiples: float = MIN_COST_MULTIPLES) -> ResizeVerdict:
+    """Whether moving a running job from ``current`` to ``target`` replicas pays.
+
+    Args:
+        current, target: replica counts now and proposed (``current >= 1``).
+        remaining_s: estimated seconds of training left at the current size (``None``:
+            unknown yet; then only the cost is known and the resize goes ahead).
+        cost_s: seconds one resize costs the job (measured, or a prior).
+        speedup_now, speedup_new: the job's predicted speedups (any common unit) at the two
+            sizes; needed for a growth when ``remaining_s`` is known.
+        min_cost_multiples: see :data:`MIN_COST_MULTIPLES`.
+
+    Raises:
+        ValueError: for a negative or non-finite cost, counts below 1, or a growth with a
+            known remaining time but no speedups.
+    """
+    if current < 1 or target < 1:
+        raise ValueError(f"replica counts must be >= 1, got current={current}, target={target}")
+    if not (math.isfinite(cost_s) and cost_s >= 0):
+        raise ValueError(f"cost_s must be a finite number of seconds >= 0, got {cost_s!r}")
+    if target == current:
+        return ResizeVerdict(False, "no change")
+    if remaining_s is None:
+        return ResizeVerdict(True, "remaining training not known yet")
+    if remaining_s < min_cost_multiples * cost_s:
+        return ResizeVerdict(False, f"{remaining_s:.1f} s of training left, under "
+                                    f"{min_cost_multiples:g} resize costs of {cost_s:.1f} s")
+    if target < current:
+        return ResizeVerdict(True, f"shrink for other jobs ({remaining_s:.1f} s left, "
+                                   f"resize cost {cost_s:.1f} s)")
+    if speedup_now is None or speedup_new is None:
+        raise ValueError("a growth with a known remaining time needs speedup_now and "
+                         "speedup_new")
+    if not speedup_new > 0 or not speedup_now > 0:
+        return ResizeVerdict(False, "no predicted speedup")
+    saved = remaining_s * (1.0 - speedup_now / speedup_new)
+    ratio = speedup_new / speedup_now
+    if saved <= cost_s:
+        return ResizeVerdict(False, f"predicted speedup x{ratio:.2f} saves {saved:.1f} s of "
+                                    f"{remaining_s:.1f} s left, not more than the resize cost "
+                                    f"{cost_s:.1f} s", saved)
+    return ResizeVerdict(True, f"predicted speedup x{ratio:.2f} saves {saved:.1f} s of "
+                               f"{remaining_s:.1f} s left, more than the resize cost "
+                               f"{cost_s:.1f} s", saved)

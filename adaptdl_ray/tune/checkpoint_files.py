@@ -1,0 +1,214 @@
+"""The files of an AdaptDL trial's Tune checkpoint, and of the state it saves when interrupted.
+
+A Tune checkpoint of an AdaptDL trial is the user's own checkpoint (the files the training
+function last passed to ``tune.report(..., checkpoint=...)``, at the top level, exactly as
+reported) plus a hidden ``.adaptdl/`` directory the user need not look at::
+
+    checkpoint_000003/
+        model.pt ...                 the user's files (their latest report's)
+        .adaptdl/trial.json          the trial's record (TrialProgress)
+        .adaptdl/state/checkpoint-N/ the job's adaptdl_core checkpoint (model, optimizer,
+                                     data position, epoch, ...): resumes at that batch
+        .adaptdl/pending-<i>.tar     user checkpoints of reports Tune has not received yet
+
+When the driver is interrupted (Ctrl-C, SIGTERM), a running trial saves the same layout,
+packed into one file, into its trial directory on the run's storage
+(:data:`INTERRUPTED_FILE`); a restore takes it when it is newer than Tune's latest
+checkpoint of the trial (see :func:`read_interrupted`).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import uuid
+from typing import Any
+
+from adaptdl_core import checkpoint as core_checkpoint
+from adaptdl_ray.tune import transfer
+from adaptdl_ray.tune.trial_progress import TrialProgress
+
+__all__ = ["RESERVED_DIR", "INTERRUPTED_FILE", "write", "read", "write_interrupted",
+           "read_interrupted", "has_interrupted", "restore_result_files", "adaptdl_state_dir",
+           "model_state_dict"]
+
+# The result files Tune's loggers append to (progress.csv, result.json).
+_RESULT_FILES = ("progress.csv", "result.json")
+
+RESERVED_DIR = ".adaptdl"
+INTERRUPTED_FILE = ".adaptdl-interrupted.tar"
+_RECORD = "trial.json"
+_STATE = "state"
+
+
+def write(directory: str, progress: TrialProgress, state_archive: bytes | None,
+          user_files: bytes | None) -> None:
+    """Lay out a checkpoint in ``directory`` (created if needed; it should be empty).
+
+    Args:
+        progress: the trial's record (its pending reports' user checkpoints are written
+            beside it).
+        state_archive: the adaptdl_core checkpoint as tar bytes (``None``: none yet).
+        user_files: the user's latest checkpoint as tar bytes (``None``: none reported).
+    """
+    reserved = os.path.join(directory, RESERVED_DIR)
+    os.makedirs(reserved, exist_ok=True)
+    if user_files is not None:
+        transfer.unpack(user_files, directory)
+    if state_archive is not None:
+        transfer.unpack(state_archive, os.path.join(reserved, _STATE))
+    for i, report in enumerate(progress.pending):
+        if report.user_checkpoint is not None:
+            with open(os.path.join(reserved, f"pending-{i}.tar"), "wb") as f:
+                f.write(report.user_checkpoint)
+    # The record last: a checkpoint with a record is complete.
+    with open(os.path.join(reserved, _RECORD), "w") as f:
+        f.write(progress.to_json())
+
+
+def read(directory: str) -> tuple[TrialProgress, bytes | None, bytes | None]:
+    """Read a checkpoint laid out by :func:`write`.
+
+    Returns:
+        ``(progress, state_archive, user_files)`` as :func:`write` took them.
+
+    Raises:
+        ValueError: ``directory`` is not an AdaptDL trial checkpoint (no ``.adaptdl/``
+            record), or its record is malformed.
+    """
+    reserved = os.path.join(directory, RESERVED_DIR)
+    record = os.path.join(reserved, _RECORD)
+    if not os.path.isfile(record):
+        raise ValueError(f"{directory} is not an AdaptDL trial checkpoint (no "
+                         f"{RESERVED_DIR}/{_RECORD}); restore AdaptDL trials only from "
+                         "checkpoints they wrote")
+    with open(record) as f:
+        text = f.read()
+    progress = TrialProgress.from_json(text)
+    for i, has in enumerate(TrialProgress.pending_flags(text)):
+        if has:
+            with open(os.path.join(reserved, f"pending-{i}.tar"), "rb") as f:
+                progress.pending[i].user_checkpoint = f.read()
+    state_dir = os.path.join(reserved, _STATE)
+    state_archive = transfer.pack_latest_checkpoint(state_dir) if os.path.isdir(state_dir) \
+        else None
+    user_entries = [e for e in sorted(os.listdir(directory)) if e != RESERVED_DIR]
+    user_files = transfer.pack_entries(directory, user_entries) if user_entries else None
+    return progress, state_archive, user_files
+
+
+def write_interrupted(storage: Any, progress: TrialProgress, state_archive: bytes | None,
+                      user_files: bytes | None) -> str:
+    """Save the state of an interrupted trial into its trial directory on the run's storage,
+    atomically (a temporary name, then a rename), replacing an older one.
+
+    Args:
+        storage: the trial's :class:`~adaptdl_ray.tune._ray_private.StorageInfo`.
+
+    Returns:
+        the path written on the storage filesystem.
+    """
+    with tempfile.TemporaryDirectory(prefix="adaptdl-interrupted-") as tmp:
+        write(tmp, progress, state_archive, user_files)
+        data = transfer.pack_entries(tmp, sorted(os.listdir(tmp)))
+    fs, final = storage.filesystem, f"{storage.trial_fs_path}/{INTERRUPTED_FILE}"
+    partial = f"{final}.{uuid.uuid4().hex}.tmp"
+    fs.create_dir(storage.trial_fs_path, recursive=True)
+    with fs.open_output_stream(partial) as f:
+        f.write(data)
+    fs.move(partial, final)
+    return final
+
+
+def has_interrupted(filesystem: Any, trial_fs_path: str) -> bool:
+    """Whether an interrupted run of the trial at ``trial_fs_path`` saved its state there."""
+    import pyarrow.fs
+
+    info = filesystem.get_file_info(f"{trial_fs_path}/{INTERRUPTED_FILE}")
+    return info.type == pyarrow.fs.FileType.File
+
+
+def restore_result_files(filesystem: Any, trial_fs_path: str, local_dir: str) -> list[str]:
+    """Copy a trial's result files from its storage to its local directory, where Tune's
+    loggers append to them, unless they are there already.
+
+    Tune restores them only for a trial that has a Tune checkpoint (a trial without one
+    starts again from scratch); a trial resuming from the state it saved on an interrupt
+    continues its results, so the scheduler restores them itself.
+
+    Returns:
+        the names of the files copied.
+    """
+    import pyarrow.fs
+
+    copied = []
+    for name in _RESULT_FILES:
+        local, remote = os.path.join(local_dir, name), f"{trial_fs_path}/{name}"
+        if os.path.exists(local) or \
+                filesystem.get_file_info(remote).type != pyarrow.fs.FileType.File:
+            continue
+        os.makedirs(local_dir, exist_ok=True)
+        pyarrow.fs.copy_files(remote, local, source_filesystem=filesystem)
+        copied.append(name)
+    return copied
+
+
+def read_interrupted(storage: Any) -> tuple[TrialProgress, bytes | None, bytes | None] | None:
+    """The state an interrupted run of this trial saved (as :func:`read` returns it), or
+    ``None`` if there is none."""
+    fs, path = storage.filesystem, f"{storage.trial_fs_path}/{INTERRUPTED_FILE}"
+    if not has_interrupted(fs, storage.trial_fs_path):
+        return None
+    with fs.open_input_stream(path) as f:
+        data = f.read()
+    with tempfile.TemporaryDirectory(prefix="adaptdl-interrupted-") as tmp:
+        transfer.unpack(data, tmp)
+        return read(tmp)
+
+
+def adaptdl_state_dir(checkpoint_dir: str) -> str | None:
+    """The adaptdl_core checkpoint inside an AdaptDL trial's checkpoint directory, or
+    ``None`` if it holds none."""
+    return core_checkpoint.latest_checkpoint_dir(os.path.join(checkpoint_dir, RESERVED_DIR,
+                                                              _STATE))
+
+
+def model_state_dict(checkpoint: Any, name: str = "adaptdl-dataparallel",
+                     map_location: Any = "cpu") -> dict:
+    """The weights of the ``AdaptiveDataParallel`` model saved in an AdaptDL trial's
+    checkpoint: ``model.load_state_dict(model_state_dict(result.checkpoint))``.
+
+    Args:
+        checkpoint: a ``ray.tune.Checkpoint`` (e.g. ``result.checkpoint``) or a local
+            directory path.
+        name: the ``name=`` given to ``AdaptiveDataParallel`` (its default if not given).
+        map_location: as for ``torch.load`` (default: CPU).
+
+    Returns:
+        the model's ``state_dict`` (the unwrapped module's: no ``module.`` prefixes).
+
+    Raises:
+        ValueError: ``checkpoint`` is ``None``, not an AdaptDL trial's checkpoint, or holds
+            no model called ``name`` (the message lists the states it holds).
+    """
+    if checkpoint is None:
+        raise ValueError("model_state_dict(None): the result has no checkpoint. Report one "
+                         "with tune.report(..., checkpoint=...) or set "
+                         "tune.CheckpointConfig(checkpoint_at_end=True)")
+    as_directory = getattr(checkpoint, "as_directory", None)
+    if as_directory is None:  # a path (tune.Checkpoint refuses os.fspath)
+        return _model_state_dict_in(os.fspath(checkpoint), name, map_location)
+    with as_directory() as directory:
+        return _model_state_dict_in(directory, name, map_location)
+
+
+def _model_state_dict_in(directory: str, name: str, map_location: Any) -> dict:
+    from adaptdl_core.torch.parallel import load_model_state_dict
+
+    state_dir = adaptdl_state_dir(directory)
+    if state_dir is None:
+        raise ValueError(f"{directory} holds no AdaptDL training state (no "
+                         f"{RESERVED_DIR}/{_STATE}/checkpoint-*): it is not a checkpoint of "
+                         "an AdaptDL trial")
+    return load_model_state_dict(state_dir, name=name, map_location=map_location)
+

@@ -1,0 +1,109 @@
+"""The meeting point of one experiment's AdaptDL trials and its scheduler.
+
+A Tune trial actor can only talk to the driver through the results it returns, one per
+report. Two things do not fit there:
+
+* **Scheduler hints** (the trial's fitted throughput model and gradient statistics): a
+  JSON blob the scheduler needs but the user should not see in every result, progress table
+  and ``progress.csv``. Trials post them here; the scheduler reads them when it re-divides
+  the cluster.
+* **A pause is coming**: Tune asks a trial to save before it pauses it (a resize) and
+  before a periodic or user checkpoint alike; the scheduler says which, so that a pausing
+  trial's replicas stop at the checkpoint instead of training on until they are stopped.
+* **An interrupt of the driver** (Ctrl-C, SIGTERM): a trial blocked waiting for its next
+  report must learn at once that it should save where it is, before Tune stops it.
+
+:class:`ExperimentControl` is a small async Ray actor (no CPUs) that the scheduler starts
+in the driver's Ray job; trials find it by name (:func:`find`). A trial run without
+:class:`~adaptdl_ray.tune.AdaptDLScheduler` finds none and simply skips both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import ray
+
+LOG = logging.getLogger(__name__)
+
+__all__ = ["ExperimentControl", "control_name", "start", "find"]
+
+
+def control_name() -> str:
+    """The name of this Ray job's control actor (a driver and the actors it starts share
+    the job id, so concurrent experiments on one cluster do not meet)."""
+    return f"adaptdl_control_{ray.get_runtime_context().get_job_id()}"
+
+
+class ExperimentControl:
+    """Actor body: hints by trial id, trials about to pause, one interrupt flag, and the
+    trials' acknowledgements of it."""
+
+    def __init__(self) -> None:
+        self._hints: dict[str, str] = {}
+        self._pausing: set[str] = set()
+        self._interrupted = asyncio.Event()
+        self._acks: set[str] = set()
+
+    async def pausing(self, trial_id: str) -> None:
+        """The scheduler paused the trial: its next save precedes a stop."""
+        self._pausing.add(trial_id)
+
+    async def take_pausing(self, trial_id: str) -> bool:
+        """Whether the trial's save now precedes a pause (and forget it)."""
+        if trial_id in self._pausing:
+            self._pausing.discard(trial_id)
+            return True
+        return False
+
+    async def put_hints(self, trial_id: str, hints_json: str) -> None:
+        """Store a trial's latest scheduler hints (``SchedHints`` as JSON)."""
+        self._hints[trial_id] = hints_json
+
+    async def get_hints(self, trial_ids: list[str]) -> dict[str, str]:
+        """The latest hints of the given trials that posted any."""
+        return {t: self._hints[t] for t in trial_ids if t in self._hints}
+
+    async def forget(self, trial_id: str) -> None:
+        """Drop an ended trial's hints."""
+        self._hints.pop(trial_id, None)
+        self._pausing.discard(trial_id)
+
+    async def interrupt(self) -> None:
+        """Tell every trial to save where it is: wakes all :meth:`wait_interrupt` calls."""
+        self._interrupted.set()
+
+    async def wait_interrupt(self) -> bool:
+        """Returns (True) once :meth:`interrupt` was called."""
+        await self._interrupted.wait()
+        return True
+
+    async def ack(self, trial_id: str) -> None:
+        """A trial saved its state after the interrupt (or had nothing to save)."""
+        self._acks.add(trial_id)
+
+    async def acks(self) -> list[str]:
+        """Trial ids that acknowledged the interrupt."""
+        return sorted(self._acks)
+
+
+def start() -> Any:
+    """Start this job's control actor, or return the running one."""
+    name = control_name()
+    try:
+        return ray.get_actor(name)
+    except ValueError:
+        pass
+    remote = ray.remote(ExperimentControl).options(name=name, num_cpus=0, max_concurrency=1000,
+                                                   get_if_exists=True)
+    return remote.remote()
+
+
+def find() -> Any | None:
+    """This job's control actor, or ``None`` when no AdaptDLScheduler runs the experiment."""
+    try:
+        return ray.get_actor(control_name())
+    except ValueError:
+        return None

@@ -1,0 +1,104 @@
+"""The driver's first Ctrl-C or SIGTERM: let AdaptDL trials save, then let Tune stop.
+
+Ray Tune ends a run on the first SIGINT by stopping every trial where it is (a trial then
+resumes from its last checkpoint, repeating the work since), and does not handle SIGTERM
+at all. :class:`InterruptRelay` is installed by ``AdaptDLScheduler`` in Tune's event loop
+(the main thread, after Tune's own handler): the first SIGINT or SIGTERM only records the
+request, the scheduler asks every running trial to save at its next batch boundary, and
+once they have (or ``deadline_s`` passed) it hands the signal to Tune's handler, which ends
+the run gracefully. A second signal goes straight to the previous handler (Tune's, then
+the default one).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from typing import Any, Callable
+
+LOG = logging.getLogger(__name__)
+
+__all__ = ["InterruptRelay"]
+
+# A signal arriving this long after the scheduler's last hook call finds no live Tune run
+# (the run ended): it goes straight to the previous handler.
+_IDLE_S = 5.0
+
+
+class InterruptRelay:
+    """Holds back the first SIGINT/SIGTERM of a Tune run until the trials have saved.
+
+    Args:
+        clock: monotonic seconds (injectable for tests).
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._previous: dict[int, Any] = {}
+        self._requested_at: float | None = None
+        self._last_seen = clock()
+        self._released = False
+
+    @property
+    def requested_at(self) -> float | None:
+        """When the held-back signal arrived (``clock`` seconds), or ``None``."""
+        return self._requested_at
+
+    def install(self) -> bool:
+        """Put the relay in front of the current SIGINT handler and of the default SIGTERM
+        action (a SIGTERM handler the program installed itself is left alone). Idempotent;
+        does nothing outside the main thread.
+
+        Returns:
+            True if the relay handles at least one signal now.
+        """
+        self._last_seen = self._clock()
+        if self._previous or self._requested_at is not None:
+            return bool(self._previous)
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        for sig in self.SIGNALS:
+            current = signal.getsignal(sig)
+            if sig == signal.SIGTERM and current not in (signal.SIG_DFL, None):
+                continue
+            signal.signal(sig, self._handle)
+            self._previous[sig] = current
+        return bool(self._previous)
+
+    def alive(self) -> None:
+        """Note that the run is alive (called from every scheduler hook)."""
+        self._last_seen = self._clock()
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        name = signal.Signals(signum).name
+        self._restore()
+        if self._clock() - self._last_seen > _IDLE_S:
+            signal.raise_signal(signum)  # no live run: the previous handler takes it
+            return
+        self._requested_at = self._clock()
+        LOG.warning("%s received: AdaptDL trials are saving where they are before Tune stops "
+                    "(send it again to stop at once)", name)
+
+    def _restore(self) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+        self._previous = {}
+
+    def release(self) -> None:
+        """Hand the held-back signal to Tune's SIGINT handler (ends the run gracefully)."""
+        if self._released or self._requested_at is None:
+            return
+        self._released = True
+        handler = signal.getsignal(signal.SIGINT)
+        if callable(handler):
+            handler(signal.SIGINT, None)
+        else:
+            raise KeyboardInterrupt
+
+    def uninstall(self) -> None:
+        """Restore the previous handlers (idempotent)."""
+        self._restore()

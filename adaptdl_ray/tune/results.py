@@ -1,0 +1,53 @@
+"""The result rows an AdaptDL trial hands to Tune: the user's metrics plus ``adaptdl/`` keys.
+
+Tune's CSV logger fixes ``progress.csv``'s columns from a trial's first result (and again,
+without a header, from the first result after a ``Tuner.restore``), so every result lists
+the same ``adaptdl/`` keys in the same order from the first one on, and the user's keys in
+the order of the trial's first result (:func:`result_row`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping
+
+__all__ = ["METRIC_PREFIX", "STATUS_KEYS", "RESIZE_PHASES", "result_row", "order_like"]
+
+METRIC_PREFIX = "adaptdl/"
+# adaptdl_core.torch.status.training_status() keys, in the order they appear in results.
+STATUS_KEYS = ("replicas", "nodes", "restarts", "batch_size", "local_bsz", "accum_steps",
+               "goodput", "efficiency", "gain", "noise_scale", "progress", "epochs_done",
+               "epochs")
+# Phases of a relaunch (see trainable.resize_phases), reported as adaptdl/resize/<phase>.
+RESIZE_PHASES = ("checkpoint_s", "save_s", "relaunch_s", "worker_start_s", "restore_s",
+                 "first_step_s")
+
+
+def result_row(metrics: Mapping[str, Any], status: Mapping[str, Any], *, launch_s: float,
+               resize_s: float, phases: Mapping[str, float] | None) -> dict[str, Any]:
+    """One result: the user's ``metrics``, then every ``adaptdl/`` key.
+
+    Args:
+        metrics: what the training function reported (its own keys win over ours).
+        status: ``training_status()`` of rank 0 at the report (missing keys read 0).
+        launch_s: seconds from the start of this launch of the trial to its first
+            optimizer step (0 before it): what a relaunch costs at least.
+        resize_s: seconds the trial's latest relaunch cost (0 before any).
+        phases: that relaunch's phases in the first result after it; ``None`` elsewhere
+            (the keys are still present, as 0.0).
+    """
+    row = dict(metrics)
+    for key in STATUS_KEYS:
+        row.setdefault(METRIC_PREFIX + key, status.get(key, 0))
+    row.setdefault(METRIC_PREFIX + "launch_s", float(launch_s))
+    row.setdefault(METRIC_PREFIX + "resize_s", float(resize_s))
+    for phase in RESIZE_PHASES:
+        row.setdefault(f"{METRIC_PREFIX}resize/{phase}",
+                       float((phases or {}).get(phase, 0.0)))
+    return row
+
+
+def order_like(row: Mapping[str, Any], schema: Iterable[str]) -> dict[str, Any]:
+    """``row`` with the keys of ``schema`` first, in its order, then any others."""
+    out = {k: row[k] for k in schema if k in row}
+    out.update((k, v) for k, v in row.items() if k not in out)
+    return out

@@ -1,0 +1,59 @@
+"""A Tune driver for the interrupt test: ``run`` starts a 2-trial sweep (to be interrupted
+with SIGINT), ``restore`` resumes it with ``Tuner.restore(..., resume_unfinished=True)``
+and prints a JSON summary as its last line.
+
+    python -m tests.ray.interrupt_run run|restore STORAGE RECORDS
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import ray
+from ray import tune
+
+from adaptdl_ray.tune import AdaptDLScheduler, AdaptDLTrainableCreator
+from tests.ray.trial_jobs import contract_job
+
+NAME = "interrupted"
+CONFIG = {"epochs": 4, "size": 96, "batch_size": 8, "sleep": 0.05}
+
+
+def main(mode: str, storage: str, records: str) -> None:
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": os.environ.get("PYTHONPATH", "")}})
+    trainable = AdaptDLTrainableCreator(contract_job, stop_timeout_s=60)
+    if mode == "run":
+        dirs = []
+        for i in range(2):
+            os.makedirs(os.path.join(records, str(i)), exist_ok=True)
+            dirs.append(os.path.join(records, str(i)))
+        tuner = tune.Tuner(
+            trainable, param_space={**CONFIG, "record_dir": tune.grid_search(dirs)},
+            tune_config=tune.TuneConfig(scheduler=AdaptDLScheduler()),
+            run_config=tune.RunConfig(name=NAME, storage_path=storage, verbose=0))
+    else:
+        tuner = tune.Tuner.restore(os.path.join(storage, NAME), trainable,
+                                   resume_unfinished=True)
+    started = time.time()
+    grid = tuner.fit()
+    if mode == "restore":
+        # The first report of a resumed launch, from the trials' own records.
+        firsts = []
+        for r in grid:
+            with open(os.path.join(r.config["record_dir"], "restart1-rank0.jsonl")) as f:
+                events = [json.loads(line) for line in f]
+            firsts += [e["time"] for e in events if e["event"] == "report"][:1]
+        print(json.dumps({
+            "statuses": sorted("TERMINATED" if r.error is None and r.metrics.get("done")
+                               else "UNFINISHED" for r in grid),
+            "trials": [{"record_dir": r.config["record_dir"], "path": r.path} for r in grid],
+            "epochs": CONFIG["epochs"], "size": CONFIG["size"],
+            "first_result_after_s": min(firsts) - started if firsts else None}))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:4])
