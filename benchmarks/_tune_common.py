@@ -32,9 +32,9 @@ RESIZE_PHASES = ("checkpoint_s", "save_s", "relaunch_s", "worker_start_s", "rest
 # The training function (run by every replica of every trial)
 # ---------------------------------------------------------------------------------------
 def train_digits(config: dict) -> None:
-    """The HyperOpt example's trial function (``examples/hyperopt_example.py``) with the
+    """The digits trial function (``examples/digits_data.py``) with the
     searched values taken from a nested ``hp`` dict (how the arms' grids pass them)."""
-    from hyperopt_example import train_digits as example_train_digits
+    from digits_data import train_digits as example_train_digits
     example_train_digits(dict(config, **config.get("hp", {})))
 
 

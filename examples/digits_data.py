@@ -4,6 +4,7 @@ Shared by ``standalone_digits.py`` and the Ray Tune example. Nothing is download
 1797 images ship with scikit-learn.
 
     from digits_data import DigitsCNN, evaluate, load_digits_datasets, train_epoch
+    from digits_data import train_digits     # the Ray Tune trial function (benchmarks/)
 
     train_dataset, test_dataset = load_digits_datasets()
     model = DigitsCNN()
@@ -21,7 +22,8 @@ from torch.utils.data import TensorDataset
 
 log = logging.getLogger(__name__)
 
-__all__ = ["load_digits_datasets", "DigitsCNN", "NUM_CLASSES", "train_epoch", "evaluate"]
+__all__ = ["load_digits_datasets", "DigitsCNN", "NUM_CLASSES", "train_epoch", "evaluate",
+           "train_digits"]
 
 NUM_CLASSES = 10
 
@@ -122,3 +124,62 @@ def evaluate(model: torch.nn.Module, loader: Iterable, accum: Any) -> None:
         for images, labels in loader:
             accum["correct"] += (model(images).argmax(dim=1) == labels).sum().item()
             accum["test_n"] += len(labels)
+
+
+def train_digits(config: dict) -> None:
+    """One trial: ``lr``, ``momentum``, ``batch_size`` (initial global batch), ``epochs``,
+    ``seed``, ``max_batch_size`` (autoscaling cap; 0 or missing: fixed batch) and
+    ``report_every`` (epochs between test evaluations and reports, default 1; the last
+    epoch always reports). The Ray Tune benchmarks in ``benchmarks/`` run it."""
+    import time
+
+    from ray import tune
+
+    import adaptdl_core.torch as adl
+    from adaptdl_core import checkpoint, env
+
+    torch.manual_seed(config["seed"])
+
+    adl.init_process_group("gloo")
+    replicas = env.num_replicas()
+
+    train_dataset, test_dataset = load_digits_datasets()
+    model = DigitsCNN()
+    optimizer = torch.optim.SGD(model.parameters(), lr=config["lr"],
+                                momentum=config["momentum"])
+    lr_scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer,
+                                                              T_max=config["epochs"])
+    model = adl.AdaptiveDataParallel(model, optimizer, lr_scheduler)
+
+    # batch_size is the initial global batch: the loader moves it (up to max_batch_size)
+    # to wherever the measured throughput and gradient noise predict the best goodput.
+    train_loader = adl.AdaptiveDataLoader(train_dataset, batch_size=config["batch_size"],
+                                          shuffle=True, drop_last=True)
+    if config.get("max_batch_size"):
+        train_loader.autoscale_batch_size(config["max_batch_size"])
+    test_loader = adl.AdaptiveDataLoader(test_dataset, batch_size=256)
+    accum = adl.Accumulator()
+    every = max(1, int(config.get("report_every", 1)))
+
+    if checkpoint.latest_checkpoint_dir() is not None:
+        log.info("resuming at epoch %d on %d replica(s) (restart %d)",
+                 adl.finished_epochs(), replicas, env.num_restarts())
+
+    start = time.perf_counter()
+    for epoch in adl.remaining_epochs_until(config["epochs"]):
+        train_epoch(model, optimizer, train_loader, accum)
+        if (epoch + 1) % every == 0 or epoch == config["epochs"] - 1:
+            evaluate(model, test_loader, accum)
+            with accum.synchronized():
+                train_loss = accum["train_loss"] / max(accum["train_n"], 1)
+                accuracy = accum["correct"] / accum["test_n"]
+                accum.clear()
+            log.info("epoch %d: train loss %.4f, test accuracy %.4f, lr %.4f (%.1f s)",
+                     epoch, train_loss, accuracy, lr_scheduler.get_last_lr()[0],
+                     time.perf_counter() - start)
+            # The one addition: hand the epoch's metrics to Tune (the adaptdl/ metrics are
+            # added). A resize requested now takes effect at the next batch boundary.
+            tune.report({"mean_accuracy": accuracy, "train_loss": train_loss, "epoch": epoch})
+
+        # As in standalone_digits.py: step the scheduler at the END of the epoch body.
+        lr_scheduler.step()

@@ -1,19 +1,22 @@
-"""A HyperOpt sweep of the digits CNN on Ray Tune, with elastic AdaptDL trials.
+"""A HyperOpt sweep on Ray Tune with elastic AdaptDL trials, resized by their goodput.
 
-Every trial runs the training loop of ``standalone_digits.py`` on one or more
-data-parallel replicas (``AdaptDLTrainableCreator``), lets the loader pick its batch size
-(``loader.autoscale_batch_size``), and reports its test accuracy to Tune once per epoch.
-``AdaptDLScheduler`` re-divides the CPUs among the running trials with the Pollux policy:
-it resizes a trial by pausing it at a batch boundary, checkpointing it and relaunching it
-on the new number of replicas, where it continues at the same epoch and sample.
+Every trial trains a small set classifier (``mlp_data.py``) on one or more data-parallel
+replicas (``AdaptDLTrainableCreator``), lets the loader pick its batch size
+(``loader.autoscale_batch_size``), and reports its test accuracy to Tune once per epoch,
+with the model as a Tune checkpoint. ``AdaptDLScheduler`` re-divides the CPUs among the
+running trials with the Pollux policy: when the searcher has no more trials to start and
+a trial's measured speedup would save more time than a resize costs, it grows that trial
+by checkpointing it at a batch boundary and relaunching it on more replicas, where it
+continues at the same epoch and sample.
 
     python examples/hyperopt_example.py            # the default sweep (a few minutes)
-    python examples/hyperopt_example.py --quick    # 3 trials of 2 epochs (for tests)
+    python examples/hyperopt_example.py --quick    # 3 short trials (for tests)
     python examples/hyperopt_example.py --tuner    # the same through tune.Tuner
 
-It starts its own local Ray instance and ends with a per-trial summary: configuration,
-final accuracy, replicas over the epochs, restarts and the seconds the resizes cost. See
-examples/README.md for every option.
+It starts its own local Ray instance and ends with a per-trial summary (configuration,
+final accuracy, replicas over the epochs), one line per resize saying why it happened
+(predicted speedup and time saved, resize cost assumed and measured), and the best
+trial's checkpoint loaded back and evaluated. See examples/README.md for every option.
 """
 
 from __future__ import annotations
@@ -32,40 +35,37 @@ from typing import Any
 import torch
 
 import adaptdl_core.torch as adl
-from adaptdl_core import checkpoint, env
+from adaptdl_core import env
 
-# Make `import digits_data` work however the script is started.
+# Make `import mlp_data` work however the script is started.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from digits_data import DigitsCNN, evaluate, load_digits_datasets, train_epoch  # noqa: E402
+from digits_data import evaluate, train_epoch  # noqa: E402  (generic classification loops)
+from mlp_data import SetMLP, load_mlp_datasets  # noqa: E402
 
 log = logging.getLogger("hyperopt_example")
 
 METRIC = "mean_accuracy"
-BATCH_SIZES = [32, 64, 128]  # the initial global batch sizes searched
+BATCH_SIZES = [64, 128, 256]  # the initial global batch sizes searched
 # Columns of Tune's progress table (metric name -> column title).
 PROGRESS_COLUMNS = {"epoch": "epoch", METRIC: "acc", "adaptdl/replicas": "replicas",
                     "adaptdl/restarts": "restarts", "adaptdl/batch_size": "batch"}
 
 
 # ---------------------------------------------------------------------------------------
-# The training function: standalone_digits.py's main() with the arguments taken from the
-# trial's config, batch-size autoscaling switched on, and one tune.report per epoch.
-# Every replica of a trial runs it; only rank 0's reports reach Tune.
+# The training function: an ordinary adaptdl_core loop plus one tune.report per epoch.
+# Every replica of a trial runs it; only rank 0's reports (and checkpoints) reach Tune.
 # ---------------------------------------------------------------------------------------
-def train_digits(config: dict) -> None:
+def train_mlp(config: dict) -> None:
     """One trial: ``lr``, ``momentum``, ``batch_size`` (initial global batch), ``epochs``,
     ``seed``, ``max_batch_size`` (autoscaling cap; 0 or missing: fixed batch) and
-    ``report_every`` (epochs between test evaluations and reports, default 1; the last
-    epoch always reports). The benchmarks in ``benchmarks/`` run this same function."""
+    ``samples`` (size of the generated data set, default 20,000)."""
     from ray import tune
 
     torch.manual_seed(config["seed"])
-
     adl.init_process_group("gloo")
-    replicas = env.num_replicas()
 
-    train_dataset, test_dataset = load_digits_datasets()
-    model = DigitsCNN()
+    train_dataset, test_dataset = load_mlp_datasets(config.get("samples", 20_000))
+    model = SetMLP()
     optimizer = torch.optim.SGD(model.parameters(), lr=config["lr"],
                                 momentum=config["momentum"])
     lr_scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer,
@@ -78,31 +78,27 @@ def train_digits(config: dict) -> None:
                                           shuffle=True, drop_last=True)
     if config.get("max_batch_size"):
         train_loader.autoscale_batch_size(config["max_batch_size"])
-    test_loader = adl.AdaptiveDataLoader(test_dataset, batch_size=256)
+    test_loader = adl.AdaptiveDataLoader(test_dataset, batch_size=1000)
     accum = adl.Accumulator()
-    every = max(1, int(config.get("report_every", 1)))
 
-    if checkpoint.latest_checkpoint_dir() is not None:
+    if env.num_restarts():
         log.info("resuming at epoch %d on %d replica(s) (restart %d)",
-                 adl.finished_epochs(), replicas, env.num_restarts())
-
-    start = time.perf_counter()
+                 adl.finished_epochs(), env.num_replicas(), env.num_restarts())
     for epoch in adl.remaining_epochs_until(config["epochs"]):
         train_epoch(model, optimizer, train_loader, accum)
-        if (epoch + 1) % every == 0 or epoch == config["epochs"] - 1:
-            evaluate(model, test_loader, accum)
-            with accum.synchronized():
-                train_loss = accum["train_loss"] / max(accum["train_n"], 1)
-                accuracy = accum["correct"] / accum["test_n"]
-                accum.clear()
-            log.info("epoch %d: train loss %.4f, test accuracy %.4f, lr %.4f (%.1f s)",
-                     epoch, train_loss, accuracy, lr_scheduler.get_last_lr()[0],
-                     time.perf_counter() - start)
-            # The one addition: hand the epoch's metrics to Tune (the adaptdl/ metrics are
-            # added). A resize requested now takes effect at the next batch boundary.
-            tune.report({METRIC: accuracy, "train_loss": train_loss, "epoch": epoch})
-
-        # As in standalone_digits.py: step the scheduler at the END of the epoch body.
+        evaluate(model, test_loader, accum)
+        with accum.synchronized():
+            train_loss = accum["train_loss"] / max(accum["train_n"], 1)
+            accuracy = accum["correct"] / accum["test_n"]
+            accum.clear()
+        # The model goes to Tune with the report: it becomes this trial's checkpoint
+        # (the files are read right away, so the directory may go).
+        with tempfile.TemporaryDirectory() as d:
+            torch.save(model.module.state_dict(), os.path.join(d, "model.pt"))
+            tune.report({METRIC: accuracy, "train_loss": train_loss, "epoch": epoch},
+                        checkpoint=tune.Checkpoint.from_directory(d))
+        # Step the scheduler at the END of the epoch body (see the README's idempotency
+        # rule: code before the loop may run again after a restart).
         lr_scheduler.step()
 
 
@@ -112,25 +108,27 @@ def train_digits(config: dict) -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     cpus = os.cpu_count() or 1
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--num-samples", type=int, default=8,
-                   help="trials HyperOpt proposes (default 8)")
-    p.add_argument("--epochs", type=int, default=10, help="epochs per trial (default 10)")
+    p.add_argument("--num-samples", type=int, default=5,
+                   help="trials HyperOpt proposes (default 5)")
+    p.add_argument("--epochs", type=int, default=12, help="epochs per trial (default 12)")
     p.add_argument("--cpus", type=int, default=cpus,
                    help=f"CPUs of the local Ray instance (default: this machine's, {cpus})")
     p.add_argument("--cpus-per-replica", type=int, default=1,
                    help="CPUs (and torch threads) of each replica (default 1)")
     p.add_argument("--max-concurrent", type=int, default=None,
                    help="trials running at once (default: as many as the CPUs hold at one "
-                        "replica each, at least 2)")
+                        "replica each)")
     p.add_argument("--interval", type=float, default=10.0,
                    help="seconds between re-allocations of the CPUs (default 10)")
-    p.add_argument("--max-batch-size", type=int, default=512,
-                   help="upper bound of the autoscaled global batch size (default 512)")
+    p.add_argument("--max-batch-size", type=int, default=1024,
+                   help="upper bound of the autoscaled global batch size (default 1024)")
+    p.add_argument("--samples", type=int, default=20_000,
+                   help="size of the generated data set, 80%% for training (default 20000)")
     p.add_argument("--asha", action="store_true",
                    help="stop poor trials early (ASHAScheduler as the base scheduler)")
     p.add_argument("--seed", type=int, default=0, help="seed of HyperOpt (default 0)")
     p.add_argument("--quick", action="store_true",
-                   help="a short run for tests: 3 trials of 2 epochs")
+                   help="a short run for tests: 3 trials of 2 epochs on 4000 samples")
     p.add_argument("--tuner", action="store_true",
                    help="run through tune.Tuner(...).fit() instead of tune.run(...)")
     p.add_argument("--storage-path", default=None,
@@ -143,14 +141,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "2: also every result and the scheduler's decisions")
     args = p.parse_args(argv)
     if args.quick:
-        args.num_samples, args.epochs = 3, 2
+        args.num_samples, args.epochs, args.samples = 3, 2, 4000
     for name in ("num_samples", "epochs", "cpus", "cpus_per_replica"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.cpus < args.cpus_per_replica:
         p.error("--cpus must be >= --cpus-per-replica (a trial needs one replica)")
     if args.max_concurrent is None:
-        args.max_concurrent = max(2, args.cpus // args.cpus_per_replica)
+        args.max_concurrent = max(1, args.cpus // args.cpus_per_replica)
     if args.max_concurrent < 1:
         p.error("--max-concurrent must be >= 1")
     if args.interval <= 0:
@@ -164,13 +162,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def search_space(args: argparse.Namespace) -> dict[str, Any]:
     from ray import tune
     return {
-        "lr": tune.loguniform(0.005, 0.3),
-        "momentum": tune.uniform(0.5, 0.99),
+        "lr": tune.loguniform(0.01, 0.3),
+        "momentum": tune.uniform(0.5, 0.95),
         # The *initial* global batch size: autoscaling starts from it.
         "batch_size": tune.choice(BATCH_SIZES),
         # Fixed for every trial.
         "epochs": args.epochs,
         "max_batch_size": args.max_batch_size,
+        "samples": args.samples,
         "seed": 0,
     }
 
@@ -179,13 +178,13 @@ def make_searcher(args: argparse.Namespace) -> Any:
     from ray.tune.search import ConcurrencyLimiter
     from ray.tune.search.hyperopt import HyperOptSearch
 
-    # The first trial is standalone_digits.py's defaults, a known-good baseline. Half the
-    # trials are random starting points, then TPE proposes the rest. HyperOptSearch alone
-    # lets one trial be pending at a time: the limiter allows several to run at once.
+    # The first trial is a known-good baseline. Half the trials are random starting
+    # points, then TPE proposes the rest from the results so far; the limiter keeps as
+    # many trials running as the CPUs hold at one replica each.
     searcher = HyperOptSearch(metric=METRIC, mode="max", random_state_seed=args.seed,
                               n_initial_points=max(1, args.num_samples // 2),
                               points_to_evaluate=[{"lr": 0.05, "momentum": 0.9,
-                                                   "batch_size": 64}])
+                                                   "batch_size": 128}])
     return ConcurrencyLimiter(searcher, max_concurrent=args.max_concurrent)
 
 
@@ -196,7 +195,7 @@ def make_scheduler(args: argparse.Namespace) -> Any:
     if args.asha:
         from ray.tune.schedulers import ASHAScheduler
         base = ASHAScheduler(metric=METRIC, mode="max", time_attr="training_iteration",
-                             max_t=args.epochs, grace_period=max(1, args.epochs // 4))
+                             max_t=args.epochs, grace_period=max(1, args.epochs // 8))
     return AdaptDLScheduler(base, allocation_interval_s=args.interval)
 
 
@@ -215,10 +214,12 @@ def run_sweep(args: argparse.Namespace, storage_path: str) -> tuple[Any, Any]:
 
     from adaptdl_ray.tune import AdaptDLTrainableCreator
 
-    trainable = AdaptDLTrainableCreator(train_digits,
-                                        num_cpus_per_worker=args.cpus_per_replica)
+    trainable = AdaptDLTrainableCreator(train_mlp, num_cpus_per_worker=args.cpus_per_replica)
     scheduler = make_scheduler(args)
     searcher = make_searcher(args)
+    # Keep each trial's best epoch (by test accuracy) and its latest.
+    checkpoints = tune.CheckpointConfig(num_to_keep=1, checkpoint_score_attribute=METRIC,
+                                        checkpoint_score_order="max")
     # Ray 2.60's default output engine ignores a custom reporter; the classic one shows
     # the replica and restart columns.
     reporter = make_reporter(args) if args.verbose else None
@@ -229,13 +230,14 @@ def run_sweep(args: argparse.Namespace, storage_path: str) -> tuple[Any, Any]:
             tune_config=tune.TuneConfig(search_alg=searcher, scheduler=scheduler,
                                         num_samples=args.num_samples),
             run_config=tune.RunConfig(name=name, storage_path=storage_path,
-                                      verbose=args.verbose, progress_reporter=reporter))
+                                      verbose=args.verbose, progress_reporter=reporter,
+                                      checkpoint_config=checkpoints))
         return tuner.fit(), scheduler
     analysis = tune.run(trainable, name=name, config=search_space(args),
                         search_alg=searcher, scheduler=scheduler,
                         num_samples=args.num_samples, storage_path=storage_path,
                         verbose=args.verbose, progress_reporter=reporter,
-                        raise_on_failed_trial=False)
+                        checkpoint_config=checkpoints, raise_on_failed_trial=False)
     return ResultGrid(analysis), scheduler
 
 
@@ -243,8 +245,7 @@ def run_sweep(args: argparse.Namespace, storage_path: str) -> tuple[Any, Any]:
 # The summary
 # ---------------------------------------------------------------------------------------
 def read_progress(trial_dir: str) -> list[dict[str, str]]:
-    """All rows of a trial's progress.csv (its result.json may have lost rows after
-    pauses; progress.csv keeps every result)."""
+    """All rows of a trial's progress.csv."""
     path = os.path.join(trial_dir, "progress.csv")
     if not os.path.exists(path):
         return []
@@ -259,33 +260,24 @@ def _num(value: str | None, kind: type = float) -> Any:
         return None
 
 
-def trial_summary(result: Any) -> dict[str, Any]:
-    """One trial's row of the summary, from its final metrics and its progress.csv."""
+def trial_summary(result: Any, record: Any) -> dict[str, Any]:
+    """One trial's row of the summary: its final metrics, its progress.csv and what the
+    scheduler recorded about its resizes (``record``: a ``TrialRecord`` or ``None``)."""
     metrics = result.metrics or {}
     rows = read_progress(result.path) if result.path else []
-    epochs, replicas, restarts, resize_by_restart = [], [], 0, {}
-    for row in rows:
-        epoch = _num(row.get("epoch"), int)
-        if epoch is None or epoch in epochs:
-            continue  # count an epoch once, should a row ever be repeated
-        epochs.append(epoch)
-        replicas.append(_num(row.get("adaptdl/replicas"), int))
-        restart = _num(row.get("adaptdl/restarts"), int) or 0
-        restarts = max(restarts, restart)
-        # adaptdl/resize_s is the cost of the trial's latest resize: sum one per restart
-        # (a resize followed by another before any report is not seen here).
-        if restart > 0:
-            resize_by_restart[restart] = _num(row.get("adaptdl/resize_s")) or 0.0
+    epochs = [_num(r.get("epoch"), int) for r in rows]
     config = {k: (result.config or {}).get(k) for k in ("lr", "momentum", "batch_size")}
     return {
         "trial_id": metrics.get("trial_id") or os.path.basename(result.path or "?"),
         "config": config,
         "final_accuracy": metrics.get(METRIC),
         "epochs": epochs,
-        "replicas": replicas,
+        "replicas": [_num(r.get("adaptdl/replicas"), int) for r in rows],
         "final_batch_size": metrics.get("adaptdl/batch_size"),
-        "restarts": restarts,
-        "resize_s": round(sum(resize_by_restart.values()), 2),
+        "restarts": max((_num(r.get("adaptdl/restarts"), int) or 0 for r in rows),
+                        default=0),
+        "resizes": list(record.resize_log) if record is not None else [],
+        "not_resized": record.last_veto if record is not None else None,
         "error": None if result.error is None else str(result.error).splitlines()[0],
     }
 
@@ -303,7 +295,7 @@ def replicas_over_time(replicas: list[int | None]) -> str:
 
 def format_table(trials: list[dict[str, Any]], best_id: str | None) -> str:
     header = ("trial", "lr", "momentum", "batch0", "accuracy", "epochs",
-              "replicas x epochs", "final batch", "restarts", "resize s")
+              "replicas x epochs", "final batch", "restarts")
     lines = []
     for t in trials:
         c = t["config"]
@@ -315,26 +307,72 @@ def format_table(trials: list[dict[str, Any]], best_id: str | None) -> str:
             str(c["batch_size"]),
             f"{acc:.4f}" if acc is not None else "-",
             str(len(t["epochs"])), replicas_over_time(t["replicas"]),
-            str(t["final_batch_size"]), str(t["restarts"]), f"{t['resize_s']:.1f}"))
+            str(t["final_batch_size"]), str(t["restarts"])))
     widths = [max(len(h), *(len(row[i]) for row in lines)) for i, h in enumerate(header)]
     out = ["  ".join(h.ljust(w) for h, w in zip(header, widths))]
     out += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in lines]
     return "\n".join(out)
 
 
+def resize_lines(trials: list[dict[str, Any]]) -> list[str]:
+    """One line per resize: which trial, from and to how many replicas, and why; and one
+    per trial whose last proposed resize did not pay, saying why."""
+    lines = []
+    for t in trials:
+        if t["not_resized"]:
+            lines.append(f"trial {t['trial_id']}: last proposed resize not made: "
+                         f"{t['not_resized']}")
+        for r in t["resizes"]:
+            measured = r.get("measured_s")
+            lines.append(f"trial {t['trial_id']}: {r['from']} -> {r['to']} replicas: "
+                         f"{r['reason']}; measured cost "
+                         + (f"{measured:.1f} s" if measured is not None else "not seen"))
+    return lines
+
+
+def load_best_model(best: Any, samples: int) -> tuple[float, float] | None:
+    """Load the best trial's best checkpoint back and evaluate it on the test set.
+
+    Returns:
+        ``(accuracy measured now, accuracy the trial reported with that checkpoint)``, or
+        ``None`` if the trial left no checkpoint.
+    """
+    checkpoint = best.get_best_checkpoint(METRIC, "max") or best.checkpoint
+    if checkpoint is None:
+        return None
+    reported = next(m for c, m in best.best_checkpoints if c.path == checkpoint.path)[METRIC] \
+        if best.best_checkpoints else best.metrics[METRIC]
+    model = SetMLP()
+    with checkpoint.as_directory() as d:
+        model.load_state_dict(torch.load(os.path.join(d, "model.pt"), weights_only=True))
+    _, test = load_mlp_datasets(samples)
+    # As the trial evaluated it (one thread, batches of 1000), so that float rounding
+    # cannot flip a borderline sample.
+    torch.set_num_threads(1)
+    model.eval()
+    correct = 0
+    with torch.no_grad():
+        for x, y in torch.utils.data.DataLoader(test, batch_size=1000):
+            correct += (model(x).argmax(dim=1) == y).sum().item()
+    return correct / len(test), reported
+
+
 def summarize(results: Any, scheduler: Any, wall_s: float, args: argparse.Namespace) -> dict:
-    trials = sorted((trial_summary(r) for r in results), key=lambda t: t["trial_id"] or "")
-    best = None
+    records = scheduler.state.trials
+    trials = sorted((trial_summary(r, records.get((r.metrics or {}).get("trial_id")))
+                     for r in results), key=lambda t: t["trial_id"] or "")
+    best, loaded = None, None
     if any(t["final_accuracy"] is not None for t in trials):
         best_result = results.get_best_result(metric=METRIC, mode="max")
         best = next(t for t in trials if t["trial_id"] == best_result.metrics["trial_id"])
-    # Resizes the scheduler decided (each pause-and-relaunch), when it kept its records.
-    records = scheduler.state.trials
-    resizes = sum(records[t["trial_id"]].resizes for t in trials if t["trial_id"] in records)
+        loaded = load_best_model(best_result, args.samples)
     return {"wall_s": round(wall_s, 1), "num_trials": len(trials), "epochs": args.epochs,
-            "resizes": resizes, "restarts": sum(t["restarts"] for t in trials),
+            "resizes": sum(len(t["resizes"]) for t in trials),
+            "restarts": sum(t["restarts"] for t in trials),
             "errors": sum(t["error"] is not None for t in trials),
-            "best": best, "trials": trials}
+            "best": best, "best_checkpoint": None if loaded is None else
+            {"accuracy_now": loaded[0], "accuracy_reported": loaded[1]},
+            "trials": trials}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -354,9 +392,13 @@ def main(argv: list[str] | None = None) -> int:
     storage_path = os.path.abspath(args.storage_path or
                                    tempfile.mkdtemp(prefix="adaptdl-hyperopt-"))
     # A private local instance (address="local": never an already running cluster), with
-    # no dashboard and a small object store: checkpoints are kilobytes.
+    # no dashboard and a small object store: checkpoints are about a megabyte.
+    # Tune warns when checkpoints come faster than it snapshots the experiment; one per
+    # epoch of a short trial is what this example wants.
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     ray.init(address="local", num_cpus=args.cpus, include_dashboard=False,
-             object_store_memory=200 * 2**20, logging_level=logging.WARNING)
+             object_store_memory=200 * 2**20, logging_level=logging.WARNING,
+             logging_config=ray.LoggingConfig(log_level="WARNING"))
     log.info("Ray started with %d CPUs; %d trials of %d epochs, up to %d at once, "
              "re-allocation every %.0f s; results in %s", args.cpus, args.num_samples,
              args.epochs, args.max_concurrent, args.interval, storage_path)
@@ -372,6 +414,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{summary['resizes']} resizes, {summary['restarts']} restarts "
           "(* = best; replicas x epochs: how many replicas ran each stretch of epochs)")
     print(format_table(summary["trials"], summary["best"] and summary["best"]["trial_id"]))
+    for line in resize_lines(summary["trials"]):
+        print(line)
     for t in summary["trials"]:
         if t["error"]:
             print(f"trial {t['trial_id']} failed: {t['error']}")
@@ -379,6 +423,10 @@ def main(argv: list[str] | None = None) -> int:
         best = summary["best"]
         print(f"best trial: {best['trial_id']} mean_accuracy={best['final_accuracy']:.4f} "
               f"config={json.dumps(best['config'])}", flush=True)
+    if summary["best_checkpoint"] is not None:
+        b = summary["best_checkpoint"]
+        print(f"best trial's best checkpoint loaded back: test accuracy "
+              f"{b['accuracy_now']:.4f} (reported with it: {b['accuracy_reported']:.4f})")
     if args.summary_json:
         with open(args.summary_json, "w") as f:
             json.dump(summary, f, indent=1)
