@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from _common import ROOT  # noqa: F401  (puts the repository on sys.path)
+from adaptdl_ray.tune.results import RESIZE_PHASES  # noqa: E402  (after the path is set)
 
 LOG = logging.getLogger(__name__)
 
@@ -24,8 +25,6 @@ if EXAMPLES not in sys.path:
     sys.path.insert(0, EXAMPLES)
 
 METRIC = "mean_accuracy"
-RESIZE_PHASES = ("checkpoint_s", "save_s", "relaunch_s", "worker_start_s", "restore_s",
-                 "first_step_s")
 
 
 # ---------------------------------------------------------------------------------------
@@ -58,7 +57,7 @@ def init_ray(num_cpus: int) -> None:
 def make_recorder() -> Any:
     """A ``tune.Callback`` that records, per trial: start/end times, replicas held over
     time, every result's metric, and the resize phases of the first result after each
-    resize (progress.csv keeps only the first row's columns, so they are read here)."""
+    resize."""
     from ray import tune
 
     from adaptdl_ray.tune.resources import num_replicas_of
@@ -102,8 +101,10 @@ def make_recorder() -> Any:
                 "replicas": result.get("adaptdl/replicas"),
                 "batch_size": result.get("adaptdl/batch_size"),
                 "restarts": result.get("adaptdl/restarts")})
-            phases = {k: result.get(f"adaptdl/resize/{k}") for k in RESIZE_PHASES}
-            if all(v is not None for v in phases.values()):
+            # Every result carries the phases; they are non-zero only in the first result
+            # after a relaunch.
+            phases = {k: result.get(f"adaptdl/resize/{k}") or 0.0 for k in RESIZE_PHASES}
+            if any(phases.values()):
                 rec["resizes"].append(dict(phases, t=now,
                                            replicas=result.get("adaptdl/replicas")))
 

@@ -1,8 +1,9 @@
 """What one pause-resize-resume cycle of a 2-replica torch trial costs, by phase.
 
 One AdaptDL trial (the digits CNN, ``AdaptDLTrainableCreator(max_replicas=2)``) starts on
-2 replicas and is resized 2 -> 1 -> 2 -> 1 ... by a scripted policy given to
-``AdaptDLScheduler(policy=...)``, on a local Ray instance with the machine's real CPUs.
+1 replica (as every trial does) and is resized 1 -> 2 -> 1 -> 2 ... by a scripted policy
+given to ``AdaptDLScheduler(policy=..., resize_rule=...)`` (every resize is made, whether
+or not it would pay), on a local Ray instance with the machine's real CPUs.
 The phases come from the ``adaptdl/resize/*`` metrics of the first result after each
 resize (read by a Tune callback), mapped to:
 
@@ -82,14 +83,18 @@ def floor_once() -> float:
 def run(args: argparse.Namespace) -> dict:
     from ray import tune
 
+    from adaptdl_core.policy import ResizeVerdict
     from adaptdl_ray.tune import AdaptDLScheduler, AdaptDLTrainableCreator
 
     floor = [floor_once() for _ in range(args.floor)]
     tc.init_ray(2 if args.cpus is None else args.cpus)
     recorder = tc.make_recorder()
     storage = tempfile.mkdtemp(prefix="resize-cost-")
+    # Every scripted resize is made, whether or not it would pay: this measures its cost.
     scheduler = AdaptDLScheduler(allocation_interval_s=args.interval,
-                                 policy=AlternatingPolicy(2, [1, 2], args.resizes))
+                                 policy=AlternatingPolicy(1, [2, 1], args.resizes),
+                                 resize_rule=lambda **kw: ResizeVerdict(
+                                     kw["current"] != kw["target"], "forced"))
     t0 = time.time()
     analysis = tune.run(
         AdaptDLTrainableCreator(tc.train_digits, max_replicas=2), name="resize_cost",

@@ -71,6 +71,11 @@ class ExperimentControl:
         self._hints.pop(trial_id, None)
         self._pausing.discard(trial_id)
 
+    async def new_experiment(self) -> None:
+        """Forget an earlier experiment's interrupt (the driver ran it to its end)."""
+        self._interrupted = asyncio.Event()
+        self._acks.clear()
+
     async def interrupt(self) -> None:
         """Tell every trial to save where it is: wakes all :meth:`wait_interrupt` calls."""
         self._interrupted.set()
@@ -89,16 +94,23 @@ class ExperimentControl:
         return sorted(self._acks)
 
 
+# The driver's handle of its job's control actor, held for the driver's whole life: a
+# (non-detached) actor dies with the last handle to it, and one experiment's scheduler is
+# freed before the next experiment of the same driver starts.
+_driver_handles: dict[str, Any] = {}
+
+
 def start() -> Any:
-    """Start this job's control actor, or return the running one."""
+    """Start this job's control actor (in the driver), or return the running one, with its
+    interrupt state cleared for a new experiment."""
     name = control_name()
-    try:
-        return ray.get_actor(name)
-    except ValueError:
-        pass
-    remote = ray.remote(ExperimentControl).options(name=name, num_cpus=0, max_concurrency=1000,
-                                                   get_if_exists=True)
-    return remote.remote()
+    handle = _driver_handles.get(name)
+    if handle is None:
+        remote = ray.remote(ExperimentControl).options(
+            name=name, num_cpus=0, max_concurrency=1000, get_if_exists=True)
+        handle = _driver_handles[name] = remote.remote()
+    ray.get(handle.new_experiment.remote(), timeout=60)
+    return handle
 
 
 def find() -> Any | None:

@@ -77,6 +77,11 @@ class AdaptDLScheduler(TrialScheduler):
         hints_fn: returns the latest scheduler hints of the given trial ids as
             ``{trial id: hints dict}``; default: what the trials posted to the experiment's
             control actor (tests and other front-ends pass their own).
+        resize_rule: decides whether a resize the policy proposes for a running trial pays,
+            called with :func:`~adaptdl_core.policy.resize_verdict`'s keyword arguments and
+            returning a :class:`~adaptdl_core.policy.ResizeVerdict`; default
+            ``resize_verdict`` (benchmarks of the resize mechanism pass one that always
+            resizes).
 
     Raises:
         TypeError: for an argument of the wrong kind (e.g. ``base_scheduler='asha'``);
@@ -88,7 +93,8 @@ class AdaptDLScheduler(TrialScheduler):
                  allocation_interval_s: float = 30.0, p: float = -1.0,
                  nodes_fn: Callable[[], dict[Any, NodeInfo]] | None = None,
                  policy: Any = None,
-                 hints_fn: Callable[[list[str]], Mapping[str, dict]] | None = None) -> None:
+                 hints_fn: Callable[[list[str]], Mapping[str, dict]] | None = None,
+                 resize_rule: Callable[..., Any] | None = None) -> None:
         if base_scheduler is not None and not isinstance(base_scheduler, TrialScheduler):
             raise TypeError(f"base_scheduler must be a ray.tune TrialScheduler instance such as "
                             f"ASHAScheduler(), got {base_scheduler!r}")
@@ -103,7 +109,8 @@ class AdaptDLScheduler(TrialScheduler):
         if policy is not None and not callable(getattr(policy, "allocate", None)):
             raise TypeError(f"policy must be an allocation policy such as PolluxPolicy() "
                             f"(with an allocate() method), got {policy!r}")
-        for name, fn in (("nodes_fn", nodes_fn), ("hints_fn", hints_fn)):
+        for name, fn in (("nodes_fn", nodes_fn), ("hints_fn", hints_fn),
+                         ("resize_rule", resize_rule)):
             if fn is not None and not callable(fn):
                 raise TypeError(f"{name} must be a function, got {fn!r}")
         super().__init__()
@@ -112,6 +119,7 @@ class AdaptDLScheduler(TrialScheduler):
         self._policy = policy or PolluxPolicy(p)
         self._nodes_fn = nodes_fn or cluster_nodes
         self._hints_fn = hints_fn
+        self._resize_rule = resize_rule or resize_verdict
         self._nodes_cache: tuple[float, dict[Any, NodeInfo]] | None = None
         self._state = SchedulerState()
         self._state_dir: str | None = None
@@ -354,7 +362,7 @@ class AdaptDLScheduler(TrialScheduler):
             nodes_new = max(len(set(record.nodes)), 1)
             speedups = (float(np.asarray(job.speedup_fn(nodes_now, current))),
                         float(np.asarray(job.speedup_fn(nodes_new, record.target))))
-        return resize_verdict(current=current, target=record.target,
+        return self._resize_rule(current=current, target=record.target,
                               remaining_s=record.remaining_s,
                               cost_s=self._resize_cost(record),
                               speedup_now=speedups[0] if speedups else None,

@@ -434,6 +434,7 @@ def test_with_resources_names_the_creator_arguments():
     ({"policy": "x"}, TypeError, "policy"),
     ({"nodes_fn": 42}, TypeError, "nodes_fn"),
     ({"hints_fn": 42}, TypeError, "hints_fn"),
+    ({"resize_rule": 42}, TypeError, "resize_rule"),
     ({"p": float("nan")}, ValueError, "p must be"),
 ])
 def test_scheduler_rejects_bad_arguments_at_construction(kwargs, error, match):

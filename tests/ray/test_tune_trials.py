@@ -29,8 +29,8 @@ pytestmark = pytest.mark.usefixtures("ray_session")
 class ScriptedPolicy:
     """A deterministic grow / shrink sequence: a job gets ``start`` replicas until it has
     been seen running, then ``script[r]`` once it has restarted ``r`` times (the last entry
-    once the script is exhausted). Use it with :func:`always_resize`: these tests check
-    the resize mechanism, not whether a resize pays (test_scheduler_unit does)."""
+    once the script is exhausted). Use it with ``resize_rule=always_resize``: these tests
+    check the resize mechanism, not whether a resize pays (test_scheduler_unit does)."""
 
     def __init__(self, start, script):
         self.start, self.script = start, list(script)
@@ -48,17 +48,10 @@ class ScriptedPolicy:
                                 1.0, 0, True, 0.0)
 
 
-def always_resize(monkeypatch=None):
-    """Make every resize the scheduler proposes go ahead (in this process)."""
-    import adaptdl_ray.tune.scheduler as scheduler_module
+def always_resize(**kwargs):
+    """A resize rule that lets every proposed resize go ahead."""
     from adaptdl_core.policy import ResizeVerdict
-
-    def verdict(**kwargs):
-        return ResizeVerdict(kwargs["current"] != kwargs["target"], "scripted")
-    if monkeypatch is not None:
-        monkeypatch.setattr(scheduler_module, "resize_verdict", verdict)
-    else:
-        scheduler_module.resize_verdict = verdict
+    return ResizeVerdict(kwargs["current"] != kwargs["target"], "scripted")
 
 
 def read_records(record_dir):
@@ -77,15 +70,15 @@ def progress_rows(trial):
     return [dict(zip(raw[0], r)) for r in raw[1:]]
 
 
-def test_trial_grows_shrinks_and_finishes_every_epoch_exactly_once(tmp_path, monkeypatch):
-    always_resize(monkeypatch)
+def test_trial_grows_shrinks_and_finishes_every_epoch_exactly_once(tmp_path):
     record_dir = tmp_path / "records"
     record_dir.mkdir()
     # ~12 s of training (4 epochs x 20 batches x 0.15 s): long enough for three resizes
     # to happen while it trains, however fast the machine.
     size, epochs = 240, 4
     policy = ScriptedPolicy(1, [3, 2, 1])  # 1 -> 3 -> 2 -> 1
-    scheduler = AdaptDLScheduler(allocation_interval_s=1.0, policy=policy)
+    scheduler = AdaptDLScheduler(allocation_interval_s=1.0, policy=policy,
+                                 resize_rule=always_resize)
     trainable = AdaptDLTrainableCreator(counting_job, max_replicas=3)
     analysis = tune.run(
         trainable, scheduler=scheduler, storage_path=str(tmp_path / "results"), verbose=0,

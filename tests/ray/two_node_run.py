@@ -28,10 +28,10 @@ def main(record_dir: str, storage_dir: str) -> None:
     cluster.add_node(num_cpus=2, object_store_memory=100 * 2**20)
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, log_to_driver=False)
-    always_resize()
     try:
         scheduler = AdaptDLScheduler(allocation_interval_s=1.0,
-                                     policy=ScriptedPolicy(1, [3, 4]))
+                                     policy=ScriptedPolicy(1, [3, 4]),
+                                     resize_rule=always_resize)
         analysis = tune.run(
             AdaptDLTrainableCreator(counting_job, max_replicas=4), scheduler=scheduler,
             storage_path=storage_dir, verbose=0,
