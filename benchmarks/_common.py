@@ -13,6 +13,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -113,6 +114,46 @@ def iqr_text(values: Sequence[float], fmt: str = "{:.3f}") -> str:
     """'median [p25, p75]'."""
     return (fmt.format(median(values)) + " [" + fmt.format(quantile(values, 0.25)) + ", "
             + fmt.format(quantile(values, 0.75)) + "]")
+
+
+class ArmClock:
+    """A stand-in for the ``time`` module whose ``monotonic()`` leaves out the seconds
+    added to ``excluded``: given to the library (``_metrics.time = ArmClock()``) when one
+    arm is interleaved with others, so that its wall-clock schedules (throughput refits)
+    run as if that arm trained alone. Everything else is ``time``'s."""
+
+    excluded = 0.0
+
+    def monotonic(self) -> float:
+        """``time.monotonic()`` minus the excluded seconds."""
+        return time.monotonic() - self.excluded
+
+    def __getattr__(self, name: str):
+        return getattr(time, name)
+
+
+def isolate_library_clock(metrics_module) -> tuple[ArmClock, list[float]]:
+    """Give the library's step-metrics module (``adaptdl_core.torch._metrics``) an
+    :class:`ArmClock` and count its throughput-model fits.
+
+    Returns:
+        ``(clock, fits)``: add the seconds other arms run to ``clock.excluded``; ``fits``
+        collects the seconds each fit took.
+    """
+    clock = ArmClock()
+    metrics_module.time = clock
+    fits: list[float] = []
+    real_fit = metrics_module.fit_perf_params
+
+    def counted_fit(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return real_fit(*args, **kwargs)
+        finally:
+            fits.append(time.perf_counter() - start)
+
+    metrics_module.fit_perf_params = counted_fit
+    return clock, fits
 
 
 def markdown_table(header: Sequence[str], rows: Iterable[Sequence]) -> str:

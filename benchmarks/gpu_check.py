@@ -102,7 +102,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import shutil
 import subprocess
@@ -450,28 +449,7 @@ def overhead_worker(args: argparse.Namespace) -> None:
     # time; interleaved with two other arms it would see that clock run 3x faster than its
     # own training: give it a clock that runs only while the adp arm runs (as
     # step_overhead.py does), and count the fits.
-    class ArmClock:
-        excluded = 0.0
-
-        def monotonic(self) -> float:
-            return time.monotonic() - self.excluded
-
-        def __getattr__(self, name):
-            return getattr(time, name)
-
-    clock = ArmClock()
-    _metrics.time = clock
-    fits: list[float] = []
-    real_fit = _metrics.fit_perf_params
-
-    def counted_fit(*a, **k):
-        t = time.perf_counter()
-        try:
-            return real_fit(*a, **k)
-        finally:
-            fits.append(time.perf_counter() - t)
-
-    _metrics.fit_perf_params = counted_fit
+    clock, fits = _common.isolate_library_clock(_metrics)
 
     # Enough samples for two trials in one epoch of the autoscaled loader (its epochs end
     # by statistical progress: one pass at the initial batch size).

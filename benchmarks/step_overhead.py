@@ -118,28 +118,7 @@ def worker(args: argparse.Namespace) -> None:
     # time. Interleaved with three other arms, the full arm would see that clock run ~4x
     # faster than its own time and refit ~4x too often; give the library a clock that
     # only runs while the full arm runs, as if it trained alone. Also count the fits.
-    class ArmClock:
-        excluded = 0.0
-
-        def monotonic(self) -> float:
-            return time.monotonic() - self.excluded
-
-        def __getattr__(self, name):
-            return getattr(time, name)
-
-    clock = ArmClock()
-    _metrics.time = clock
-    fits = []
-    real_fit = _metrics.fit_perf_params
-
-    def counted_fit(*a, **k):
-        t = time.perf_counter()
-        try:
-            return real_fit(*a, **k)
-        finally:
-            fits.append(time.perf_counter() - t)
-
-    _metrics.fit_perf_params = counted_fit
+    clock, fits = _common.isolate_library_clock(_metrics)
     rank, replicas = env.replica_rank(), env.num_replicas()
     train, _ = load_digits_datasets()
     x, y = train.tensors

@@ -47,6 +47,16 @@ def _start(config: dict) -> tuple:
     return rank, restarts, replicas, log, loader
 
 
+def _train_batch(model, opt, x, y, config: dict) -> torch.Tensor:
+    """One optimizer step of the linear regression, then ``config["sleep"]`` seconds."""
+    opt.zero_grad()
+    loss = torch.nn.functional.mse_loss(model(x).squeeze(1), y)
+    loss.backward()
+    opt.step()
+    time.sleep(config.get("sleep", 0.0))
+    return loss
+
+
 def counting_job(config: dict) -> None:
     """Config: ``record_dir``, ``epochs``, ``size``, ``batch_size``, ``sleep`` (seconds per
     batch), ``report_every`` (batches between reports), optional ``autoscale`` (max batch)."""
@@ -63,13 +73,9 @@ def counting_job(config: dict) -> None:
         # A restart at the very end of an epoch resumes with no batch left in it.
         loss = torch.tensor(float("nan"))
         for step, (idx, x, y) in enumerate(loader):
-            opt.zero_grad()
-            loss = torch.nn.functional.mse_loss(model(x).squeeze(1), y)
-            loss.backward()
-            opt.step()
+            loss = _train_batch(model, opt, x, y, config)
             log.write(json.dumps({"event": "batch", "epoch": epoch, "idx": idx.tolist(),
                                   "replicas": replicas, "restarts": restarts}) + "\n")
-            time.sleep(config.get("sleep", 0.0))
             if (step + 1) % config.get("report_every", 5) == 0:
                 tune.report({"epoch": epoch, "loss": loss.item(),
                              "report_key": f"{epoch}:{loader.current_index}"})
@@ -122,13 +128,9 @@ def contract_job(config: dict) -> None:
                         rank == replicas - 1:
                     open(marker, "w").close()
                     os._exit(1)
-            opt.zero_grad()
-            loss = torch.nn.functional.mse_loss(model(x).squeeze(1), y)
-            loss.backward()
-            opt.step()
+            loss = _train_batch(model, opt, x, y, config)
             log.write(json.dumps({"event": "batch", "epoch": epoch, "idx": idx.tolist(),
                                   "replicas": replicas, "restarts": restarts}) + "\n")
-            time.sleep(config.get("sleep", 0.0))
         metrics = {"epoch": epoch, "loss": loss.item(), "neg_loss": -loss.item(),
                    "weights": [p.item() for p in net.parameters() for p in p.flatten()],
                    "report_key": f"{epoch}:end"}
