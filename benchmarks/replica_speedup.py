@@ -63,6 +63,7 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
+    """Run every case on 1 and 2 replicas and print the table (or be one replica)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="one batch size per model")
     p.add_argument("--epochs", type=int, default=3, help="timed epochs per run (default 3)")

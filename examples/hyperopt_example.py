@@ -106,6 +106,7 @@ def train_mlp(config: dict) -> None:
 # The sweep
 # ---------------------------------------------------------------------------------------
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, checked (``--quick`` sets the test-sized run)."""
     cpus = os.cpu_count() or 1
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--num-samples", type=int, default=5,
@@ -160,6 +161,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def search_space(args: argparse.Namespace) -> dict[str, Any]:
+    """What HyperOpt searches (lr, momentum, initial batch) and the fixed settings."""
     from ray import tune
     return {
         "lr": tune.loguniform(0.01, 0.3),
@@ -175,6 +177,7 @@ def search_space(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def make_searcher(args: argparse.Namespace) -> Any:
+    """HyperOptSearch behind a ConcurrencyLimiter."""
     from ray.tune.search import ConcurrencyLimiter
     from ray.tune.search.hyperopt import HyperOptSearch
 
@@ -189,6 +192,7 @@ def make_searcher(args: argparse.Namespace) -> Any:
 
 
 def make_scheduler(args: argparse.Namespace) -> Any:
+    """AdaptDLScheduler, over ASHA with ``--asha``."""
     from adaptdl_ray.tune import AdaptDLScheduler
 
     base = None
@@ -200,6 +204,7 @@ def make_scheduler(args: argparse.Namespace) -> Any:
 
 
 def make_reporter(args: argparse.Namespace) -> Any:
+    """Tune's classic progress table with the replica, restart and batch columns."""
     from ray.tune import CLIReporter
     return CLIReporter(metric_columns=PROGRESS_COLUMNS,
                        parameter_columns={"lr": "lr", "momentum": "momentum",
@@ -294,6 +299,7 @@ def replicas_over_time(replicas: list[int | None]) -> str:
 
 
 def format_table(trials: list[dict[str, Any]], best_id: str | None) -> str:
+    """The per-trial summary table (``*`` marks the best trial)."""
     header = ("trial", "lr", "momentum", "batch0", "accuracy", "epochs",
               "replicas x epochs", "final batch", "restarts")
     lines = []
@@ -358,6 +364,7 @@ def load_best_model(best: Any, samples: int) -> tuple[float, float] | None:
 
 
 def summarize(results: Any, scheduler: Any, wall_s: float, args: argparse.Namespace) -> dict:
+    """The run's summary: every trial, its resizes, the best one and its reloaded model."""
     records = scheduler.state.trials
     trials = sorted((trial_summary(r, records.get((r.metrics or {}).get("trial_id")))
                      for r in results), key=lambda t: t["trial_id"] or "")
@@ -376,6 +383,7 @@ def summarize(results: Any, scheduler: Any, wall_s: float, args: argparse.Namesp
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the sweep on a private local Ray; 0 when every trial ended well."""
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S")

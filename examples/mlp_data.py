@@ -77,4 +77,5 @@ class SetMLP(torch.nn.Module):
         self.head = torch.nn.Linear(hidden, NUM_CLASSES)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits of a batch of sets, ``(N, 8, 64) -> (N, 2)``."""
         return self.head(self.encoder(x).mean(dim=1))
