@@ -1,0 +1,17 @@
+"""The decision core: Tune-free scheduling decisions with an injected clock.
+
+Front-ends (the Ray Tune scheduler, the trace-driven simulator, a cluster service) feed
+:class:`DecisionCore` plain events (jobs arrive, report hints and progress, run, end;
+nodes come and go) and act on its :class:`Decision` per job. See :mod:`.core`.
+"""
+
+from adaptdl_core.policy import NodeInfo
+
+from .core import ACTIONS, Decision, DecisionCore, JobProgress
+from .jobs import (JobSpec, cluster_capacity, exploration_cap, job_info, pack_guess,
+                   replicas_fitting, speedup_from_hints)
+from .state import CoreState, JobRecord
+
+__all__ = ["ACTIONS", "CoreState", "Decision", "DecisionCore", "JobProgress", "JobRecord",
+           "JobSpec", "NodeInfo", "cluster_capacity", "exploration_cap", "job_info",
+           "pack_guess", "replicas_fitting", "speedup_from_hints"]

@@ -1,0 +1,566 @@
+"""The decision core: which job runs with how many replicas where, and why (no Ray, no Tune).
+
+A front-end (the Ray Tune scheduler, the trace-driven simulator, a cluster service) feeds
+the core plain events and acts on its plain answers::
+
+    core = DecisionCore(clock=sim_clock)            # any policy with .allocate(...)
+    core.set_nodes({"n0": NodeInfo({"GPU": 4})})    # the cluster, whenever it changes
+    core.add_job("j1", JobSpec({"GPU": 1}))         # arrival
+    core.update("j1", hints=..., progress=JobProgress(remaining_s=600.0, restarts=1))
+    core.running("j1", nodes=["n0", "n0"])          # what it holds now
+    for job_id, d in core.decide().items():         # re-solves only when due
+        ...                                          # d.action: start/resize/hold/keep/wait
+    core.remove("j1")                                # finished, failed or removed
+
+The rules, each applied here and nowhere else:
+
+* **When** the policy re-solves: when jobs or nodes were added or removed since the last
+  solve (a burst of events before the next :meth:`DecisionCore.decide` is one solve; with
+  ``min_event_gap_s`` event-driven solves are also spaced in time), and otherwise every
+  ``interval_s`` seconds. Between solves the standing targets are answered.
+* **Jobs for the policy** (:func:`~adaptdl_core.decision.job_info`): a speedup function
+  from the job's hints (the linear prior before it has a fit; built once per hints and
+  reused), bounded exploration, min/max replicas, and the restart penalty with the job's
+  resize cost: its last measured resize, else its launch time, else the policy's prior.
+* **Finishing jobs** (less training left than ``MIN_COST_MULTIPLES`` resize costs) are
+  pinned where they are (non-preemptible for that solve).
+* **Placement of a running job** is what the front-end reported, else the policy's last
+  placement when its size matches, else a packing guess.
+* **Per resize**, the job's own check (``resize_rule``, by default
+  :func:`~adaptdl_core.policy.resize_verdict`): a proposed resize that does not pay is a
+  ``hold`` with the reason (logged once per reason); every resize carried out is recorded
+  with its reason, predicted saving and assumed cost, and later its measured cost.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+from typing import Any, Callable, Hashable, Mapping, Sequence
+
+import numpy as np
+
+from adaptdl_core.policy import (DEFAULT_RESTART_COST_S, MIN_COST_MULTIPLES, NodeInfo,
+                                 PolluxPolicy, ResizeVerdict, resize_verdict)
+
+from .jobs import JobSpec, cluster_capacity, job_info, pack_guess, speedup_from_hints
+from .state import CoreState, JobRecord
+
+LOG = logging.getLogger(__name__)
+
+__all__ = ["Decision", "DecisionCore", "JobProgress", "ACTIONS"]
+
+#: The actions a :class:`Decision` may carry.
+ACTIONS = ("start", "resize", "hold", "keep", "wait")
+
+
+@dataclasses.dataclass(frozen=True)
+class JobProgress:
+    """What a job reports about its progress (every field optional: ``None`` = not known
+    or unchanged).
+
+    Attributes:
+        remaining_s: estimated seconds of training left at its current size.
+        restarts: checkpoint-restarts it has gone through so far (a count that grows with
+            each relaunch; the first report after a growth closes a pending resize).
+        resize_cost_s: measured seconds its latest relaunch cost; taken as the job's
+            resize cost when it arrives with a grown ``restarts`` after a resize the
+            front-end carried out (a relaunch after a failure is not a resize).
+        launch_s: seconds its latest launch took to its first step (a resize costs at
+            least that).
+    """
+
+    remaining_s: float | None = None
+    restarts: int | None = None
+    resize_cost_s: float | None = None
+    launch_s: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """The core's answer for one job.
+
+    Attributes:
+        job_id: the job.
+        action: ``"start"`` (not running, gets ``replicas``), ``"resize"`` (running, the
+            new size pays), ``"hold"`` (running, the policy wants another size but it does
+            not pay: ``reason`` says why), ``"keep"`` (running, no change), ``"wait"``
+            (not running, gets nothing now).
+        replicas: the target replica count (for hold/keep: the current one).
+        nodes: node ids, one per replica, of the target (for hold/keep: the current
+            placement as the core knows it).
+        reason: one line for logs and users.
+        saved_s: predicted seconds a growth saves over the job's remaining training, if
+            computed.
+        cost_s: seconds one resize of the job is assumed to cost (for start, resize and
+            hold).
+        proposed: the replica count the policy proposed (differs from ``replicas`` for
+            a hold).
+    """
+
+    job_id: Hashable
+    action: str
+    replicas: int
+    nodes: tuple
+    reason: str
+    saved_s: float | None = None
+    cost_s: float | None = None
+    proposed: int | None = None
+
+
+def _check_number(name: str, value: Any, *, minimum: float | None = None,
+                  allow_none: bool = True) -> float | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(float(value)) or (minimum is not None and value < minimum):
+        bound = f" >= {minimum:g}" if minimum is not None else ""
+        raise ValueError(f"{name} must be a finite number{bound} or None, got {value!r}")
+    return float(value)
+
+
+class DecisionCore:
+    """Decides, for every live job, whether it starts, resizes, holds, keeps or waits.
+
+    Args:
+        policy: the allocation policy, anything with
+            ``allocate(jobs, nodes, base_allocations, now=...)`` returning an
+            :class:`~adaptdl_core.policy.AllocationResult`; default ``PolluxPolicy(p=-1)``.
+        clock: returns the current time in seconds (wall clock or a simulated one); every
+            time the core records or compares comes from it.
+        interval_s: seconds between periodic re-solves (finite, ``> 0``).
+        resize_rule: decides whether a proposed resize of a running job pays, called with
+            :func:`~adaptdl_core.policy.resize_verdict`'s keyword arguments and returning a
+            :class:`~adaptdl_core.policy.ResizeVerdict`; default ``resize_verdict``.
+        min_event_gap_s: least seconds between two solves triggered by events (jobs or
+            nodes added or removed); events in between wait for the next one. Default 0:
+            every :meth:`decide` after an event re-solves.
+        state: a :class:`CoreState` to continue from (e.g. loaded from a file); its
+            records stay not live until their jobs are added again.
+
+    Raises:
+        TypeError: a policy without ``allocate``, or a clock or rule that is not callable.
+        ValueError: a non-finite or non-positive interval, or a negative gap.
+    """
+
+    def __init__(self, policy: Any = None, clock: Callable[[], float] = time.time,
+                 interval_s: float = 60.0, resize_rule: Callable[..., Any] | None = None, *,
+                 min_event_gap_s: float = 0.0, state: CoreState | None = None) -> None:
+        if policy is not None and not callable(getattr(policy, "allocate", None)):
+            raise TypeError(f"policy must be an allocation policy such as PolluxPolicy() "
+                            f"(with an allocate() method), got {policy!r}")
+        if not callable(clock):
+            raise TypeError(f"clock must be a function returning seconds, got {clock!r}")
+        if resize_rule is not None and not callable(resize_rule):
+            raise TypeError(f"resize_rule must be a function, got {resize_rule!r}")
+        if isinstance(interval_s, bool) or not isinstance(interval_s, (int, float)) or \
+                not math.isfinite(interval_s) or interval_s <= 0:
+            raise ValueError(f"interval_s must be a finite number of seconds > 0, "
+                             f"got {interval_s!r}")
+        _check_number("min_event_gap_s", min_event_gap_s, minimum=0.0, allow_none=False)
+        self.policy = policy if policy is not None else PolluxPolicy(-1.0)
+        self.clock = clock
+        self.interval_s = float(interval_s)
+        self.resize_rule = resize_rule or resize_verdict
+        self.min_event_gap_s = float(min_event_gap_s)
+        self._state = CoreState()
+        self._nodes: dict[Hashable, NodeInfo] = {}
+        self._dirty = False
+        self._last_event_solve = -math.inf
+        self._specs: dict[Hashable, JobSpec] = {}
+        self._speedups: dict[Hashable, tuple[Any, Any]] = {}
+        self._unfit: set = set()
+        #: Seconds each policy solve took (most recent last; at most 1000 kept).
+        self.solve_times_s: list[float] = []
+        if state is not None:
+            self.restore(state)
+
+    # -- state ----------------------------------------------------------------------
+    @property
+    def state(self) -> CoreState:
+        """The core's records (plain data; save with :meth:`CoreState.save`)."""
+        return self._state
+
+    @property
+    def nodes(self) -> dict[Hashable, NodeInfo]:
+        """The cluster as last given to :meth:`set_nodes`."""
+        return self._nodes
+
+    def restore(self, state: CoreState) -> None:
+        """Continue from ``state``: every record is kept but not live until its job is
+        added again (:meth:`add_job` keeps its creation time, restarts, costs and log).
+
+        Raises:
+            TypeError: ``state`` is not a :class:`CoreState`."""
+        if not isinstance(state, CoreState):
+            raise TypeError(f"state must be a CoreState, got {type(state).__name__}")
+        for record in state.trials.values():
+            record.live = False
+            record.current = 0
+            record.placed_known = False
+        self._state = state
+        self._specs.clear()
+        self._speedups.clear()
+        self._dirty = True
+
+    def record(self, job_id: Hashable) -> JobRecord:
+        """The record of ``job_id`` (live or not).
+
+        Raises:
+            KeyError: the core never saw the job."""
+        try:
+            return self._state.trials[job_id]
+        except KeyError:
+            raise KeyError(f"job {job_id!r} is unknown to the decision core: add it with "
+                           "add_job() first") from None
+
+    def _live(self, job_id: Hashable) -> JobRecord:
+        record = self.record(job_id)
+        if not record.live:
+            raise KeyError(f"job {job_id!r} was removed; add it again with add_job()")
+        return record
+
+    # -- events ---------------------------------------------------------------------
+    def set_nodes(self, nodes: Mapping[Hashable, NodeInfo]) -> None:
+        """The cluster now: node id -> :class:`~adaptdl_core.policy.NodeInfo`. A change
+        (a node added, removed or resized) makes the next :meth:`decide` re-solve.
+
+        Raises:
+            TypeError: a value that is not a NodeInfo."""
+        nodes = dict(nodes)
+        for key, node in nodes.items():
+            if not isinstance(node, NodeInfo):
+                raise TypeError(f"nodes[{key!r}] must be a NodeInfo, got {node!r}")
+        if nodes != self._nodes:
+            self._nodes = nodes
+            self._dirty = True
+
+    def add_job(self, job_id: Hashable, spec: JobSpec, *, replicas: int | None = None) -> None:
+        """A job arrived (or was added again after a failure or a restore: its record,
+        creation time and measurements are kept).
+
+        Args:
+            job_id: any hashable id (a string if the state is to be saved as JSON).
+            spec: its shape.
+            replicas: the size the front-end itself starts it at (e.g. Tune's own
+                admission), taken as its target until the next solve; ``None``: it waits
+                for the policy.
+
+        Raises:
+            TypeError: ``spec`` is not a JobSpec.
+            ValueError: the cluster (when known) cannot hold ``spec.min_replicas``
+                replicas at all, or ``replicas`` is not an integer >= 0.
+        """
+        if not isinstance(spec, JobSpec):
+            raise TypeError(f"spec must be a JobSpec, got {spec!r}")
+        if self._nodes and cluster_capacity(spec, self._nodes) < spec.min_replicas:
+            job_info(spec, self._nodes, created=0.0, hints=None)  # raises the clear error
+        if replicas is not None and (isinstance(replicas, bool) or not isinstance(
+                replicas, int) or replicas < 0):
+            raise ValueError(f"replicas must be an integer >= 0 or None, got {replicas!r}")
+        record = self._state.trials.get(job_id)
+        if record is None:
+            record = self._state.trials[job_id] = JobRecord(created=float(self.clock()))
+        record.spec = spec.to_dict()
+        record.live = True
+        record.current = 0
+        record.placed_known = False
+        self._specs[job_id] = spec
+        self._unfit.discard(job_id)
+        if replicas is not None and replicas != record.target:
+            record.history.append([float(self.clock()), replicas])
+            record.target = replicas
+            record.nodes = []
+        self._dirty = True
+
+    def update(self, job_id: Hashable, hints: Mapping[str, Any] | None = None,
+               progress: JobProgress | None = None) -> bool:
+        """New scheduler hints and/or progress of a live job.
+
+        Args:
+            hints: ``SchedHints.to_dict()`` output (``None``: unchanged).
+            progress: see :class:`JobProgress` (``None`` fields: unchanged).
+
+        Returns:
+            ``True`` if its restarts or measured resize cost changed (worth saving).
+
+        Raises:
+            KeyError: the job is not live.
+            ValueError: a malformed progress field (named).
+        """
+        record = self._live(job_id)
+        if hints is not None:
+            if not isinstance(hints, Mapping):
+                raise ValueError(f"hints must be a dict (SchedHints.to_dict()), got {hints!r}")
+            if hints and hints != record.hints:
+                record.hints = dict(hints)
+        if progress is None:
+            return False
+        if not isinstance(progress, JobProgress):
+            raise ValueError(f"progress must be a JobProgress, got {progress!r}")
+        before = (record.restarts, record.resize_s)
+        restarts = progress.restarts
+        if restarts is not None:
+            if isinstance(restarts, bool) or not isinstance(restarts, (int, np.integer)) \
+                    or restarts < 0:
+                raise ValueError(f"progress.restarts must be an integer >= 0, got {restarts!r}")
+            if int(restarts) != record.restarts:
+                record.restarts = int(restarts)
+                cost = _check_number("progress.resize_cost_s", progress.resize_cost_s,
+                                     minimum=0.0)
+                if record.resize_pending and cost is not None and cost > 0:
+                    # The first report after a resize this core saw begun: what it cost.
+                    record.resize_s = cost
+                    if record.resize_log:
+                        record.resize_log[-1]["measured_s"] = cost
+                record.resize_pending = False
+        launch = _check_number("progress.launch_s", progress.launch_s, minimum=0.0)
+        if launch is not None and launch > 0:
+            record.launch_s = launch
+        remaining = _check_number("progress.remaining_s", progress.remaining_s, minimum=0.0)
+        if remaining is not None:
+            record.remaining_s = remaining
+        return (record.restarts, record.resize_s) != before
+
+    def running(self, job_id: Hashable, nodes: Sequence[Hashable] | None = None, *,
+                replicas: int | None = None) -> None:
+        """What a live job holds now: ``nodes`` (one node id per replica, ``[]``: none),
+        or only the count ``replicas`` when the front-end does not know where they are
+        (the core then guesses: the policy's placement if its size matches, else packed).
+
+        A running job whose count changes without :meth:`begin_resize` is recorded as
+        resized by the standing decision.
+
+        Raises:
+            KeyError: the job is not live.
+            ValueError: neither or both of ``nodes`` and ``replicas``, or a bad count.
+        """
+        record = self._live(job_id)
+        if (nodes is None) == (replicas is None):
+            raise ValueError("pass exactly one of nodes (a list of node ids, one per "
+                             "replica) or replicas (a count)")
+        count = len(nodes) if nodes is not None else replicas
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ValueError(f"replicas must be an integer >= 0, got {replicas!r}")
+        if record.current and count and count != record.current and not record.resize_pending:
+            self.begin_resize(job_id, to=count)
+        record.current = count
+        if nodes is not None:
+            record.placed, record.placed_known = list(nodes), True
+        elif not count:
+            record.placed, record.placed_known = [], False
+        elif record.placed_known and len(record.placed) == count:
+            pass
+        else:
+            record.placed_known = False
+            record.placed = self._guess_placement(job_id, record, count)
+
+    def remove(self, job_id: Hashable) -> None:
+        """The job finished, failed or was removed: its replicas are free at the next
+        solve. Its record stays (not live) for the history; unknown ids are ignored."""
+        record = self._state.trials.get(job_id)
+        if record is None:
+            return
+        if record.target:
+            record.history.append([float(self.clock()), 0])
+        record.target, record.nodes, record.current = 0, [], 0
+        record.placed, record.placed_known = [], False
+        record.resize_pending = False
+        if record.live:
+            record.live = False
+            self._dirty = True
+        self._speedups.pop(job_id, None)
+        self._unfit.discard(job_id)
+
+    def begin_resize(self, job_id: Hashable, decision: Decision | None = None, *,
+                     to: int | None = None) -> None:
+        """The front-end is carrying out a resize (of ``decision``, else the standing
+        one, or to ``to`` replicas): counted, logged with its reason, predicted saving and
+        assumed cost; the next :meth:`update` with grown restarts gives its measured cost.
+
+        Raises:
+            KeyError: the job is not live."""
+        record = self._live(job_id)
+        if decision is None:
+            decision = self.decision_for(job_id, log=False)
+        target = to if to is not None else decision.replicas
+        reason = decision.reason if decision.action == "resize" or to is None else \
+            "resized by the front-end"
+        record.resizes += 1
+        record.resize_pending = True
+        record.last_veto = None
+        record.resize_log.append({"time": float(self.clock()), "from": record.current,
+                                  "to": target, "reason": reason,
+                                  "saved_s": decision.saved_s if decision.action == "resize"
+                                  else None, "cost_s": self.resize_cost(job_id)})
+
+    # -- decisions ------------------------------------------------------------------
+    def due(self) -> bool:
+        """Whether the next :meth:`decide` re-solves (events pending past the gap, or
+        the interval elapsed)."""
+        now = self.clock()
+        if self._dirty and now - self._last_event_solve >= self.min_event_gap_s:
+            return True
+        return now - self._state.last_allocation >= self.interval_s
+
+    def decide(self, *, force: bool = False) -> dict[Hashable, Decision]:
+        """Re-solve if due (or ``force``), then the decision of every live job.
+
+        Raises:
+            ValueError: from the policy, for inputs it rejects."""
+        if force or self.due():
+            self.solve()
+        return {job_id: self._decision(job_id, record, log=True)
+                for job_id, record in self._state.trials.items() if record.live}
+
+    def decision_for(self, job_id: Hashable, *, log: bool = True) -> Decision:
+        """The standing decision of one live job (no solve; cheap).
+
+        Args:
+            log: log a hold's reason once per reason (and remember it as ``last_veto``).
+
+        Raises:
+            KeyError: the job is not live."""
+        return self._decision(job_id, self._live(job_id), log=log)
+
+    def resize_cost(self, job_id: Hashable) -> float:
+        """Seconds a resize of the job costs: its last measured resize, else its launch's
+        start-up time (a relaunch costs at least that), else the policy's prior.
+
+        Raises:
+            KeyError: unknown job."""
+        record = self.record(job_id)
+        return record.resize_s or record.launch_s or DEFAULT_RESTART_COST_S
+
+    def finishing(self, job_id: Hashable) -> bool:
+        """Less training left than the resize rule allows (see ``resize_verdict``).
+
+        Raises:
+            KeyError: unknown job."""
+        record = self.record(job_id)
+        return record.remaining_s is not None and \
+            record.remaining_s < MIN_COST_MULTIPLES * self.resize_cost(job_id)
+
+    def solve(self) -> None:
+        """Re-divide the cluster among the live jobs now (normally :meth:`decide` calls
+        this when due).
+
+        Raises:
+            ValueError: from the policy, for inputs it rejects."""
+        now = float(self.clock())
+        if self._dirty:
+            self._last_event_solve = now
+        self._dirty = False
+        self._state.last_allocation = now
+        live = {k: r for k, r in self._state.trials.items() if r.live}
+        if not live:
+            return
+        jobs, base = {}, {}
+        for job_id, record in live.items():
+            spec = self._spec(job_id, record)
+            try:
+                jobs[job_id] = job_info(
+                    spec, self._nodes, created=record.created, hints=record.hints,
+                    restarts=record.restarts, restart_cost_s=self.resize_cost(job_id),
+                    current_replicas=record.current, speedup_fn=self._speedup_fn(job_id,
+                                                                                 record))
+            except ValueError as exc:
+                if job_id not in self._unfit:
+                    LOG.warning("job %s cannot run on this cluster: %s", job_id, exc)
+                    self._unfit.add(job_id)
+                continue
+            self._unfit.discard(job_id)
+            if record.current and self.finishing(job_id):
+                # It would spend most of its remaining time on a resize: keep it as it is.
+                jobs[job_id].preemptible = False
+            if record.current:
+                if not record.placed_known:
+                    record.placed = self._guess_placement(job_id, record, record.current)
+                base[job_id] = list(record.placed)
+        result = self.policy.allocate(jobs, self._nodes, base, now=now) if jobs else None
+        self._state.num_allocations += 1
+        changes = []
+        for job_id, record in live.items():
+            placement = list(result.allocations.get(job_id, [])) if result else []
+            if len(placement) != record.target:
+                changes.append(f"{job_id}: {record.target}->{len(placement)}")
+                record.history.append([now, len(placement)])
+            record.target = len(placement)
+            record.nodes = placement
+        solve_s = result.solve_time_s if result else 0.0
+        self.solve_times_s.append(solve_s)
+        del self.solve_times_s[:-1000]
+        LOG.info("allocation #%d in %.0f ms: %s", self._state.num_allocations, 1e3 * solve_s,
+                 ", ".join(changes) or "no change")
+
+    # -- internals ------------------------------------------------------------------
+    def _spec(self, job_id: Hashable, record: JobRecord) -> JobSpec:
+        spec = self._specs.get(job_id)
+        if spec is None:
+            spec = self._specs[job_id] = JobSpec.from_dict(record.spec)
+        return spec
+
+    def _speedup_fn(self, job_id: Hashable, record: JobRecord) -> Any:
+        """The job's speedup function, built once per hints object (its goodput tables
+        are then reused across solves)."""
+        cached = self._speedups.get(job_id)
+        if cached is not None and cached[0] is record.hints:
+            return cached[1]
+        fn = speedup_from_hints(record.hints)
+        self._speedups[job_id] = (record.hints, fn)
+        return fn
+
+    def _guess_placement(self, job_id: Hashable, record: JobRecord, count: int) -> list:
+        # The policy's last placement stands in for the real one when its size matches.
+        if len(record.nodes) == count:
+            return list(record.nodes)
+        return pack_guess(self._nodes, self._spec(job_id, record), count)
+
+    def _decision(self, job_id: Hashable, record: JobRecord, *, log: bool) -> Decision:
+        current, target = record.current, record.target
+        if not current:
+            if target:
+                return Decision(job_id, "start", target, tuple(record.nodes),
+                                "the policy gives it replicas", None,
+                                self.resize_cost(job_id), target)
+            reason = "the cluster cannot hold its minimum size" if job_id in self._unfit \
+                else "no room for it now"
+            return Decision(job_id, "wait", 0, (), reason, None, None, 0)
+        if target == current:
+            return Decision(job_id, "keep", current, tuple(record.placed), "no change",
+                            None, None, target)
+        verdict = self._verdict(job_id, record)
+        cost = self.resize_cost(job_id)
+        if verdict.pays:
+            return Decision(job_id, "resize", target, tuple(record.nodes), verdict.reason,
+                            verdict.saved_s, cost, target)
+        if log and record.last_veto != verdict.reason:
+            LOG.info("job %s: keeping %d replicas instead of %d: %s", job_id, current, target,
+                     verdict.reason)
+            record.last_veto = verdict.reason
+        return Decision(job_id, "hold", current, tuple(record.placed), verdict.reason,
+                        verdict.saved_s, cost, target)
+
+    def _verdict(self, job_id: Hashable, record: JobRecord) -> ResizeVerdict:
+        """Whether moving the job from its current to its target size pays."""
+        current, target = record.current, record.target
+        cost = self.resize_cost(job_id)
+        if target == 0:
+            # The policy preempts it: only the finishing rule can keep it running.
+            if self.finishing(job_id):
+                return ResizeVerdict(False, f"{record.remaining_s:.1f} s of training left, "
+                                            f"under {MIN_COST_MULTIPLES:g} resize costs of "
+                                            f"{cost:.1f} s")
+            return ResizeVerdict(True, "preempted for other jobs")
+        speedups = None
+        if target > current and record.remaining_s is not None:
+            fn = self._speedup_fn(job_id, record)
+            nodes_now = max(len(set(record.placed)), 1) if record.placed else 1
+            nodes_new = max(len(set(record.nodes)), 1)
+            speedups = (float(np.asarray(fn(nodes_now, current))),
+                        float(np.asarray(fn(nodes_new, target))))
+        return self.resize_rule(current=current, target=target, remaining_s=record.remaining_s,
+                                cost_s=cost, speedup_now=speedups[0] if speedups else None,
+                                speedup_new=speedups[1] if speedups else None)

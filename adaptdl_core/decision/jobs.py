@@ -1,0 +1,192 @@
+"""From a job's shape and scheduler hints to the policy's :class:`JobInfo` (pure functions).
+
+Each job becomes a :class:`~adaptdl_core.policy.JobInfo`: its speedup function comes from
+the goodput model in its hints (or the linear prior before it has one; with the sync cost
+of replicas not measured yet taken as zero, Pollux's prior-driven exploration), its replica
+bounds from its :class:`JobSpec`, the cluster, and bounded exploration (at most twice the
+largest replica count it has been profiled at, so an extrapolated model is never trusted
+far beyond what was measured).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from typing import Any, Hashable, Mapping
+
+from adaptdl_core.goodput import GoodputFunction, PerfParams
+from adaptdl_core.policy import JobInfo, LinearSpeedup, NodeInfo, SpeedupFunction
+from adaptdl_core.sched_hints import SchedHints
+
+LOG = logging.getLogger(__name__)
+
+__all__ = ["JobSpec", "replicas_fitting", "cluster_capacity", "pack_guess",
+           "speedup_from_hints", "exploration_cap", "job_info"]
+
+
+@dataclasses.dataclass(frozen=True)
+class JobSpec:
+    """How one job (or trial) may be shaped.
+
+    Attributes:
+        resources: what one replica needs, e.g. ``{"CPU": 1}`` or ``{"CPU": 4, "GPU": 1}``
+            (amounts >= 0, at least one > 0; zero amounts are dropped).
+        min_replicas: fewest replicas the job runs with (``>= 1``).
+        max_replicas: most replicas it may get (``None``: only the cluster limits it).
+
+    Raises:
+        ValueError: for a malformed field (the message names the argument and the fix).
+    """
+
+    resources: Mapping[str, float]
+    min_replicas: int = 1
+    max_replicas: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.resources, Mapping):
+            raise ValueError(f"resources must be a dict of resource name -> amount per "
+                             f"replica, got {self.resources!r}")
+        res = dict(self.resources)
+        for key, value in res.items():
+            if not isinstance(key, str) or isinstance(value, bool) or not isinstance(
+                    value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"resources per replica must map names to amounts >= 0, got "
+                                 f"{key!r}: {value!r}")
+        if not any(v > 0 for v in res.values()):
+            raise ValueError("each replica must request some resource: pass num_cpus_per_worker"
+                             " > 0 or num_gpus_per_worker > 0")
+        object.__setattr__(self, "resources", {k: float(v) for k, v in res.items() if v > 0})
+        if isinstance(self.min_replicas, bool) or not isinstance(self.min_replicas, int) \
+                or self.min_replicas < 1:
+            raise ValueError(f"min_replicas must be an integer >= 1, got {self.min_replicas!r}")
+        if self.max_replicas is not None:
+            if isinstance(self.max_replicas, bool) or not isinstance(self.max_replicas, int):
+                raise ValueError(f"max_replicas must be an integer or None, "
+                                 f"got {self.max_replicas!r}")
+            if self.max_replicas < self.min_replicas:
+                raise ValueError(f"min_replicas ({self.min_replicas}) must be <= max_replicas "
+                                 f"({self.max_replicas}): lower min_replicas or raise "
+                                 "max_replicas")
+
+    def clamp(self, n: int) -> int:
+        """``n`` limited to ``[min_replicas, max_replicas]``."""
+        n = max(n, self.min_replicas)
+        return n if self.max_replicas is None else min(n, self.max_replicas)
+
+    def to_dict(self) -> dict:
+        """Plain JSON-able form (see :meth:`from_dict`)."""
+        return {"resources": dict(self.resources), "min_replicas": self.min_replicas,
+                "max_replicas": self.max_replicas}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "JobSpec":
+        """Inverse of :meth:`to_dict`.
+
+        Raises:
+            ValueError: malformed fields."""
+        return cls(dict(d["resources"]), int(d.get("min_replicas", 1)),
+                   None if d.get("max_replicas") is None else int(d["max_replicas"]))
+
+
+def replicas_fitting(resources: Mapping[str, float], node: NodeInfo) -> int:
+    """How many replicas requesting ``resources`` one node holds."""
+    return min((math.floor(node.resources.get(k, 0.0) / v + 1e-9)
+                for k, v in resources.items()), default=0)
+
+
+def cluster_capacity(spec: JobSpec, nodes: Mapping[Hashable, NodeInfo]) -> int:
+    """Most replicas of ``spec`` the whole cluster could hold at once."""
+    return sum(replicas_fitting(spec.resources, node) for node in nodes.values())
+
+
+def pack_guess(nodes: Mapping[Hashable, NodeInfo], spec: JobSpec, count: int) -> list:
+    """Where ``count`` replicas of ``spec`` most likely sit when the front-end does not
+    say (Ray's PACK strategy: fill the first nodes first); one node id per replica,
+    fewer entries if the cluster cannot hold ``count``."""
+    placement: list = []
+    for key, node in nodes.items():
+        if len(placement) >= count:
+            break
+        placement += [key] * min(replicas_fitting(spec.resources, node),
+                                 count - len(placement))
+    return placement
+
+
+def speedup_from_hints(hints: Mapping[str, Any] | None) -> Any:
+    """The speedup function for a job's hints: Pollux's goodput-based one when the hints
+    hold a throughput fit and gradient statistics, else :class:`LinearSpeedup`."""
+    if not hints:
+        return LinearSpeedup(0)
+    try:
+        parsed = SchedHints.from_dict(hints)
+    except ValueError as exc:
+        LOG.warning("ignoring malformed scheduler hints (%s); using the linear prior", exc)
+        return LinearSpeedup(0)
+    goodput = parsed.goodput_function()
+    if goodput is None:
+        return LinearSpeedup(parsed.max_profiled_replicas)
+    if parsed.max_profiled_replicas <= 1:
+        goodput = _exploring(parsed)
+    try:
+        return SpeedupFunction(goodput, parsed.max_batch_size, parsed.local_bsz_bounds,
+                               parsed.gradient_accumulation)
+    except ValueError as exc:
+        LOG.warning("goodput model unusable (%s); using the linear prior", exc)
+        return LinearSpeedup(parsed.max_profiled_replicas)
+
+
+def _exploring(hints: SchedHints) -> GoodputFunction:
+    """Pollux's prior-driven exploration: a job measured on one replica only has no
+    measured gradient-sync cost, and the fit's stand-in for it is a guess; take it as zero
+    instead, so that a job with idle room next to it tries a second replica (its growth is
+    bounded by :func:`exploration_cap`, and it must pay for its resize). Once it has run on
+    several replicas, the fitted sync cost decides."""
+    p = hints.perf_params
+    optimistic = PerfParams(p.alpha_c, p.beta_c, p.alpha_n, p.beta_n, 0.0, 0.0, p.gamma)
+    return GoodputFunction(optimistic, hints.grad_params, hints.init_batch_size)
+
+
+def exploration_cap(hints: Mapping[str, Any] | None) -> int:
+    """Most replicas a job may get next: twice the largest count it was profiled at, and
+    1 for a job not profiled yet (it grows once its first measurements say it pays);
+    the same bound as the linear prior's cap."""
+    return LinearSpeedup(max(int((hints or {}).get("max_profiled_replicas") or 0), 0)).cap
+
+
+def job_info(spec: JobSpec, nodes: Mapping[Hashable, NodeInfo], *, created: float,
+             hints: Mapping[str, Any] | None, restarts: int = 0,
+             restart_cost_s: float | None = None, current_replicas: int = 0,
+             speedup_fn: Any = None) -> JobInfo:
+    """One job as a policy job.
+
+    Args:
+        spec: the job's replica spec.
+        nodes: the cluster (to bound ``max_replicas`` by what fits at all).
+        created: when the job arrived (seconds, the policy's clock).
+        hints: its latest scheduler hints (``SchedHints.to_dict()``), or ``None``.
+        restarts, restart_cost_s: for the restart penalty (``None``: the policy default).
+        current_replicas: replicas it runs with now (exploration never shrinks it below).
+        speedup_fn: the speedup function of ``hints`` if already built (a cache), else
+            ``None`` to build it with :func:`speedup_from_hints`.
+
+    Raises:
+        ValueError: if the cluster cannot hold ``spec.min_replicas`` replicas at all (the
+            message says what is missing).
+    """
+    capacity = cluster_capacity(spec, nodes)
+    if capacity < spec.min_replicas:
+        raise ValueError(
+            f"the job needs at least min_replicas={spec.min_replicas} replicas of "
+            f"{dict(spec.resources)} but the whole cluster holds {capacity}: lower "
+            "min_replicas or the resources per worker, or add nodes")
+    upper = max(exploration_cap(hints), current_replicas, spec.min_replicas)
+    upper = min(upper, capacity)
+    if spec.max_replicas is not None:
+        upper = min(upper, spec.max_replicas)
+    return JobInfo(resources=spec.resources,
+                   speedup_fn=speedup_fn if speedup_fn is not None else
+                   speedup_from_hints(hints),
+                   creation_timestamp=created, min_replicas=spec.min_replicas,
+                   max_replicas=upper, num_restarts=restarts,
+                   restart_cost_s=restart_cost_s)

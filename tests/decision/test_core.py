@@ -1,0 +1,269 @@
+"""The decision core with a fake clock: no Ray, no Tune."""
+
+from __future__ import annotations
+
+import pytest
+
+from adaptdl_core.decision import (CoreState, Decision, DecisionCore, JobProgress, JobSpec,
+                                   NodeInfo)
+from adaptdl_core.policy import PolluxPolicy, ResizeVerdict
+
+GPU = JobSpec({"GPU": 1})
+PROFILED_1 = {"init_batch_size": 32, "max_profiled_replicas": 1, "max_profiled_nodes": 1}
+PROFILED_2 = {"init_batch_size": 32, "max_profiled_replicas": 2, "max_profiled_nodes": 1}
+# A fitted model that scales poorly: 4 replicas are predicted about 1.25x one replica.
+POOR = {"init_batch_size": 64, "max_batch_size": 1024,
+        "perf_params": [0.01, 0.001, 0.05, 0.0001, 0.5, 0.0002, 1.2],
+        "grad_params": [1.0, 50.0], "max_profiled_replicas": 2,
+        "max_profiled_nodes": 1, "local_bsz_bounds": [16, 256]}
+
+
+class Clock:
+    def __init__(self, now=1000.0):
+        self.now = now
+
+    def __call__(self):
+        return self.now
+
+
+class CountingPolicy(PolluxPolicy):
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def allocate(self, *args, **kwargs):
+        self.calls += 1
+        return super().allocate(*args, **kwargs)
+
+
+def make(gpus=4, nodes=1, interval=60.0, **kwargs):
+    clock, policy = Clock(), CountingPolicy()
+    core = DecisionCore(policy=policy, clock=clock, interval_s=interval, **kwargs)
+    core.set_nodes({f"n{i}": NodeInfo({"GPU": gpus}) for i in range(nodes)})
+    return core, clock, policy
+
+
+def test_arrival_gets_a_start_decision_and_running_keeps_it():
+    core, clock, _ = make()
+    core.add_job("a", GPU)
+    d = core.decide()["a"]
+    assert isinstance(d, Decision)
+    assert (d.action, d.replicas, d.nodes) == ("start", 1, ("n0",))
+    core.running("a", nodes=list(d.nodes))
+    assert core.decide()["a"].action == "keep"
+    assert core.decision_for("a").action == "keep"
+
+
+def test_a_burst_of_adds_is_one_solve():
+    core, clock, policy = make()
+    for i in range(10):
+        core.add_job(f"j{i}", GPU)
+    assert policy.calls == 0
+    decisions = core.decide()
+    assert policy.calls == 1
+    assert sorted(d.action for d in decisions.values()) == ["start"] * 4 + ["wait"] * 6
+    core.decide()
+    assert policy.calls == 1
+
+
+def test_event_solves_are_spaced_by_the_gap():
+    core, clock, policy = make(min_event_gap_s=1.0)
+    core.add_job("a", GPU)
+    core.decide()
+    core.add_job("b", GPU)
+    assert not core.due() and core.decide()["b"].action == "wait"
+    clock.now += 1.0
+    assert core.decide()["b"].action == "start" and policy.calls == 2
+
+
+def test_interval_cadence():
+    core, clock, policy = make(interval=30.0)
+    core.add_job("a", GPU)
+    core.decide()
+    clock.now += 29
+    core.decide()
+    assert policy.calls == 1
+    clock.now += 1
+    assert core.due()
+    core.decide()
+    assert policy.calls == 2 and core.state.num_allocations == 2
+
+
+def test_nodes_added_and_removed_trigger_a_solve():
+    core, clock, policy = make(gpus=1)
+    core.add_job("a", GPU)
+    core.add_job("b", GPU)
+    assert sorted(d.action for d in core.decide().values()) == ["start", "wait"]
+    core.set_nodes({"n0": NodeInfo({"GPU": 1})})  # unchanged: no solve
+    core.decide()
+    assert policy.calls == 1
+    core.set_nodes({"n0": NodeInfo({"GPU": 1}), "n1": NodeInfo({"GPU": 1})})
+    assert {d.action for d in core.decide().values()} == {"start"}
+    assert policy.calls == 2
+    core.set_nodes({"n1": NodeInfo({"GPU": 1})})
+    assert sorted(d.action for d in core.decide().values()) == ["start", "wait"]
+
+
+def test_a_profiled_job_grows_and_the_resize_is_logged_with_its_measured_cost():
+    core, clock, _ = make(interval=30.0)
+    core.add_job("a", GPU)
+    core.running("a", nodes=list(core.decide()["a"].nodes))
+    core.update("a", hints=PROFILED_1)
+    clock.now += 600
+    d = core.decide()["a"]
+    assert d.action == "resize" and d.replicas == 2
+    assert "remaining training not known" in d.reason
+    core.begin_resize("a", d)
+    record = core.state.trials["a"]
+    assert record.resizes == 1 and record.resize_pending
+    assert record.resize_log[-1]["from"] == 1 and record.resize_log[-1]["to"] == 2
+    core.running("a", nodes=list(d.nodes))
+    assert core.update("a", progress=JobProgress(restarts=1, resize_cost_s=12.5))
+    assert record.resize_s == 12.5 and record.resize_log[-1]["measured_s"] == 12.5
+    assert core.resize_cost("a") == 12.5 and not record.resize_pending
+    assert core.decide()["a"].action == "keep"
+
+
+def test_restart_cost_comes_from_measurements():
+    core, clock, _ = make()
+    core.add_job("a", GPU)
+    assert core.resize_cost("a") == 30.0  # the policy's prior
+    core.update("a", progress=JobProgress(launch_s=7.0))
+    assert core.resize_cost("a") == 7.0
+    # A relaunch after a failure (no resize begun) is not a resize cost.
+    core.update("a", progress=JobProgress(restarts=1, resize_cost_s=99.0))
+    assert core.resize_cost("a") == 7.0
+    core.running("a", replicas=1)
+    core.begin_resize("a", to=2)
+    core.update("a", progress=JobProgress(restarts=2, resize_cost_s=11.0))
+    assert core.resize_cost("a") == 11.0
+
+
+def test_a_finishing_job_is_left_alone():
+    core, clock, _ = make(interval=30.0)
+    core.add_job("a", GPU)
+    core.running("a", nodes=list(core.decide()["a"].nodes))
+    core.update("a", hints=PROFILED_2, progress=JobProgress(remaining_s=1.0))
+    core.state.trials["a"].resize_s = 22.9
+    clock.now += 31
+    assert core.finishing("a")
+    assert core.decide()["a"].action == "keep"  # pinned: the policy keeps it at 1
+    # With most of its training ahead it grows.
+    core.update("a", progress=JobProgress(remaining_s=200.0))
+    clock.now += 31
+    d = core.decide()["a"]
+    assert d.action == "resize" and d.replicas == 4 and "saves" in d.reason
+
+
+def test_a_growth_that_does_not_pay_is_held_with_the_reason():
+    core, clock, _ = make(interval=30.0)
+    core.add_job("a", GPU)
+    core.running("a", nodes=list(core.decide()["a"].nodes))
+    core.update("a", hints=POOR, progress=JobProgress(remaining_s=100.0))
+    core.state.trials["a"].resize_s = 30.0
+    clock.now += 600
+    d = core.decide()["a"]
+    assert d.action == "hold" and d.replicas == 1 and d.proposed > 1
+    assert "not more than the resize cost" in d.reason
+    assert d.saved_s is not None and d.saved_s < 30.0
+    assert core.state.trials["a"].last_veto == d.reason
+
+
+def test_a_shrink_for_a_newcomer():
+    core, clock, _ = make(interval=30.0)
+    core.add_job("a", GPU)
+    core.running("a", nodes=list(core.decide()["a"].nodes))
+    core.update("a", hints=PROFILED_2, progress=JobProgress(remaining_s=1000.0))
+    clock.now += 600
+    d = core.decide()["a"]
+    assert d.action == "resize" and d.replicas == 4
+    core.begin_resize("a", d)
+    core.running("a", nodes=list(d.nodes))
+    clock.now += 600
+    core.add_job("b", GPU)
+    decisions = core.decide()
+    assert decisions["b"].action == "start"
+    assert decisions["a"].action == "resize" and decisions["a"].replicas < 4
+    assert "shrink" in decisions["a"].reason
+
+
+def test_min_and_max_replicas_are_respected():
+    core, clock, _ = make(gpus=8, interval=30.0)
+    core.add_job("small", JobSpec({"GPU": 1}, min_replicas=1, max_replicas=2))
+    core.add_job("big", JobSpec({"GPU": 1}, min_replicas=3))
+    decisions = core.decide()
+    assert decisions["big"].replicas >= 3
+    for job in ("small", "big"):
+        core.running(job, nodes=list(decisions[job].nodes))
+        core.update(job, hints={**PROFILED_2, "max_profiled_replicas": 4})
+    clock.now += 600
+    decisions = core.decide()
+    assert decisions["small"].replicas <= 2
+    with pytest.raises(ValueError, match="min_replicas=9.*holds 8"):
+        core.add_job("huge", JobSpec({"GPU": 1}, min_replicas=9))
+
+
+def test_a_removed_job_frees_its_replicas():
+    core, clock, _ = make(gpus=1)
+    core.add_job("a", GPU)
+    core.add_job("b", GPU)
+    first = core.decide()
+    running = next(k for k, d in first.items() if d.action == "start")
+    core.running(running, nodes=list(first[running].nodes))
+    core.remove(running)
+    other = "b" if running == "a" else "a"
+    assert set(core.decide()) == {other}
+    assert core.decide()[other].action == "start"
+    with pytest.raises(KeyError, match="removed"):
+        core.decision_for(running)
+
+
+def test_a_custom_resize_rule_decides():
+    always = lambda **kw: ResizeVerdict(True, "always")  # noqa: E731
+    core, clock, _ = make(interval=30.0, resize_rule=always)
+    core.add_job("a", GPU)
+    core.running("a", nodes=list(core.decide()["a"].nodes))
+    core.update("a", hints=POOR, progress=JobProgress(remaining_s=1.0))
+    clock.now += 600
+    assert core.decide()["a"].reason in ("always", "no change")
+
+
+def test_state_round_trip_and_restore():
+    core, clock, _ = make(interval=30.0)
+    core.add_job("a", GPU)
+    core.running("a", nodes=list(core.decide()["a"].nodes))
+    core.update("a", hints=PROFILED_2, progress=JobProgress(restarts=3, remaining_s=50.0))
+    text = core.state.to_json()
+    again = DecisionCore(clock=clock, state=CoreState.from_json(text))
+    record = again.state.trials["a"]
+    assert record.hints == PROFILED_2 and record.restarts == 3 and not record.live
+    assert again.decide() == {}
+    clock.now += 5
+    again.set_nodes(core.nodes)
+    again.add_job("a", GPU)
+    assert again.state.trials["a"].created == 1000.0
+    assert again.decide()["a"].action == "start"
+    # A state file written before the core existed (no spec/live/current fields) loads.
+    old = ('{"trials": {"t1": {"created": 5.0, "restarts": 2, "target": 1, "nodes": ["n0"],'
+           ' "unknown_field": 1}}, "last_allocation": 7.0, "num_allocations": 3}')
+    state = CoreState.from_json(old)
+    assert state.trials["t1"].restarts == 2 and state.num_allocations == 3
+    with pytest.raises(ValueError):
+        CoreState.from_json("[1, 2]")
+
+
+def test_bad_input_is_named():
+    with pytest.raises(ValueError, match="interval_s"):
+        DecisionCore(interval_s=0)
+    with pytest.raises(TypeError, match="policy"):
+        DecisionCore(policy=object())
+    core, clock, _ = make()
+    with pytest.raises(KeyError, match="add_job"):
+        core.update("nope", hints={})
+    core.add_job("a", GPU)
+    with pytest.raises(ValueError, match="remaining_s"):
+        core.update("a", progress=JobProgress(remaining_s=float("nan")))
+    with pytest.raises(ValueError, match="exactly one"):
+        core.running("a")
+    with pytest.raises(TypeError, match="JobSpec"):
+        core.add_job("b", {"GPU": 1})
