@@ -83,8 +83,6 @@ class _Problem:
                 self.eligible[j] = ~node_pre
 
         self.min_r = np.array([max(j.min_replicas, 1) for j in self.jobs], dtype=np.int64)
-        self.max_r = np.array([j.max_replicas if j.max_replicas is not None else 2 ** 40
-                               for j in self.jobs], dtype=np.int64)
 
         # Base allocations.
         self.base_list: List[List[Hashable]] = []
@@ -109,6 +107,12 @@ class _Problem:
                 else:
                     self.base[j, idx] += 1
             self.base_known[j] = known and len(alloc) > 0
+        # Bounded by what each job can use, never by node capacity (the option tables and
+        # the DP's capacity scale with these counts); a running job may keep its size.
+        self.max_r = np.array(
+            [max(job.replica_bound(), min(int(self.base[j].sum()), job.max_replicas
+                                          if job.max_replicas is not None else 2 ** 40))
+             for j, job in enumerate(self.jobs)], dtype=np.int64)
         # A job whose old nodes vanished restarts whatever we decide: no penalty then.
         self.factor = np.array([restart_penalty(job, self.now) if self.base_known[j] else 1.0
                                 for j, job in enumerate(self.jobs)])

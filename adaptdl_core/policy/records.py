@@ -20,12 +20,18 @@ __all__ = [
     "JobInfo",
     "NodeInfo",
     "AllocationResult",
+    "UNBOUNDED_REPLICA_CAP",
 ]
 
 #: Restart cost (seconds) assumed when a job has not measured its own. Pollux reports
 #: 15-120 s per checkpoint-restart; a 2-worker torch trial on Ray measured 8-16 s on a small
 #: machine. 30 s sits in the middle of the measured range.
 DEFAULT_RESTART_COST_S = 30.0
+
+#: Most replicas a job is given when neither its ``max_replicas`` nor its speedup function
+#: (``max_useful_replicas``) bounds it: the allocator's work grows with the replica counts it
+#: considers, and must not grow with a node's capacity (a node may report 1e9 CPUs).
+UNBOUNDED_REPLICA_CAP = 4096
 
 SpeedupFn = Callable[[np.ndarray, np.ndarray], Any]
 Allocations = Dict[Hashable, List[Hashable]]
@@ -70,7 +76,9 @@ class JobInfo:
         creation_timestamp: when the job was submitted, seconds (same clock as ``now``).
         min_replicas: fewest replicas the job may run with when it runs (``>= 0``); below
             that it waits with 0 replicas.
-        max_replicas: most replicas it may use; ``None`` means only the cluster limits it.
+        max_replicas: most replicas it may use; ``None``: the cluster and the speedup
+            function's ``max_useful_replicas`` limit it (:data:`UNBOUNDED_REPLICA_CAP` for a
+            speedup function without one).
         preemptible: ``False`` pins a running job to its current allocation and keeps it
             off preemptible nodes.
         num_restarts: checkpoint-restarts the job has gone through so far (``>= 0``).
@@ -126,6 +134,16 @@ class JobInfo:
             raise ValueError(f"JobInfo.restart_cost_s must be a finite number >= 0, "
                              f"got {self.restart_cost_s!r}")
         self.restart_cost_s = float(self.restart_cost_s)
+
+    def replica_bound(self) -> int:
+        """Most replicas the allocator considers for this job: ``max_replicas``, the speedup
+        function's ``max_useful_replicas`` and :data:`UNBOUNDED_REPLICA_CAP`, whichever are
+        given and smallest (never below ``min_replicas``)."""
+        bound = UNBOUNDED_REPLICA_CAP if self.max_replicas is None else self.max_replicas
+        useful = getattr(self.speedup_fn, "max_useful_replicas", None)
+        if _is_int(useful) and useful >= 1:
+            bound = min(bound, int(useful))
+        return max(bound, self.min_replicas)
 
 
 @dataclass

@@ -254,7 +254,9 @@ class _Relaxation:
             return
         if self.slot_q is not None:
             self.slots = self._slot_counts()
-            self.cap = np.array([int(self.slots.sum())], dtype=np.int64)
+            # Capacity no job can use is not worth DP states (a node may report 1e9 CPUs).
+            usable = sum(int(self.options[j].k.max()) for j in self.movable)
+            self.cap = np.array([min(int(self.slots.sum()), usable)], dtype=np.int64)
             self.weights = {j: self.options[j].k[:, None] for j in self.movable}
             self.mode = "slots"
         else:
@@ -278,8 +280,10 @@ class _Relaxation:
             for f in fr:
                 num = math.gcd(num, f.numerator * (den // f.denominator))
             units[r] = num / den
-            caps[r] = int(np.floor(prob.free0[:, r] / units[r] + _FIT_EPS).sum())
             demand = sum(prob.req[j, r] * int(self.options[j].k.max()) for j in self.movable)
+            # Capacity beyond what the jobs can use is not worth DP states.
+            caps[r] = int(min(np.floor(prob.free0[:, r] / units[r] + _FIT_EPS).sum(),
+                              math.ceil(demand / units[r] - _FIT_EPS)))
             tight[r] = demand / max(prob.free0[:, r].sum(), 1e-12)
         # Never-binding resources cost DP states for nothing: drop them (dropping a
         # constraint keeps the relaxation a valid bound), and keep at most the three most

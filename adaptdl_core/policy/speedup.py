@@ -7,7 +7,11 @@ conventions both classes here follow:
 
 * ``num_replicas == 0`` gives speedup 0 (the job does not run);
 * speedup is non-increasing in ``num_nodes`` for a fixed ``num_replicas`` (spreading the
-  same replicas over more nodes never helps). The allocator's optimality bound assumes it.
+  same replicas over more nodes never helps). The allocator's optimality bound assumes it;
+* an optional ``max_useful_replicas`` attribute (an integer, or ``None`` for unknown) says
+  beyond which replica count the speedup no longer grows. The allocator caps the job there,
+  so its work does not grow with the nodes' capacity; a callable without it is capped at
+  :data:`adaptdl_core.policy.records.UNBOUNDED_REPLICA_CAP` unless ``max_replicas`` is set.
 
 :class:`SpeedupFunction` derives the speedup from a fitted goodput model (Pollux:
 ``SPEEDUP(N, K) = max goodput at (N, K) / max goodput at the base shape``).
@@ -140,6 +144,21 @@ class SpeedupFunction:
         self._table[:, 0] = 0.0
 
     @property
+    def max_useful_replicas(self) -> Optional[int]:
+        """Most replicas that can run the job at all, or ``None`` if unknown.
+
+        For :class:`adaptdl_core.goodput.GoodputFunction` models this is
+        ``max_batch_size // lo`` (``M0 // lo`` without a ``max_batch_size``; ``lo`` the atomic
+        batch's lower bound, default 1): with more replicas even one micro-batch of ``lo``
+        samples each exceeds the job's largest batch. The allocator bounds the job's replica
+        count by it, so its cost does not grow with a node's capacity."""
+        if not _is_pollux_model(self._goodput_fn):
+            return None
+        limit = self._max_batch_size or self._goodput_fn.init_batch_size
+        lo = (self._atomic_bsz_range or (None, None))[0] or 1
+        return max(int(limit) // int(lo), 1)
+
+    @property
     def base_goodput(self) -> float:
         """Best goodput (samples/s) at the base shape; speedups are relative to it."""
         return self._base_goodput
@@ -229,6 +248,11 @@ class LinearSpeedup:
     @property
     def cap(self) -> int:
         """The replica count beyond which the prior gives no further speedup."""
+        return self._cap
+
+    @property
+    def max_useful_replicas(self) -> int:
+        """Same as :attr:`cap`: the allocator never gives the job more replicas than this."""
         return self._cap
 
     def __call__(self, num_nodes: ArrayLike, num_replicas: ArrayLike) -> np.ndarray:

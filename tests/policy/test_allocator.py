@@ -696,3 +696,48 @@ def test_coarsened_mixed_dp_with_tiny_budget_stays_feasible():
         nodes = {n: NodeInfo({"GPU": 8, "CPU": 64}) for n in range(8)}
         allocations = optimize(jobs, nodes, {}, now=100.0, max_dp_cells=3000)
         assert_constraints(jobs, nodes, {}, allocations)
+
+
+_HUGE_NODE_SCRIPT = r"""
+import resource, sys, time
+resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+import numpy as np
+from adaptdl_core.goodput import GoodputFunction, GradParams, PerfParams
+from adaptdl_core.policy import JobInfo, LinearSpeedup, NodeInfo, PolluxPolicy, SpeedupFunction
+perf = PerfParams(0.017, 0.0007, 0.12, 0.0024, 0.03, 0.0034, 2.0)
+def jobs():
+    fns = [SpeedupFunction(GoodputFunction(perf, GradParams(0.01, 0.1), 128), 4096, (32, 1024)),
+           LinearSpeedup(4), lambda n, k: np.sqrt(np.asarray(k, dtype=float))]
+    return {f"j{i}": JobInfo(resources={"CPU": 1}, speedup_fn=fns[i % 3], creation_timestamp=i)
+            for i in range(6)}
+out = []
+for cpus in (float(sys.argv[1]), 1e9):
+    t = time.perf_counter()
+    result = PolluxPolicy(-1).allocate(jobs(), {"big": NodeInfo(resources={"CPU": cpus})}, {},
+                                       now=100.0)
+    out.append((sorted((k, len(v)) for k, v in result.allocations.items()),
+                time.perf_counter() - t))
+print(repr(out))
+"""
+
+
+def test_a_huge_node_costs_what_a_node_the_jobs_can_fill_costs():
+    """A node reporting 1e9 CPUs once took 24 GB (every replica count was enumerated): the
+    replica counts are bounded by what the jobs can use, so under a 3 GiB address-space
+    limit it gives the allocation of a node just large enough for them, as fast."""
+    import ast
+    import subprocess
+    import sys
+
+    # 128 (goodput: 4096 / 32) + 8 (linear prior: 2 x 4) + 4096 (an opaque callable's cap),
+    # twice each: a node of that size holds every job at its bound.
+    enough = 2 * (128 + 8 + 4096)
+    proc = subprocess.run([sys.executable, "-c", _HUGE_NODE_SCRIPT, str(float(enough))],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (alloc_enough, t_enough), (alloc_huge, t_huge) = ast.literal_eval(proc.stdout.strip())
+    assert alloc_huge == alloc_enough
+    counts = dict(alloc_huge)
+    assert counts["j1"] == counts["j4"] == 8          # the linear prior's cap
+    assert counts["j2"] == counts["j5"] == 4096       # the opaque callable's cap
+    assert t_huge < max(5 * t_enough, 2.0)
