@@ -25,6 +25,9 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.10",
     packages=find_packages(include=["adaptdl_core", "adaptdl_core.*", "adaptdl_ray", "adaptdl_ray.*"]),
+    # The simulator's vendored traces, workloads and published results (adaptdl_core/sim/data).
+    package_data={"adaptdl_core.sim": ["data/README.md", "data/traces/*/*.csv",
+                                       "data/workloads/*/*.csv", "data/published/*.json"]},
     install_requires=CORE_REQUIRES,
     extras_require={
         "tune": TUNE_REQUIRES,

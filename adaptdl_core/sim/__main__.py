@@ -1,0 +1,78 @@
+"""Command line of the simulator: ``python -m adaptdl_core.sim cluster ...``.
+
+Prints a one-line summary and, with ``--out``, writes the full result (see
+:func:`adaptdl_core.sim.cluster.simulate`) as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+from .cluster import POLICIES, simulate, synthetic_workload
+
+
+def _cluster_parser(sub) -> None:
+    p = sub.add_parser("cluster", help="simulate a workload of jobs on a GPU cluster")
+    p.add_argument("--workload", help="workload CSV, or a vendored name such as "
+                   "load-1.0/workload-3 (required unless --synthetic)")
+    p.add_argument("--synthetic", type=int, metavar="JOBS",
+                   help="instead of --workload: JOBS jobs with load-1.0/workload-1's "
+                   "application mix and arrival pattern scaled to --nodes")
+    p.add_argument("--policy", choices=POLICIES, required=True)
+    p.add_argument("--traces", help="traces folder (default: the vendored traces)")
+    p.add_argument("--out", help="write the result JSON here")
+    p.add_argument("--interval", type=float, default=60.0, help="seconds per round")
+    p.add_argument("--restart-s", type=float, default=30.0,
+                   help="seconds without progress per start or change of allocation")
+    p.add_argument("--nodes", type=int, default=16)
+    p.add_argument("--gpus-per-node", type=int, default=4)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--interference", type=float, default=0.0,
+                   help="slowdown of multi-node jobs sharing a node (0..1)")
+    p.add_argument("--max-time", type=float, help="stop after this many simulated seconds")
+    p.add_argument("--no-core", action="store_true",
+                   help="pollux: call PolluxPolicy directly instead of the decision core")
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Run the command line; returns the exit status."""
+    parser = argparse.ArgumentParser(prog="python -m adaptdl_core.sim",
+                                     description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    _cluster_parser(sub)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if args.command == "cluster":
+        if (args.workload is None) == (args.synthetic is None):
+            parser.error("cluster: give exactly one of --workload FILE and --synthetic JOBS")
+        try:
+            workload = (args.workload if args.workload is not None
+                        else synthetic_workload(args.synthetic, args.nodes, seed=args.seed))
+            result = simulate(workload, args.policy, traces=args.traces,
+                              interval=args.interval, restart_s=args.restart_s,
+                              nodes=args.nodes, gpus_per_node=args.gpus_per_node,
+                              seed=args.seed, interference=args.interference,
+                              max_time=args.max_time,
+                              use_core=False if args.no_core else None)
+        except (ValueError, FileNotFoundError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        if args.synthetic is not None:
+            result["workload"] = f"synthetic-{args.synthetic}x{args.nodes}n-seed{args.seed}"
+        print(f"{result['policy']} {result['workload']}: avg JCT {result['avg_jct']:.0f} s, "
+              f"p99 {result['p99_jct']:.0f} s, makespan {result['makespan']:.0f} s, "
+              f"{result['completed']}/{result['num_jobs']} jobs, {result['gpu_hours']:.1f} "
+              f"GPU-h, decision median {result['decision_s']['median'] * 1e3:.1f} ms "
+              f"max {result['decision_s']['max'] * 1e3:.1f} ms, wall {result['wall_s']:.1f} s")
+        if args.out:
+            Path(args.out).write_text(json.dumps(result, indent=1, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,328 @@
+"""Simulate a workload of training jobs on a GPU cluster under one scheduling policy.
+
+:func:`simulate` is the whole simulation; ``python -m adaptdl_core.sim cluster`` wraps it.
+
+The clock advances in rounds of ``interval`` seconds (the Pollux paper's setting: 60 s, 16
+nodes x 4 GPUs, 30 s per start or change of allocation). In each round every job first
+trains on its current allocation for the round (see :meth:`SimJob.advance`), then the
+policy sees the jobs submitted by the end of the round and not finished, and decides the
+next allocations; a job whose allocation changed is restarted on its new one. A job
+arriving mid-round therefore waits for the next round boundary, as in the paper's
+simulator.
+
+Policies (see :func:`make_policy`):
+
+* ``pollux``: this library's :class:`~adaptdl_core.policy.PolluxPolicy` (p = -1) behind
+  :mod:`adaptdl_core.sim.pollux`, fed the scheduler hints each job's own agent produces;
+  every job adapts its batch (ncf keeps a fixed batch on one GPU, as in the paper).
+* ``tiresias`` / ``optimus``: the TunedJobs baselines of :mod:`adaptdl_core.sim.baselines`.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Mapping, Optional, Sequence, Union
+
+import numpy as np
+
+from .job_model import DATA_DIR, SimJob, get_application
+
+__all__ = ["WorkloadJob", "POLICIES", "WORKLOADS_DIR", "PUBLISHED_DIR", "load_workload",
+           "resolve_workload", "published", "make_policy", "simulate", "synthetic_workload"]
+
+logger = logging.getLogger(__name__)
+
+POLICIES = ("pollux", "tiresias", "optimus")
+WORKLOADS_DIR = DATA_DIR / "workloads"
+PUBLISHED_DIR = DATA_DIR / "published"
+#: ncf does not scale out: the paper runs it on one GPU at a fixed batch under Pollux.
+POLLUX_FIXED_BATCH = {"ncf": 32768}
+
+
+@dataclass(frozen=True)
+class WorkloadJob:
+    """One row of a workload: ``name``, submission ``time`` (s), ``application`` and its
+    TunedJobs ``num_replicas`` / ``batch_size``."""
+
+    name: str
+    time: float
+    application: str
+    num_replicas: int
+    batch_size: int
+
+
+def resolve_workload(spec: Union[str, Path]) -> Path:
+    """Path of a workload CSV: an existing file, or a vendored name such as
+    ``load-1.0/workload-3``.
+
+    Raises:
+        FileNotFoundError: neither exists (the message lists the vendored names).
+    """
+    p = Path(spec)
+    if p.is_file():
+        return p
+    name = str(spec)
+    if not name.endswith(".csv"):
+        name += ".csv"
+    q = WORKLOADS_DIR / name
+    if q.is_file():
+        return q
+    raise FileNotFoundError(
+        f"workload {spec!r}: no such file, and no vendored workload of that name; use a CSV "
+        f"path or one of load-0.5/workload-1..8, load-1.0/workload-1..8")
+
+
+def load_workload(spec: Union[str, Path]) -> List[WorkloadJob]:
+    """Read a workload CSV (columns ``name, time, application, num_replicas, batch_size``),
+    given as a path or vendored name (see :func:`resolve_workload`), in file order.
+
+    Raises:
+        FileNotFoundError: see :func:`resolve_workload`.
+        ValueError: a missing column or a malformed value (names the row).
+    """
+    path = resolve_workload(spec)
+    out = []
+    with open(path, newline="") as f:
+        for i, row in enumerate(csv.DictReader(f)):
+            try:
+                out.append(WorkloadJob(row["name"], float(row["time"]), row["application"],
+                                       int(row["num_replicas"]), int(row["batch_size"])))
+            except (KeyError, ValueError) as e:
+                raise ValueError(f"{path}: row {i + 1} malformed ({e}); columns must be name, "
+                                 "time, application, num_replicas, batch_size") from None
+    if not out:
+        raise ValueError(f"{path}: no jobs")
+    return out
+
+
+def published(policy: str, load: str) -> dict:
+    """The paper's results for ``policy`` at ``load`` (``"0.5"`` or ``"1.0"``): a dict with
+    ``jcts[workload][job]``, ``avgs[workload]`` and ``mean`` (seconds).
+
+    Raises:
+        FileNotFoundError: no such published file.
+    """
+    path = PUBLISHED_DIR / f"{policy}-{load}.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"no published results {path.name}: policies {POLICIES}, "
+                                "loads 0.5 and 1.0")
+    return json.loads(path.read_text())
+
+
+def synthetic_workload(num_jobs: int, num_nodes: int, *, seed: int = 0,
+                       base: Union[str, Path] = "load-1.0/workload-1",
+                       base_nodes: int = 16) -> List[WorkloadJob]:
+    """A larger workload with the same application mix and arrival pattern as ``base``:
+    jobs are drawn (seeded, with replacement) from ``base``, and arrivals are ``base``'s
+    submission times with the job rate scaled by ``num_nodes / base_nodes`` and the number
+    of jobs by ``num_jobs / len(base)``: the arrival curve keeps its shape and the load per
+    GPU stays the same when ``num_jobs / num_nodes`` does.
+
+    Raises:
+        ValueError: ``num_jobs`` or ``num_nodes`` < 1.
+    """
+    if num_jobs < 1 or num_nodes < 1:
+        raise ValueError(f"num_jobs and num_nodes must be >= 1, got {num_jobs}, {num_nodes}")
+    rows = load_workload(base)
+    rng = np.random.default_rng(seed)
+    times = np.sort(np.array([r.time for r in rows]))
+    # Arrival quantiles of the base, stretched so that the same jobs-per-node rate holds.
+    stretch = (num_jobs / len(rows)) / (num_nodes / base_nodes)
+    q = np.sort(rng.uniform(0, 1, num_jobs))
+    arrivals = np.interp(q, np.linspace(0, 1, len(times)), times) * stretch
+    picks = rng.integers(0, len(rows), num_jobs)
+    out = []
+    for i, (t, k) in enumerate(zip(arrivals, picks)):
+        r = rows[int(k)]
+        out.append(WorkloadJob(f"{r.application}-{i}", float(round(t)), r.application,
+                               r.num_replicas, r.batch_size))
+    return out
+
+
+def make_policy(name: str, *, gpus_per_node: int = 4, p: float = -1.0,
+                use_core: Optional[bool] = None, interval: float = 60.0):
+    """The policy object for ``name`` (one of :data:`POLICIES`).
+
+    Raises:
+        ValueError: an unknown name.
+    """
+    if name == "tiresias":
+        from .baselines import TiresiasPolicy
+        return TiresiasPolicy()
+    if name == "optimus":
+        from .baselines import OptimusPolicy
+        return OptimusPolicy(gpus_per_node=gpus_per_node)
+    if name == "pollux":
+        from .pollux import make_pollux
+        return make_pollux(p=p, use_core=use_core, interval=interval)
+    raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {name!r}")
+
+
+def _placement_of(alloc: Sequence[int]) -> tuple:
+    # Replicas per node, in allocation order (runs of the same node id).
+    out: List[int] = []
+    for i, n in enumerate(alloc):
+        if i == 0 or n != alloc[i - 1]:
+            out.append(1)
+        else:
+            out[-1] += 1
+    return tuple(out)
+
+
+def _make_jobs(rows: Sequence[WorkloadJob], policy: str, restart_s: float,
+               traces: Optional[Union[str, Path]]) -> List[SimJob]:
+    jobs = []
+    for r in rows:
+        app = get_application(r.application, traces)
+        if policy == "tiresias":
+            job = SimJob(r.name, app, r.time, target_batch_size=r.batch_size,
+                         target_num_replicas=r.num_replicas, restart_s=restart_s)
+        elif policy == "optimus":
+            job = SimJob(r.name, app, r.time, target_batch_size=r.batch_size,
+                         restart_s=restart_s)
+        else:
+            job = SimJob(r.name, app, r.time,
+                         target_batch_size=POLLUX_FIXED_BATCH.get(r.application),
+                         restart_s=restart_s)
+        jobs.append(job)
+    return jobs
+
+
+def simulate(workload: Union[str, Path, Sequence[WorkloadJob]], policy: str = "pollux", *,
+             traces: Optional[Union[str, Path]] = None, interval: float = 60.0,
+             restart_s: float = 30.0, nodes: int = 16, gpus_per_node: int = 4,
+             seed: int = 0, interference: float = 0.0, max_time: Optional[float] = None,
+             use_core: Optional[bool] = None, timeline: bool = False) -> dict:
+    """Run ``workload`` (a CSV path, a vendored name like ``load-1.0/workload-3``, or rows)
+    under ``policy`` until every job finishes.
+
+    Args:
+        traces: traces folder (default: the vendored traces).
+        interval: seconds per scheduling round.
+        restart_s: seconds without progress after every start or change of allocation.
+        nodes, gpus_per_node: the cluster.
+        seed: seeds numpy's global generator (the policies here are deterministic; kept so
+            that a randomised policy is reproducible).
+        interference: slowdown fraction of a multi-node job sharing a node with another
+            multi-node job (0: none, the paper's default).
+        max_time: stop after this many simulated seconds (``None``: run to completion;
+            unfinished jobs are then missing from ``jcts``).
+        use_core: pollux only: go through :mod:`adaptdl_core.decision` (``None``: when
+            available).
+        timeline: include ``timeline``: per round, GPUs held per job.
+
+    Returns:
+        A JSON-serialisable dict: ``policy``, ``workload``, ``avg_jct``, ``p99_jct``,
+        ``makespan`` (first submission to last completion), ``jcts`` (job -> s),
+        ``gpu_hours`` (GPU time held, restarts included), ``decision_s``
+        (``{"median", "max"}`` seconds per round), ``completed``, ``num_jobs``,
+        ``restarts``, ``num_fits``, ``wall_s``, the settings, and optionally ``timeline``.
+
+    Raises:
+        ValueError / FileNotFoundError: bad arguments (named).
+    """
+    if policy not in POLICIES:
+        raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}")
+    for name, v in (("interval", interval), ("nodes", nodes), ("gpus_per_node", gpus_per_node)):
+        if not v > 0:
+            raise ValueError(f"{name} must be > 0, got {v!r}")
+    if restart_s < 0:
+        raise ValueError(f"restart_s must be >= 0, got {restart_s!r}")
+    t_wall = time.perf_counter()
+    np.random.seed(seed)
+    if isinstance(workload, (str, Path)):
+        wname = str(workload)
+        rows = load_workload(workload)
+    else:
+        rows = list(workload)
+        wname = f"<{len(rows)} jobs>"
+    jobs = _make_jobs(rows, policy, restart_s, traces)
+    if len({j.name for j in jobs}) != len(jobs):
+        raise ValueError("workload: job names must be unique")
+    pol = make_policy(policy, gpus_per_node=gpus_per_node, use_core=use_core,
+                      interval=interval)
+    node_gpus = {n: int(gpus_per_node) for n in range(int(nodes))}
+    allocations: Dict[str, List[int]] = {}
+    decision_times: List[float] = []
+    tl: List[dict] = []
+    now = 0.0
+    pending = sorted(jobs, key=lambda j: j.submission_time)
+    while not all(j.done for j in jobs):
+        if max_time is not None and now >= max_time:
+            break
+        multi = {}
+        if interference > 0:
+            for k, a in allocations.items():
+                if len(set(a)) > 1:
+                    for n in set(a):
+                        multi[n] = multi.get(n, 0) + 1
+        for job in jobs:
+            f = 0.0
+            if interference > 0:
+                a = set(allocations.get(job.name, ()))
+                if len(a) > 1 and any(multi.get(n, 0) > 1 for n in a):
+                    f = interference
+            job.advance(interval, interference=f)
+        now += interval
+        active = {j.name: j for j in jobs
+                  if j.submission_time <= now and not j.done}
+        allocations = {k: v for k, v in allocations.items() if k in active}
+        if not active:
+            continue
+        t0 = time.perf_counter()
+        new = pol.decide(now, active, allocations, node_gpus)
+        decision_times.append(time.perf_counter() - t0)
+        _check(new, node_gpus)
+        for name, job in active.items():
+            if new.get(name) != allocations.get(name):
+                job.reallocate(_placement_of(new.get(name) or []))
+        allocations = {k: list(v) for k, v in new.items() if v}
+        if timeline:
+            tl.append({"t": now, "gpus": {k: len(v) for k, v in allocations.items()}})
+    del pending
+    jcts = {j.name: j.completion_time - j.submission_time for j in jobs if j.done}
+    vals = np.array(list(jcts.values())) if jcts else np.array([0.0])
+    first = min(j.submission_time for j in jobs)
+    last = max((j.completion_time for j in jobs if j.done), default=now)
+    out = {
+        "policy": policy,
+        "workload": wname,
+        "avg_jct": float(vals.mean()),
+        "p99_jct": float(np.percentile(vals, 99)),
+        "makespan": float(last - first),
+        "jcts": jcts,
+        "gpu_hours": float(sum(j.attained_service for j in jobs) / 3600.0),
+        "decision_s": {"median": float(np.median(decision_times)) if decision_times else 0.0,
+                       "max": float(max(decision_times, default=0.0))},
+        "completed": len(jcts),
+        "num_jobs": len(jobs),
+        "restarts": int(sum(j.num_restarts or 0 for j in jobs)),
+        "num_fits": int(sum(j.num_fits for j in jobs)),
+        "settings": {"interval": interval, "restart_s": restart_s, "nodes": nodes,
+                     "gpus_per_node": gpus_per_node, "seed": seed,
+                     "interference": interference,
+                     "pollux_path": getattr(pol, "path", None)},
+        "wall_s": time.perf_counter() - t_wall,
+    }
+    if timeline:
+        out["timeline"] = tl
+    logger.info("%s on %s: avg JCT %.0f s, makespan %.0f s, %d/%d done in %.1f s", policy,
+                wname, out["avg_jct"], out["makespan"], len(jcts), len(jobs), out["wall_s"])
+    return out
+
+
+def _check(allocs: Mapping[str, Sequence[int]], nodes: Mapping[int, int]) -> None:
+    used: Dict[int, int] = {}
+    for a in allocs.values():
+        for n in a:
+            used[n] = used.get(n, 0) + 1
+    for n, c in used.items():
+        if n not in nodes or c > nodes[n]:
+            raise RuntimeError(f"policy over-allocated node {n}: {c} replicas, capacity "
+                               f"{nodes.get(n, 0)}")
