@@ -1,26 +1,29 @@
-"""AdaptDLScheduler: re-divides the cluster among AdaptDL trials with the Pollux policy.
+"""AdaptDLScheduler: the Ray Tune front-end of the decision core.
 
-Tune bookkeeping only; the decisions come from :class:`adaptdl_core.policy.PolluxPolicy`
-and :func:`adaptdl_core.policy.resize_verdict`.
+Every scheduling decision (when to re-divide the cluster, how many replicas each trial
+gets, whether a resize pays, which trials are left alone) is made by
+:class:`adaptdl_core.decision.DecisionCore`; this class turns Tune's events into the
+core's events and the core's decisions into Tune's actions, and does what only Tune
+needs (pause announcements, interrupts, result files, the base scheduler):
 
 * **Admission** is Tune's own: a new trial is PENDING at ``min_replicas`` and starts when
   its resources are free, exactly as under FIFO, so Tune's pending-trial limit and the
-  searcher's concurrency keep working (a searcher is not asked for more trials than it
-  would be under FIFO, and it learns from every result).
-* **When**: the allocation is recomputed when trials are added or end (at most every
-  ``_MIN_CHECK_INTERVAL_S``), and otherwise every ``allocation_interval_s`` seconds,
-  never once per result.
-* **Resize**: a running trial whose replica count changes is paused at its next result
+  searcher's concurrency keep working.
+* **When**: the core re-solves when trials were added or ended (a burst of additions is
+  one solve, and such solves are at least ``_MIN_EVENT_GAP_S`` apart) and otherwise every
+  ``allocation_interval_s`` seconds, never once per result.
+* **Resize**: a running trial whose decision is ``resize`` is paused at its next result
   (Tune checkpoints it in place), its placement group request is updated while it is
-  paused, and it is resumed with the new count; a trial is resized only when that pays
-  (:func:`~adaptdl_core.policy.resize_verdict`), grows only once the room is free, and
+  paused, and it is resumed with the new count; it grows only once the room is free, and
   each resize is logged with its reason (``state.trials[id].resize_log``).
 * **Interrupts**: the driver's first Ctrl-C or SIGTERM makes every running trial save at
   its next batch boundary before Tune stops it, so ``Tuner.restore`` resumes there.
 * **Early stopping**: an optional base scheduler (e.g. ASHA) decides stop/continue; this
   scheduler decides resources only.
-* **State**: kept in :class:`~adaptdl_ray.tune.scheduler_state.SchedulerState` and written
-  to the experiment directory, so it survives ``Tuner.restore``.
+* **State**: the core's :class:`~adaptdl_core.decision.CoreState`, written to the
+  experiment directory after each solve, resize, relaunch and interrupt and when the last
+  trial ends (other changes at most every ``_SAVE_INTERVAL_S``), so it survives
+  ``Tuner.restore``.
 """
 
 from __future__ import annotations
@@ -31,35 +34,40 @@ import math
 import time
 from typing import Any, Callable, Mapping
 
-import numpy as np
 import ray
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
-from adaptdl_core.policy import (DEFAULT_RESTART_COST_S, MIN_COST_MULTIPLES, NodeInfo,
-                                 PolluxPolicy, resize_verdict)
+from adaptdl_core.decision import (DecisionCore, JobProgress, cluster_capacity, job_info)
+from adaptdl_core.policy import NodeInfo, PolluxPolicy, resize_verdict
 from adaptdl_ray.tune import checkpoint_files, control
-from adaptdl_ray.tune.allocation import job_info
 from adaptdl_ray.tune.interrupts import InterruptRelay
-from adaptdl_ray.tune.resources import (cluster_capacity, cluster_nodes, num_replicas_of,
-                                        placement_group_factory, replicas_fitting)
+from adaptdl_ray.tune.resources import cluster_nodes, num_replicas_of, placement_group_factory
 from adaptdl_ray.tune.results import METRIC_PREFIX
-from adaptdl_ray.tune.scheduler_state import SchedulerState, TrialRecord
+from adaptdl_ray.tune.scheduler_state import SchedulerState
 from adaptdl_ray.tune.trainable import replica_spec_of, stop_timeout_of
 
 LOG = logging.getLogger(__name__)
 
 __all__ = ["AdaptDLScheduler"]
 
-# choose_trial_to_run runs thousands of times a second when Tune is idle: re-divide the
-# cluster from there at most this often.
+# choose_trial_to_run runs thousands of times a second when Tune is idle: do its real work
+# at most this often.
 _MIN_CHECK_INTERVAL_S = 0.2
-# Hints change with every result; write the state out at most this often.
+# Trials arrive in bursts (a searcher's suggestions, one per event-loop step): solves that
+# additions and ends trigger are this far apart, so a burst costs a few solves, not one each.
+_MIN_EVENT_GAP_S = 1.0
+# Hints and progress change with every result; write the state out at most this often.
 _SAVE_INTERVAL_S = 5.0
 # How long the cluster's node list is reused between allocations.
 _NODES_TTL_S = 5.0
 # On an interrupt, time for writing the trials' state on top of their stop timeouts.
 _INTERRUPT_MARGIN_S = 30.0
+
+
+def _wall_clock() -> float:
+    # Looked up at each call (not bound once), so that tests can freeze time.time.
+    return time.time()
 
 
 class AdaptDLScheduler(TrialScheduler):
@@ -115,18 +123,18 @@ class AdaptDLScheduler(TrialScheduler):
                 raise TypeError(f"{name} must be a function, got {fn!r}")
         super().__init__()
         self._base = base_scheduler or FIFOScheduler()
-        self._interval = float(allocation_interval_s)
-        self._policy = policy or PolluxPolicy(p)
+        self._core = DecisionCore(policy or PolluxPolicy(p), clock=_wall_clock,
+                                  interval_s=float(allocation_interval_s),
+                                  resize_rule=resize_rule or resize_verdict,
+                                  min_event_gap_s=_MIN_EVENT_GAP_S)
         self._nodes_fn = nodes_fn or cluster_nodes
         self._hints_fn = hints_fn
-        self._resize_rule = resize_rule or resize_verdict
         self._nodes_cache: tuple[float, dict[Any, NodeInfo]] | None = None
-        self._state = SchedulerState()
         self._state_dir: str | None = None
         self._restored = False
-        self._dirty = False
         self._last_check = float("-inf")
-        self._last_save = 0.0
+        self._last_save = float("-inf")
+        self._save_pending = False
         self._queue: list[str] = []  # paused (resized) trial ids waiting to run, in order
         self._metric: str | None = None
         self._mode: str | None = None
@@ -149,7 +157,12 @@ class AdaptDLScheduler(TrialScheduler):
     @property
     def state(self) -> SchedulerState:
         """The scheduler's records (read-only use: per-trial history, resizes and why)."""
-        return self._state
+        return self._core.state
+
+    @property
+    def core(self) -> DecisionCore:
+        """The decision core this scheduler drives (read-only use)."""
+        return self._core
 
     # -- trial events ---------------------------------------------------------------
     def on_trial_add(self, tune_controller: Any, trial: Trial) -> None:
@@ -164,73 +177,63 @@ class AdaptDLScheduler(TrialScheduler):
         spec = replica_spec_of(trial.get_trainable_cls())
         self._hook()
         self._maybe_restore(trial)
-        record = self._state.trials.get(trial.trial_id)
-        if record is None:
-            record = self._state.trials[trial.trial_id] = TrialRecord(created=time.time())
-        self._base.on_trial_add(tune_controller, trial)
         nodes = self._nodes()
-        # Raises a clear error if the cluster cannot hold the trial at all.
-        job_info(spec, nodes, created=record.created, hints=None)
+        self._core.set_nodes(nodes)
+        if cluster_capacity(spec, nodes) < spec.min_replicas:
+            job_info(spec, nodes, created=0.0, hints=None)  # raises the clear error
+        self._base.on_trial_add(tune_controller, trial)
+        requested = None
         if trial.status == Trial.PENDING:
             self._restore_result_files(trial)
             current = num_replicas_of(trial.placement_group_factory)
             fitting = min(current, cluster_capacity(spec, nodes))
             self._set_resources(trial, spec, spec.clamp(max(fitting, spec.min_replicas)))
             requested = num_replicas_of(trial.placement_group_factory)
-            if requested != record.target:
-                record.history.append([time.time(), requested])
-                record.target = requested
         elif trial.status == Trial.PAUSED:
             self._enqueue(trial.trial_id)
-        self._dirty = True
+        self._core.add_job(trial.trial_id, spec, replicas=requested)
+        self._save_soon()
 
     def on_trial_result(self, tune_controller: Any, trial: Trial, result: dict) -> str:
-        """Absorb progress and resize costs; return PAUSE when the trial's replica count
-        changes and the change pays.
+        """Pass progress and resize costs to the core; return PAUSE when the core decides
+        to resize the trial and its new room is free.
 
         Raises:
             ValueError: the experiment's metric is missing from the result."""
         self._hook()
-        record = self._state.trials.get(trial.trial_id)
-        if record is None:  # added before this scheduler saw it (should not happen)
+        record = self._core.state.trials.get(trial.trial_id)
+        if record is None or not record.live:  # added before this scheduler saw it
             self.on_trial_add(tune_controller, trial)
-            record = self._state.trials[trial.trial_id]
         if self._metric and self._metric not in result:
             shown = sorted(k for k in result if not k.startswith(METRIC_PREFIX))
             raise ValueError(f"trial {trial.trial_id} reported no {self._metric!r} (the metric "
                              f"given to tune.run/TuneConfig); it reported {shown}. Report it "
                              "with tune.report({...}) from the training function")
-        if self._absorb(record, result) or time.time() - self._last_save >= _SAVE_INTERVAL_S:
-            self._save()
+        current = num_replicas_of(trial.placement_group_factory)
+        # Its size first: a count that changed through a resize begun here is not a new one.
+        self._core.running(trial.trial_id, replicas=current)
+        if self._core.update(trial.trial_id, progress=self._progress(result)):
+            self._save()  # a relaunch happened (rare): its measured cost is worth keeping
+        else:
+            self._flush_save()
         decision = self._base.on_trial_result(tune_controller, trial, result)
         if decision == TrialScheduler.PAUSE:
             self._announce_pause(trial)
         if decision != TrialScheduler.CONTINUE or result.get("done"):
             return decision
-        self._maybe_reallocate(tune_controller)
-        current = num_replicas_of(trial.placement_group_factory)
-        if record.target == current:
+        self._maybe_decide(tune_controller)
+        verdict = self._core.decision_for(trial.trial_id)
+        # A trial is never preempted to zero here: Tune admits trials itself.
+        if verdict.action != "resize" or verdict.replicas < 1:
             return TrialScheduler.CONTINUE
-        verdict = self._verdict(trial, record, current)
-        if not verdict.pays:
-            if record.last_veto != verdict.reason:
-                LOG.info("trial %s: keeping %d replicas instead of %d: %s", trial.trial_id,
-                         current, record.target, verdict.reason)
-                record.last_veto = verdict.reason
-            return TrialScheduler.CONTINUE
-        if record.target > current and not self._fits(self._free(tune_controller), trial,
-                                                        record.target):
+        if verdict.replicas > current and not self._fits(self._free(tune_controller), trial,
+                                                         verdict.replicas):
             # Grow only once the shrinking trials have freed the room; pausing now would
             # leave this trial idle while it waits.
             return TrialScheduler.CONTINUE
-        LOG.info("trial %s: %d -> %d replicas (%s)", trial.trial_id, current, record.target,
+        LOG.info("trial %s: %d -> %d replicas (%s)", trial.trial_id, current, verdict.replicas,
                  verdict.reason)
-        record.resizes += 1
-        record.resize_pending = True
-        record.last_veto = None
-        record.resize_log.append({"time": time.time(), "from": current, "to": record.target,
-                                  "reason": verdict.reason, "saved_s": verdict.saved_s,
-                                  "cost_s": self._resize_cost(record)})
+        self._core.begin_resize(trial.trial_id, verdict)
         self._enqueue(trial.trial_id)
         self._save()
         self._announce_pause(trial)
@@ -262,7 +265,8 @@ class AdaptDLScheduler(TrialScheduler):
             self._last_check = now
             self._hook()
             self._handle_interrupt(tune_controller)
-            self._maybe_reallocate(tune_controller)
+            self._maybe_decide(tune_controller)
+            self._flush_save()
             trial = self._next_resized_trial(tune_controller)
             if trial is not None:
                 return trial
@@ -285,7 +289,7 @@ class AdaptDLScheduler(TrialScheduler):
                 continue
             if trial.status != Trial.PAUSED:
                 continue  # still saving before its pause
-            record = self._state.trials[trial_id]
+            record = self._core.state.trials[trial_id]
             spec = replica_spec_of(trial.get_trainable_cls())
             target = record.target or spec.min_replicas
             if not self._fits(free, trial, target):
@@ -297,8 +301,9 @@ class AdaptDLScheduler(TrialScheduler):
 
     def debug_string(self) -> str:
         """One line for Tune's status output: allocations, replicas in use, waiting trials."""
-        live = [r for r in self._state.trials.values() if r.target > 0]
-        return (f"AdaptDLScheduler: {self._state.num_allocations} allocations, "
+        state = self._core.state
+        live = [r for r in state.trials.values() if r.live and r.target > 0]
+        return (f"AdaptDLScheduler: {state.num_allocations} allocations, "
                 f"{sum(r.target for r in live)} replicas over {len(live)} trials, "
                 f"{len(self._queue)} resizing; base: {self._base.debug_string()}")
 
@@ -319,70 +324,40 @@ class AdaptDLScheduler(TrialScheduler):
                 LOG.warning("trial %s: could not announce its pause (%s); its replicas "
                             "train on until stopped", trial.trial_id, exc)
 
-    def _absorb(self, record: TrialRecord, result: dict) -> bool:
-        """Take the trial's restarts, resize cost and remaining time from a result; True if
-        the restarts or resize cost changed (worth saving at once)."""
-        before = (record.restarts, record.resize_s)
-        restarts = result.get(METRIC_PREFIX + "restarts")
-        if isinstance(restarts, int) and restarts != record.restarts:
-            record.restarts = restarts
-            resize_s = result.get(METRIC_PREFIX + "resize_s")
-            if record.resize_pending and isinstance(resize_s, (int, float)) and resize_s > 0:
-                # The first result after a resize this scheduler asked for: what it cost
-                # (a relaunch after a failure or a restore is not a resize).
-                record.resize_s = float(resize_s)
-                if record.resize_log:
-                    record.resize_log[-1]["measured_s"] = float(resize_s)
-            record.resize_pending = False
-        launch_s = result.get(METRIC_PREFIX + "launch_s")
-        if isinstance(launch_s, (int, float)) and launch_s > 0:
-            record.launch_s = float(launch_s)
-        done, total = result.get(METRIC_PREFIX + "epochs_done"), result.get(
-            METRIC_PREFIX + "epochs")
-        trained_s = result.get("time_total_s")
-        if all(isinstance(v, (int, float)) for v in (done, total, trained_s)) and done > 0 \
-                and total > 0:
-            record.remaining_s = float(trained_s) / done * max(total - done, 0)
-        return (record.restarts, record.resize_s) != before
-
     @staticmethod
-    def _resize_cost(record: TrialRecord) -> float:
-        """Seconds a resize of the trial costs: its last measured resize, else its launch's
-        start-up time (a relaunch costs at least that), else the policy's prior."""
-        return record.resize_s or record.launch_s or DEFAULT_RESTART_COST_S
+    def _progress(result: Mapping[str, Any]) -> JobProgress:
+        """The core's view of a trial's result: restarts, relaunch costs, time left (from
+        its epochs and its training time so far)."""
+        def number(key: str) -> float | None:
+            value = result.get(key)
+            return float(value) if isinstance(value, (int, float)) and not isinstance(
+                value, bool) and math.isfinite(value) else None
 
-    def _verdict(self, trial: Trial, record: TrialRecord, current: int) -> Any:
-        """Whether moving ``trial`` from ``current`` to ``record.target`` replicas pays."""
-        speedups = None
-        if record.target > current and record.remaining_s is not None:
-            job = job_info(replica_spec_of(trial.get_trainable_cls()), self._nodes(),
-                           created=record.created, hints=record.hints,
-                           current_replicas=current)
-            nodes_now = max(len(set(record.placed)), 1) if record.placed else 1
-            nodes_new = max(len(set(record.nodes)), 1)
-            speedups = (float(np.asarray(job.speedup_fn(nodes_now, current))),
-                        float(np.asarray(job.speedup_fn(nodes_new, record.target))))
-        return self._resize_rule(current=current, target=record.target,
-                              remaining_s=record.remaining_s,
-                              cost_s=self._resize_cost(record),
-                              speedup_now=speedups[0] if speedups else None,
-                              speedup_new=speedups[1] if speedups else None)
+        restarts = result.get(METRIC_PREFIX + "restarts")
+        done, total = number(METRIC_PREFIX + "epochs_done"), number(METRIC_PREFIX + "epochs")
+        trained_s = number("time_total_s")
+        remaining = None
+        if done is not None and total is not None and trained_s is not None and done > 0 \
+                and total > 0 and trained_s >= 0:
+            remaining = trained_s / done * max(total - done, 0)
+        resize_s, launch_s = number(METRIC_PREFIX + "resize_s"), number(METRIC_PREFIX + "launch_s")
+        return JobProgress(
+            remaining_s=remaining,
+            restarts=restarts if isinstance(restarts, int) and not isinstance(restarts, bool)
+            and restarts >= 0 else None,
+            resize_cost_s=resize_s if resize_s is not None and resize_s >= 0 else None,
+            launch_s=launch_s if launch_s is not None and launch_s >= 0 else None)
 
     def _trial_ended(self, trial: Trial) -> None:
         self._hook()
-        record = self._state.trials.get(trial.trial_id)
-        if record is not None and record.target:
-            record.target = 0
-            record.nodes = []
-            record.history.append([time.time(), 0])
-        if record is not None:
-            record.resize_pending = False
+        self._core.remove(trial.trial_id)
         if trial.trial_id in self._queue:
             self._queue.remove(trial.trial_id)
         if self._control is not None:
             self._control.forget.remote(trial.trial_id)
-        self._dirty = True
-        self._save()
+        self._save_soon()
+        if not any(r.live for r in self._core.state.trials.values()):
+            self._save()  # the experiment may be over: nothing is left to flush it later
 
     def _enqueue(self, trial_id: str) -> None:
         if trial_id not in self._queue:
@@ -392,15 +367,25 @@ class AdaptDLScheduler(TrialScheduler):
         if num_replicas_of(trial.placement_group_factory) != replicas:
             trial.update_resources(placement_group_factory(spec, replicas))
 
-    def _maybe_reallocate(self, tune_controller: Any) -> None:
-        if self._dirty or time.time() - self._state.last_allocation >= self._interval:
-            self._reallocate(tune_controller, reason="trials added or ended" if self._dirty
-                             else "interval")
-
-    def _live_trials(self, tune_controller: Any) -> list[Trial]:
-        return [t for t in tune_controller.get_trials()
-                if t.status in (Trial.PENDING, Trial.RUNNING, Trial.PAUSED)
-                and t.trial_id in self._state.trials]
+    def _maybe_decide(self, tune_controller: Any) -> None:
+        """Re-solve through the core when it is due, with the trials' sizes, hints and the
+        cluster brought up to date first."""
+        if not self._core.due():
+            return
+        live = {t.trial_id: t for t in tune_controller.get_trials()
+                if t.status in (Trial.PENDING, Trial.RUNNING, Trial.PAUSED)}
+        ids = [k for k, r in self._core.state.trials.items() if r.live and k in live]
+        for trial_id in ids:
+            trial = live[trial_id]
+            # A PENDING trial holds nothing yet: Tune starts it at its request once there
+            # is room (and the core then resizes it like any other).
+            self._core.running(trial_id, replicas=num_replicas_of(
+                trial.placement_group_factory) if trial.status == Trial.RUNNING else 0)
+        self._refresh_hints(ids)
+        self._core.set_nodes(self._nodes(refresh=True))
+        self._core.decide(force=True)
+        # Solves are rate-limited (_MIN_EVENT_GAP_S, the interval), and so are these writes.
+        self._save()
 
     def _refresh_hints(self, trial_ids: list[str]) -> None:
         """Pull the trials' latest scheduler hints (posted by the trials, not in results)."""
@@ -419,65 +404,9 @@ class AdaptDLScheduler(TrialScheduler):
                         exc)
             return
         for trial_id, hints in fresh.items():
-            if trial_id in self._state.trials and hints:
-                self._state.trials[trial_id].hints = hints
-
-    def _reallocate(self, tune_controller: Any, reason: str) -> None:
-        self._dirty = False
-        now = time.time()
-        self._state.last_allocation = now
-        trials = self._live_trials(tune_controller)
-        if not trials:
-            return
-        self._refresh_hints([t.trial_id for t in trials])
-        nodes = self._nodes(refresh=True)
-        jobs, base = {}, {}
-        for trial in trials:
-            record = self._state.trials[trial.trial_id]
-            # A PENDING trial holds nothing yet: Tune starts it at its request once there
-            # is room (and the policy then resizes it like any other).
-            current = num_replicas_of(trial.placement_group_factory) \
-                if trial.status == Trial.RUNNING else 0
-            spec = replica_spec_of(trial.get_trainable_cls())
-            jobs[trial.trial_id] = job_info(
-                spec, nodes, created=record.created, hints=record.hints,
-                restarts=record.restarts, restart_cost_s=self._resize_cost(record),
-                current_replicas=current)
-            if current and self._finishing(record):
-                # It would spend most of its remaining time on a resize: keep it as it is.
-                jobs[trial.trial_id].preemptible = False
-            if current:
-                # Ray places bundles itself (PACK); the policy's last placement stands in
-                # for the real one when its size matches.
-                base[trial.trial_id] = record.nodes if len(record.nodes) == current else \
-                    self._pack_guess(nodes, spec, current)
-                record.placed = list(base[trial.trial_id])
-        result = self._policy.allocate(jobs, nodes, base, now=now)
-        self._state.num_allocations += 1
-        changes = []
-        for trial_id, placement in result.allocations.items():
-            record = self._state.trials[trial_id]
-            if len(placement) != record.target:
-                changes.append(f"{trial_id}: {record.target}->{len(placement)}")
-                record.history.append([now, len(placement)])
-            record.target = len(placement)
-            record.nodes = list(placement)
-        LOG.info("allocation #%d (%s) in %.0f ms: %s", self._state.num_allocations, reason,
-                 1e3 * result.solve_time_s, ", ".join(changes) or "no change")
-        self._save()
-
-    def _finishing(self, record: TrialRecord) -> bool:
-        """Less training left than the resize rule allows (see resize_verdict)."""
-        return record.remaining_s is not None and \
-            record.remaining_s < MIN_COST_MULTIPLES * self._resize_cost(record)
-
-    @staticmethod
-    def _pack_guess(nodes: dict[Any, NodeInfo], spec: Any, count: int) -> list:
-        placement: list = []
-        for key, node in nodes.items():
-            placement += [key] * min(replicas_fitting(spec.resources, node),
-                                     count - len(placement))
-        return placement
+            record = self._core.state.trials.get(trial_id)
+            if record is not None and record.live and hints:
+                self._core.update(trial_id, hints=hints)
 
     def _nodes(self, refresh: bool = False) -> dict[Any, NodeInfo]:
         """The cluster, re-read at most every _NODES_TTL_S (``ray.nodes()`` is an RPC)."""
@@ -556,7 +485,6 @@ class AdaptDLScheduler(TrialScheduler):
             LOG.warning("trial %s: could not restore its result files: %s", trial.trial_id,
                         exc)
 
-
     def _maybe_restore(self, trial: Trial) -> None:
         if self._state_dir is None:
             storage = getattr(trial, "storage", None)
@@ -571,15 +499,25 @@ class AdaptDLScheduler(TrialScheduler):
             return
         if saved is not None:
             LOG.info("restored AdaptDLScheduler state: %d trials", len(saved.trials))
-            self._state = saved
-            self._dirty = True
+            self._core.restore(saved)
+
+    def _save_soon(self) -> None:
+        """Mark the state as changed; it is written within _SAVE_INTERVAL_S."""
+        self._save_pending = True
+        self._flush_save()
+
+    def _flush_save(self) -> None:
+        """Write a pending change once _SAVE_INTERVAL_S has passed since the last write
+        (hooks then never pay for a write per event)."""
+        if self._save_pending and time.monotonic() - self._last_save >= _SAVE_INTERVAL_S:
+            self._save()
 
     def _save(self) -> None:
-        self._last_save = time.time()
+        self._last_save = time.monotonic()
+        self._save_pending = False
         if self._state_dir is None:
             return
         try:
-            self._state.save(self._state_dir)
+            self._core.state.save(self._state_dir)
         except OSError as exc:
             LOG.warning("could not save the scheduler state to %s: %s", self._state_dir, exc)
-

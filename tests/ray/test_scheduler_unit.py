@@ -12,7 +12,7 @@ from ray.tune.schedulers import FIFOScheduler, TrialScheduler  # noqa: E402
 
 from adaptdl_core.policy import NodeInfo, PolluxPolicy, resize_verdict  # noqa: E402
 from adaptdl_ray.tune import AdaptDLScheduler, AdaptDLTrainableCreator  # noqa: E402
-from adaptdl_ray.tune.allocation import job_info, speedup_from_hints  # noqa: E402
+from adaptdl_core.decision import job_info, speedup_from_hints  # noqa: E402
 from adaptdl_ray.tune.resources import (ReplicaSpec, num_replicas_of,  # noqa: E402
                                         placement_group_factory)
 from adaptdl_ray.tune.scheduler_state import STATE_FILE, SchedulerState  # noqa: E402
@@ -264,7 +264,6 @@ def test_a_resized_trial_is_not_resumed_by_the_base_scheduler_before_it_fits():
     b.status = Trial.TERMINATED
     sched._last_check = float("-inf")
     sched.state.trials["a"].target = 4
-    sched._dirty = False
     assert sched.choose_trial_to_run(tc) is a and a.replicas == 4
 
 
@@ -280,14 +279,14 @@ def test_base_scheduler_decides_stopping():
     assert sched.on_trial_result(tc, a, {"training_iteration": 2}) == TrialScheduler.STOP
 
 
-def test_state_survives_a_new_scheduler_instance(tmp_path):
+def test_state_survives_a_new_scheduler_instance(tmp_path, clock):
     hints = Hints()
     sched = AdaptDLScheduler(nodes_fn=cluster(4), hints_fn=hints)
     tc = StubController()
     a = tc.add(sched, StubTrial("a", state_dir=str(tmp_path)))
     tc.start_pending(sched)
     hints.hints["a"] = PROFILED_2
-    sched._dirty = True
+    clock[0] += 31  # the next result re-solves, reading the hints
     sched.on_trial_result(tc, a, {"adaptdl/restarts": 3, "adaptdl/resize_s": 4.5})
     assert (tmp_path / STATE_FILE).exists()
     # Tuner.restore: a fresh scheduler sees the same trial again.
