@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from .cluster import POLICIES, simulate, synthetic_workload
+from .sweep import add_sweep_parser, run_sweep_cli
 
 
 def _cluster_parser(sub) -> None:
@@ -45,8 +46,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                                      description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     _cluster_parser(sub)
+    add_sweep_parser(sub)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if args.command == "sweep":
+        return run_sweep_cli(args)
     if args.command == "cluster":
         if (args.workload is None) == (args.synthetic is None):
             parser.error("cluster: give exactly one of --workload FILE and --synthetic JOBS")
