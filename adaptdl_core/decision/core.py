@@ -50,7 +50,7 @@ from .state import CoreState, JobRecord
 
 LOG = logging.getLogger(__name__)
 
-__all__ = ["Decision", "DecisionCore", "JobProgress", "ACTIONS"]
+__all__ = ["Decision", "DecisionCore", "JobProgress", "SolveRequest", "ACTIONS"]
 
 #: The actions a :class:`Decision` may carry.
 ACTIONS = ("start", "resize", "hold", "keep", "wait")
@@ -445,54 +445,69 @@ class DecisionCore:
 
     def solve(self) -> None:
         """Re-divide the cluster among the live jobs now (normally :meth:`decide` calls
-        this when due).
+        this when due): :meth:`begin_solve`, :meth:`SolveRequest.run`, :meth:`finish_solve`.
 
         Raises:
             ValueError: from the policy, for inputs it rejects."""
+        request = self.begin_solve()
+        request.run()
+        self.finish_solve(request)
+
+    def begin_solve(self) -> "SolveRequest":
+        """Snapshot the inputs of a solve (cheap: no speedup model is evaluated here) and
+        count it as started: events after this call make a later solve due. Run the
+        returned request anywhere (a worker thread, so that a front-end's event loop is
+        never blocked by the policy), then hand it to :meth:`finish_solve`."""
         now = float(self.clock())
         if self._dirty:
             self._last_event_solve = now
         self._dirty = False
         self._state.last_allocation = now
         live = {k: r for k, r in self._state.trials.items() if r.live}
-        if not live:
-            return
-        jobs, base = {}, {}
+        entries = []
         for job_id, record in live.items():
-            spec = self._spec(job_id, record)
-            try:
-                jobs[job_id] = job_info(
-                    spec, self._nodes, created=record.created, hints=record.hints,
-                    restarts=record.restarts, restart_cost_s=self.resize_cost(job_id),
-                    current_replicas=record.current, speedup_fn=self._speedup_fn(job_id,
-                                                                                 record))
-            except ValueError as exc:
-                if job_id not in self._unfit:
-                    LOG.warning("job %s cannot run on this cluster: %s", job_id, exc)
-                    self._unfit.add(job_id)
-                continue
-            self._unfit.discard(job_id)
-            if record.current and self.finishing(job_id):
-                # It would spend most of its remaining time on a resize: keep it as it is.
-                jobs[job_id].preemptible = False
-            if record.current:
-                if not record.placed_known:
-                    record.placed = self._guess_placement(job_id, record, record.current)
-                base[job_id] = list(record.placed)
-        result = self.policy.allocate(jobs, self._nodes, base, now=now) if jobs else None
+            entries.append(_Entry(job_id, self._spec(job_id, record), record.created,
+                                  record.hints, record.restarts, self.resize_cost(job_id),
+                                  record.current,
+                                  bool(record.current) and self.finishing(job_id)))
+        base = self._bases(live)
+        return SolveRequest(now, dict(self._nodes), entries, base, self.policy,
+                            self._speedup_for)
+
+    def finish_solve(self, request: "SolveRequest") -> None:
+        """Apply a solved request: the new target of every job in it that is still live
+        (jobs added since keep theirs until the next solve).
+
+        Raises:
+            ValueError: the request has not run, or its run failed (its error)."""
+        if request.error is not None:
+            raise request.error
+        if request.result is None and request.entries:
+            raise ValueError("the solve request has not run: call request.run() first")
+        for job_id, message in request.unfit.items():
+            if job_id not in self._unfit:
+                LOG.warning("job %s cannot run on this cluster: %s", job_id, message)
+                self._unfit.add(job_id)
         self._state.num_allocations += 1
         changes = []
-        for job_id, record in live.items():
-            placement = list(result.allocations.get(job_id, [])) if result else []
+        allocations = request.result.allocations if request.result is not None else {}
+        for entry in request.entries:
+            record = self._state.trials.get(entry.job_id)
+            if record is None or not record.live:
+                continue
+            if entry.job_id not in request.unfit:
+                self._unfit.discard(entry.job_id)
+            placement = list(allocations.get(entry.job_id, []))
             if len(placement) != record.target:
-                changes.append(f"{job_id}: {record.target}->{len(placement)}")
-                record.history.append([now, len(placement)])
+                changes.append(f"{entry.job_id}: {record.target}->{len(placement)}")
+                record.history.append([request.now, len(placement)])
             record.target = len(placement)
             record.nodes = placement
-        solve_s = result.solve_time_s if result else 0.0
-        self.solve_times_s.append(solve_s)
+        solve_s = request.result.solve_time_s if request.result is not None else 0.0
+        self.solve_times_s.append(request.seconds)
         del self.solve_times_s[:-1000]
-        LOG.info("allocation #%d in %.0f ms: %s", self._state.num_allocations, 1e3 * solve_s,
+        LOG.info("allocation #%d in %.0f ms (policy %.0f ms): %s",
+                 self._state.num_allocations, 1e3 * request.seconds, 1e3 * solve_s,
                  ", ".join(changes) or "no change")
 
     # -- internals ------------------------------------------------------------------
@@ -503,13 +518,18 @@ class DecisionCore:
         return spec
 
     def _speedup_fn(self, job_id: Hashable, record: JobRecord) -> Any:
-        """The job's speedup function, built once per hints object (its goodput tables
-        are then reused across solves)."""
+        """The job's speedup function for its current hints (see :meth:`_speedup_for`)."""
+        return self._speedup_for(job_id, record.hints)
+
+    def _speedup_for(self, job_id: Hashable, hints: Any) -> Any:
+        """The speedup function of ``hints``, built once per hints object (its goodput
+        tables are then reused across solves). Safe from a worker thread: a race builds
+        the same function twice, nothing worse."""
         cached = self._speedups.get(job_id)
-        if cached is not None and cached[0] is record.hints:
+        if cached is not None and cached[0] is hints:
             return cached[1]
-        fn = speedup_from_hints(record.hints)
-        self._speedups[job_id] = (record.hints, fn)
+        fn = speedup_from_hints(hints)
+        self._speedups[job_id] = (hints, fn)
         return fn
 
     def _guess_placement(self, job_id: Hashable, record: JobRecord, count: int) -> list:
@@ -517,6 +537,47 @@ class DecisionCore:
         if len(record.nodes) == count:
             return list(record.nodes)
         return pack_guess(self._nodes, self._spec(job_id, record), count)
+
+    def _bases(self, records: Mapping[Hashable, JobRecord]) -> dict[Hashable, list]:
+        """Where the running jobs are: reported placements first, then the policy's last
+        placement where its size matches, and the rest packed into the room those leave
+        (guessing each job alone would stack them all on the first nodes)."""
+        base: dict[Hashable, list] = {}
+        guess = []
+        free = {key: dict(node.resources) for key, node in self._nodes.items()}
+        for job_id, record in records.items():
+            if not record.current:
+                continue
+            if record.placed_known and len(record.placed) == record.current:
+                base[job_id] = list(record.placed)
+            elif len(record.nodes) == record.current:
+                base[job_id] = list(record.nodes)
+            else:
+                guess.append(job_id)
+                continue
+            need = self._spec(job_id, record).resources
+            for key in base[job_id]:
+                if key in free:
+                    for name, amount in need.items():
+                        free[key][name] = free[key].get(name, 0.0) - amount
+        for job_id in guess:
+            record = records[job_id]
+            need = self._spec(job_id, record).resources
+            placement: list = []
+            for key, room in free.items():
+                while len(placement) < record.current and all(
+                        room.get(name, 0.0) + 1e-9 >= amount for name, amount in need.items()):
+                    placement.append(key)
+                    for name, amount in need.items():
+                        room[name] = room.get(name, 0.0) - amount
+            if len(placement) < record.current:  # more than the room left: the plain guess
+                placement = pack_guess(self._nodes, self._spec(job_id, record),
+                                       record.current)
+            base[job_id] = placement
+        for job_id, placement in base.items():
+            if not records[job_id].placed_known:
+                records[job_id].placed = list(placement)
+        return base
 
     def _decision(self, job_id: Hashable, record: JobRecord, *, log: bool) -> Decision:
         current, target = record.current, record.target
@@ -564,3 +625,97 @@ class DecisionCore:
         return self.resize_rule(current=current, target=target, remaining_s=record.remaining_s,
                                 cost_s=cost, speedup_now=speedups[0] if speedups else None,
                                 speedup_new=speedups[1] if speedups else None)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Entry:
+    """One live job as a solve sees it (a snapshot)."""
+
+    job_id: Hashable
+    spec: JobSpec
+    created: float
+    hints: Any
+    restarts: int
+    cost_s: float
+    current: int
+    pinned: bool
+
+
+class SolveRequest:
+    """The inputs of one solve, taken by :meth:`DecisionCore.begin_solve`; :meth:`run`
+    computes the allocation without touching the core (so it may run in a worker thread),
+    and :meth:`DecisionCore.finish_solve` applies it.
+
+    Attributes:
+        now: clock time of the snapshot (seconds).
+        entries: the live jobs then.
+        result: the policy's :class:`~adaptdl_core.policy.AllocationResult` once run
+            (``None`` before, or when no job can run).
+        unfit: job id -> why the cluster cannot hold it at all.
+        error: the exception the run raised, if any (re-raised by ``finish_solve``).
+        seconds: wall-clock seconds the run took (models built and policy solved).
+    """
+
+    def __init__(self, now: float, nodes: dict, entries: list, base: dict, policy: Any,
+                 speedup_for: Callable[[Hashable, Any], Any]) -> None:
+        self.now = now
+        self.nodes = nodes
+        self.entries = entries
+        self.base = base
+        self.policy = policy
+        self._speedup_for = speedup_for
+        self.result: Any = None
+        self.unfit: dict = {}
+        self.error: BaseException | None = None
+        self.seconds = 0.0
+
+    def run(self) -> None:
+        """Build the policy's jobs and solve; errors are kept in :attr:`error`."""
+        t0 = time.perf_counter()
+        try:
+            jobs: dict[Hashable, Any] = {}
+            for e in self.entries:
+                try:
+                    jobs[e.job_id] = job_info(
+                        e.spec, self.nodes, created=e.created, hints=e.hints,
+                        restarts=e.restarts, restart_cost_s=e.cost_s,
+                        current_replicas=e.current,
+                        speedup_fn=self._speedup_for(e.job_id, e.hints))
+                except ValueError as exc:
+                    self.unfit[e.job_id] = str(exc)
+                    continue
+                if e.pinned:
+                    # It would spend most of its remaining time on a resize: keep it.
+                    jobs[e.job_id].preemptible = False
+            base = {k: v for k, v in self.base.items() if k in jobs}
+            _unpin_conflicts(jobs, base, self.nodes)
+            if jobs:
+                self.result = self.policy.allocate(jobs, self.nodes, base, now=self.now)
+        except Exception as exc:  # handed to finish_solve, in the core's thread
+            self.error = exc
+        finally:
+            self.seconds = time.perf_counter() - t0
+
+
+def _unpin_conflicts(jobs: Mapping[Hashable, Any], base: Mapping[Hashable, list],
+                     nodes: Mapping[Hashable, NodeInfo]) -> None:
+    """Pinned (finishing) jobs whose assumed placements overload a node, or name a node
+    that is gone, are left movable: a guess must not make the round infeasible."""
+    used: dict[Hashable, dict[str, float]] = {key: {} for key in nodes}
+    for job_id, info in jobs.items():
+        if info.preemptible or job_id not in base:
+            continue
+        placement = base[job_id]
+        fits = all(key in used for key in placement)
+        if fits:
+            trial_use = {key: dict(used[key]) for key in set(placement)}
+            for key in placement:
+                for name, amount in info.resources.items():
+                    trial_use[key][name] = trial_use[key].get(name, 0.0) + amount
+            fits = all(trial_use[key].get(name, 0.0) <= nodes[key].resources.get(
+                name, 0.0) + 1e-6 for key in trial_use for name in trial_use[key])
+        if fits:
+            used.update(trial_use)
+        else:
+            LOG.debug("job %s: its placement is not known to fit; not pinned", job_id)
+            info.preemptible = True

@@ -28,6 +28,7 @@ needs (pause announcements, interrupts, result files, the base scheduler):
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import logging
 import math
@@ -38,7 +39,8 @@ import ray
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
-from adaptdl_core.decision import (DecisionCore, JobProgress, cluster_capacity, job_info)
+from adaptdl_core.decision import (DecisionCore, JobProgress, SolveRequest, cluster_capacity,
+                                   job_info)
 from adaptdl_core.policy import NodeInfo, PolluxPolicy, resize_verdict
 from adaptdl_ray.tune import checkpoint_files, control
 from adaptdl_ray.tune.interrupts import InterruptRelay
@@ -57,6 +59,9 @@ _MIN_CHECK_INTERVAL_S = 0.2
 # Trials arrive in bursts (a searcher's suggestions, one per event-loop step): solves that
 # additions and ends trigger are this far apart, so a burst costs a few solves, not one each.
 _MIN_EVENT_GAP_S = 1.0
+# A hook that starts a solve waits this long for it before answering with the standing
+# decisions (see AdaptDLScheduler's solve_wait_s).
+_SOLVE_WAIT_S = 0.02
 # Hints and progress change with every result; write the state out at most this often.
 _SAVE_INTERVAL_S = 5.0
 # How long the cluster's node list is reused between allocations.
@@ -90,11 +95,17 @@ class AdaptDLScheduler(TrialScheduler):
             returning a :class:`~adaptdl_core.policy.ResizeVerdict`; default
             ``resize_verdict`` (benchmarks of the resize mechanism pass one that always
             resizes).
+        solve_wait_s: the policy re-solves in a worker thread so that Tune's event loop
+            is never blocked by it; a hook that starts a solve waits at most this many
+            seconds for it (small solves then take effect at once) and otherwise answers
+            with the standing decisions, the new ones taking effect at a later hook.
+            ``None``: always wait (deterministic; for tests and scripted benchmarks).
 
     Raises:
         TypeError: for an argument of the wrong kind (e.g. ``base_scheduler='asha'``);
             from ``on_trial_add``, for a trainable not made by ``AdaptDLTrainableCreator``.
-        ValueError: for a non-finite or non-positive interval or a non-finite ``p``.
+        ValueError: for a non-finite or non-positive interval, a non-finite ``p`` or a
+            negative ``solve_wait_s``.
     """
 
     def __init__(self, base_scheduler: TrialScheduler | None = None, *,
@@ -102,7 +113,8 @@ class AdaptDLScheduler(TrialScheduler):
                  nodes_fn: Callable[[], dict[Any, NodeInfo]] | None = None,
                  policy: Any = None,
                  hints_fn: Callable[[list[str]], Mapping[str, dict]] | None = None,
-                 resize_rule: Callable[..., Any] | None = None) -> None:
+                 resize_rule: Callable[..., Any] | None = None,
+                 solve_wait_s: float | None = _SOLVE_WAIT_S) -> None:
         if base_scheduler is not None and not isinstance(base_scheduler, TrialScheduler):
             raise TypeError(f"base_scheduler must be a ray.tune TrialScheduler instance such as "
                             f"ASHAScheduler(), got {base_scheduler!r}")
@@ -117,6 +129,11 @@ class AdaptDLScheduler(TrialScheduler):
         if policy is not None and not callable(getattr(policy, "allocate", None)):
             raise TypeError(f"policy must be an allocation policy such as PolluxPolicy() "
                             f"(with an allocate() method), got {policy!r}")
+        if solve_wait_s is not None and (isinstance(solve_wait_s, bool) or not isinstance(
+                solve_wait_s, (int, float)) or not math.isfinite(solve_wait_s)
+                or solve_wait_s < 0):
+            raise ValueError(f"solve_wait_s must be a finite number of seconds >= 0 or None "
+                             f"(always wait), got {solve_wait_s!r}")
         for name, fn in (("nodes_fn", nodes_fn), ("hints_fn", hints_fn),
                          ("resize_rule", resize_rule)):
             if fn is not None and not callable(fn):
@@ -141,6 +158,16 @@ class AdaptDLScheduler(TrialScheduler):
         self._control: Any = None
         self._relay = InterruptRelay()
         self._interrupt: dict[str, Any] | None = None
+        self._solve_wait_s = solve_wait_s
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._inflight: tuple[SolveRequest, concurrent.futures.Future] | None = None
+
+    def __getstate__(self) -> dict:
+        # Tune pickles its configuration (with this scheduler) before the run; a worker
+        # thread and a solve in flight do not travel.
+        state = dict(self.__dict__)
+        state["_executor"] = state["_inflight"] = None
+        return state
 
     # -- configuration --------------------------------------------------------------
     def set_search_properties(self, metric: str | None, mode: str | None, **spec: Any) -> bool:
@@ -260,6 +287,7 @@ class AdaptDLScheduler(TrialScheduler):
         # Tune calls this on every step of its event loop: do real work at most every
         # _MIN_CHECK_INTERVAL_S (a resized trial then resumes within that delay).
         self._relay.alive()
+        self._collect_solve(0.0)
         now = time.monotonic()
         if now - self._last_check >= _MIN_CHECK_INTERVAL_S:
             self._last_check = now
@@ -368,9 +396,10 @@ class AdaptDLScheduler(TrialScheduler):
             trial.update_resources(placement_group_factory(spec, replicas))
 
     def _maybe_decide(self, tune_controller: Any) -> None:
-        """Re-solve through the core when it is due, with the trials' sizes, hints and the
-        cluster brought up to date first."""
-        if not self._core.due():
+        """Start a re-solve through the core when it is due (with the trials' sizes,
+        hints and the cluster brought up to date first), and apply a finished one."""
+        self._collect_solve(0.0)
+        if self._inflight is not None or not self._core.due():
             return
         live = {t.trial_id: t for t in tune_controller.get_trials()
                 if t.status in (Trial.PENDING, Trial.RUNNING, Trial.PAUSED)}
@@ -383,7 +412,33 @@ class AdaptDLScheduler(TrialScheduler):
                 trial.placement_group_factory) if trial.status == Trial.RUNNING else 0)
         self._refresh_hints(ids)
         self._core.set_nodes(self._nodes(refresh=True))
-        self._core.decide(force=True)
+        request = self._core.begin_solve()
+        if self._solve_wait_s is None:
+            request.run()
+            self._inflight = (request, None)
+        else:
+            if self._executor is None:
+                self._executor = concurrent.futures.ThreadPoolExecutor(
+                    1, thread_name_prefix="adaptdl-solve")
+            self._inflight = (request, self._executor.submit(request.run))
+        self._collect_solve(self._solve_wait_s)
+
+    def _collect_solve(self, wait_s: float | None) -> None:
+        """Apply the solve in flight if it has finished (waiting up to ``wait_s``)."""
+        if self._inflight is None:
+            return
+        request, future = self._inflight
+        if future is not None:
+            try:
+                future.result(timeout=wait_s)
+            except concurrent.futures.TimeoutError:
+                return
+        self._inflight = None
+        try:
+            self._core.finish_solve(request)
+        except ValueError as exc:
+            LOG.warning("the allocation failed (%s); the trials keep their sizes", exc)
+            return
         # Solves are rate-limited (_MIN_EVENT_GAP_S, the interval), and so are these writes.
         self._save()
 

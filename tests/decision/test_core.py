@@ -267,3 +267,39 @@ def test_bad_input_is_named():
         core.running("a")
     with pytest.raises(TypeError, match="JobSpec"):
         core.add_job("b", {"GPU": 1})
+
+
+def test_running_jobs_known_only_by_count_are_placed_apart_and_finishing_ones_pinned():
+    """Front-ends that know only replica counts (Tune): the core's placement guesses must
+    not stack every job on the first node, or pinning the finishing ones is infeasible."""
+    core, clock, _ = make(gpus=2, nodes=4, interval=30.0)
+    for i in range(4):
+        core.add_job(f"j{i}", GPU)
+        core.running(f"j{i}", replicas=2)
+        core.update(f"j{i}", progress=JobProgress(remaining_s=1.0))  # all finishing
+    core.state.trials["j0"].nodes = []
+    clock.now += 31
+    decisions = core.decide()
+    assert {d.action for d in decisions.values()} == {"keep"}
+    placed = sorted(n for d in decisions.values() for n in d.nodes)
+    assert placed == sorted(["n0", "n1", "n2", "n3"] * 2)
+
+
+def test_a_solve_run_elsewhere_applies_only_to_jobs_still_live():
+    """begin_solve/run/finish_solve (a worker thread runs the middle part): jobs removed
+    meanwhile are not revived, jobs added meanwhile wait for the next solve."""
+    core, clock, policy = make(gpus=2)
+    core.add_job("a", GPU)
+    core.add_job("b", GPU)
+    request = core.begin_solve()
+    assert not core.due()
+    core.remove("a")
+    core.add_job("c", GPU)
+    request.run()
+    assert policy.calls == 1 and request.error is None
+    core.finish_solve(request)
+    assert core.state.trials["a"].target == 0 and not core.state.trials["a"].live
+    assert core.decision_for("b").action == "start"
+    assert core.decision_for("c").action == "wait"
+    assert core.due()  # c arrived after the snapshot
+    assert core.decide()["c"].action == "start"

@@ -143,7 +143,7 @@ PROFILED_2 = {"init_batch_size": 32, "max_profiled_replicas": 2, "max_profiled_n
 def test_new_trials_stay_pending_so_tune_and_searchers_count_them():
     """Tune's pending-trial limit (and so a searcher's feedback) counts PENDING trials: the
     scheduler never parks a new trial in another state, and starts it at min_replicas."""
-    sched = AdaptDLScheduler(nodes_fn=cluster(4), allocation_interval_s=3600)
+    sched = AdaptDLScheduler(solve_wait_s=None, nodes_fn=cluster(4), allocation_interval_s=3600)
     tc = StubController(cpus=4)
     trials = [tc.add(sched, StubTrial(f"t{i}")) for i in range(6)]
     assert all(t.status == Trial.PENDING and t.replicas == 1 for t in trials)
@@ -152,7 +152,7 @@ def test_new_trials_stay_pending_so_tune_and_searchers_count_them():
     assert [t.status for t in trials] == [Trial.RUNNING] * 4 + [Trial.PENDING] * 2
     # A burst of additions is divided once, when Tune next asks for a trial to run.
     policy = CountingPolicy()
-    sched2 = AdaptDLScheduler(nodes_fn=cluster(4), policy=policy)
+    sched2 = AdaptDLScheduler(solve_wait_s=None, nodes_fn=cluster(4), policy=policy)
     tc2 = StubController(cpus=4)
     for i in range(10):
         tc2.add(sched2, StubTrial(f"b{i}"))
@@ -162,7 +162,7 @@ def test_new_trials_stay_pending_so_tune_and_searchers_count_them():
 
 
 def test_a_retried_trial_is_added_again_and_keeps_a_size_that_fits():
-    sched = AdaptDLScheduler(nodes_fn=cluster(4), allocation_interval_s=3600)
+    sched = AdaptDLScheduler(solve_wait_s=None, nodes_fn=cluster(4), allocation_interval_s=3600)
     tc, a = start_trial(sched, "a")
     big = placement_group_factory(ReplicaSpec({"CPU": 1}), 3)
     a.placement_group_factory = big
@@ -180,7 +180,8 @@ def test_a_retried_trial_is_added_again_and_keeps_a_size_that_fits():
 
 def test_a_lone_trial_starts_at_one_replica_and_grows_once_profiled(clock):
     hints = Hints()
-    sched = AdaptDLScheduler(nodes_fn=cluster(8), allocation_interval_s=30, hints_fn=hints)
+    sched = AdaptDLScheduler(solve_wait_s=None, nodes_fn=cluster(8), allocation_interval_s=30,
+                             hints_fn=hints)
     tc, trial = start_trial(sched, "solo")
     # Bounded exploration: nothing measured yet -> one replica, not a blind guess at two.
     assert trial.status == Trial.RUNNING and trial.replicas == 1
@@ -198,7 +199,8 @@ def test_a_lone_trial_starts_at_one_replica_and_grows_once_profiled(clock):
 
 def test_results_do_not_trigger_allocations_within_the_interval():
     policy = CountingPolicy()
-    sched = AdaptDLScheduler(nodes_fn=cluster(4), allocation_interval_s=3600, policy=policy)
+    sched = AdaptDLScheduler(solve_wait_s=None, nodes_fn=cluster(4), allocation_interval_s=3600,
+                             policy=policy)
     tc = StubController()
     a, b = tc.add(sched, StubTrial("a")), tc.add(sched, StubTrial("b"))
     tc.start_pending(sched)
@@ -215,7 +217,8 @@ def test_results_do_not_trigger_allocations_within_the_interval():
 def test_interval_elapsed_reallocates_and_pauses_trials_whose_count_changes(clock):
     policy = CountingPolicy()
     hints = Hints()
-    sched = AdaptDLScheduler(nodes_fn=cluster(4), allocation_interval_s=30, policy=policy,
+    sched = AdaptDLScheduler(solve_wait_s=None, nodes_fn=cluster(4), allocation_interval_s=30,
+                             policy=policy,
                              hints_fn=hints)
     tc, a = start_trial(sched, "a")
     assert a.replicas == 1
@@ -236,7 +239,7 @@ def test_interval_elapsed_reallocates_and_pauses_trials_whose_count_changes(cloc
 
 
 def test_growth_waits_until_the_room_is_free():
-    sched = AdaptDLScheduler(nodes_fn=cluster(4), allocation_interval_s=3600)
+    sched = AdaptDLScheduler(solve_wait_s=None, nodes_fn=cluster(4), allocation_interval_s=3600)
     tc, a = start_trial(sched, "a")
     b = StubTrial("b")
     b.status = Trial.RUNNING
@@ -249,7 +252,7 @@ def test_growth_waits_until_the_room_is_free():
 
 
 def test_a_resized_trial_is_not_resumed_by_the_base_scheduler_before_it_fits():
-    sched = AdaptDLScheduler(nodes_fn=cluster(4), allocation_interval_s=3600)
+    sched = AdaptDLScheduler(solve_wait_s=None, nodes_fn=cluster(4), allocation_interval_s=3600)
     tc, a = start_trial(sched, "a")
     b = StubTrial("b")
     b.status = Trial.RUNNING
@@ -267,13 +270,49 @@ def test_a_resized_trial_is_not_resumed_by_the_base_scheduler_before_it_fits():
     assert sched.choose_trial_to_run(tc) is a and a.replicas == 4
 
 
+def test_a_slow_solve_runs_in_the_background_without_blocking_tune():
+    """Tune's event loop never waits for the policy longer than solve_wait_s: the hook
+    answers with the standing decisions and the new ones apply at a later hook."""
+    import pickle
+    import threading
+    import time
+
+    release = threading.Event()
+
+    class SlowPolicy(CountingPolicy):
+        def allocate(self, *args, **kwargs):
+            release.wait(10)
+            return super().allocate(*args, **kwargs)
+
+    policy = SlowPolicy()
+    sched = AdaptDLScheduler(nodes_fn=cluster(4), allocation_interval_s=3600, policy=policy,
+                             solve_wait_s=0.01)
+    tc = StubController(cpus=4)
+    a = tc.add(sched, StubTrial("a"))
+    t0 = time.perf_counter()
+    assert sched.choose_trial_to_run(tc) is a  # the base's choice, not the solve's
+    assert time.perf_counter() - t0 < 1.0
+    assert sched.state.num_allocations == 0
+    # Tune pickles its configuration: the worker thread and the solve in flight stay behind.
+    assert sched.__getstate__()["_inflight"] is None
+    pickle.dumps(AdaptDLScheduler(nodes_fn=None))
+    release.set()
+    deadline = time.monotonic() + 10
+    while sched.state.num_allocations == 0 and time.monotonic() < deadline:
+        sched._last_check = float("-inf")
+        sched.choose_trial_to_run(tc)
+        time.sleep(0.01)
+    assert sched.state.num_allocations == 1 and policy.calls == 1
+    assert sched.state.trials["a"].target == 1
+
+
 def test_base_scheduler_decides_stopping():
     class StopAfterTwo(FIFOScheduler):
         def on_trial_result(self, tc, trial, result):
             return TrialScheduler.STOP if result["training_iteration"] >= 2 else \
                 TrialScheduler.CONTINUE
 
-    sched = AdaptDLScheduler(StopAfterTwo(), nodes_fn=cluster(4))
+    sched = AdaptDLScheduler(StopAfterTwo(), solve_wait_s=None, nodes_fn=cluster(4))
     tc, a = start_trial(sched, "a")
     assert sched.on_trial_result(tc, a, {"training_iteration": 1}) == TrialScheduler.CONTINUE
     assert sched.on_trial_result(tc, a, {"training_iteration": 2}) == TrialScheduler.STOP
@@ -281,7 +320,7 @@ def test_base_scheduler_decides_stopping():
 
 def test_state_survives_a_new_scheduler_instance(tmp_path, clock):
     hints = Hints()
-    sched = AdaptDLScheduler(nodes_fn=cluster(4), hints_fn=hints)
+    sched = AdaptDLScheduler(solve_wait_s=None, nodes_fn=cluster(4), hints_fn=hints)
     tc = StubController()
     a = tc.add(sched, StubTrial("a", state_dir=str(tmp_path)))
     tc.start_pending(sched)
@@ -290,7 +329,7 @@ def test_state_survives_a_new_scheduler_instance(tmp_path, clock):
     sched.on_trial_result(tc, a, {"adaptdl/restarts": 3, "adaptdl/resize_s": 4.5})
     assert (tmp_path / STATE_FILE).exists()
     # Tuner.restore: a fresh scheduler sees the same trial again.
-    again = AdaptDLScheduler(nodes_fn=cluster(4))
+    again = AdaptDLScheduler(solve_wait_s=None, nodes_fn=cluster(4))
     tc2 = StubController()
     a2 = StubTrial("a", state_dir=str(tmp_path))
     tc2.add(again, a2)
@@ -313,7 +352,8 @@ def test_state_file_round_trip_and_bad_json(tmp_path):
 def test_a_trial_one_short_epoch_from_its_end_is_not_grown(clock):
     """The case that cost 22.9 s for ~1 s of training left: never again."""
     hints = Hints()
-    sched = AdaptDLScheduler(nodes_fn=cluster(4), allocation_interval_s=30, hints_fn=hints)
+    sched = AdaptDLScheduler(solve_wait_s=None, nodes_fn=cluster(4), allocation_interval_s=30,
+                             hints_fn=hints)
     tc, a = start_trial(sched, "a")
     hints.hints["a"] = PROFILED_2
     # 9 of 10 one-second epochs done; its last resize cost 22.9 s.
@@ -333,7 +373,8 @@ def test_a_trial_one_short_epoch_from_its_end_is_not_grown(clock):
 
 def test_a_growth_whose_gain_is_below_its_cost_is_not_made(clock):
     hints = Hints()
-    sched = AdaptDLScheduler(nodes_fn=cluster(4), allocation_interval_s=30, hints_fn=hints)
+    sched = AdaptDLScheduler(solve_wait_s=None, nodes_fn=cluster(4), allocation_interval_s=30,
+                             hints_fn=hints)
     tc, a = start_trial(sched, "a")
     # A fitted model that scales poorly: 4 replicas are predicted 1.25x one replica.
     hints.hints["a"] = {"init_batch_size": 64, "max_batch_size": 1024,
@@ -372,7 +413,7 @@ def test_rejects_a_trainable_not_made_by_the_creator():
     class Plain(tune.Trainable):
         pass
 
-    sched = AdaptDLScheduler(nodes_fn=cluster(4))
+    sched = AdaptDLScheduler(solve_wait_s=None, nodes_fn=cluster(4))
     with pytest.raises(TypeError, match="AdaptDLTrainableCreator"):
         StubController().add(sched, StubTrial("x", trainable=Plain))
 
@@ -383,14 +424,14 @@ def test_a_ray_train_trainer_is_told_how_to_run_under_adaptdl():
     class TorchTrainer(tune.Trainable):  # what Tune runs for a Ray Train TorchTrainer
         pass
 
-    sched = AdaptDLScheduler(nodes_fn=cluster(4))
+    sched = AdaptDLScheduler(solve_wait_s=None, nodes_fn=cluster(4))
     with pytest.raises(TypeError, match="train_loop_per_worker.*Coming from Ray Train"):
         StubController().add(sched, StubTrial("x", trainable=TorchTrainer))
 
 
 def test_rejects_more_replicas_than_the_cluster_has():
     big = AdaptDLTrainableCreator(train_fn, min_replicas=5)
-    sched = AdaptDLScheduler(nodes_fn=cluster(4))
+    sched = AdaptDLScheduler(solve_wait_s=None, nodes_fn=cluster(4))
     with pytest.raises(ValueError, match="min_replicas=5.*holds 4"):
         StubController().add(sched, StubTrial("x", trainable=big))
 
@@ -435,6 +476,7 @@ def test_with_resources_names_the_creator_arguments():
     ({"hints_fn": 42}, TypeError, "hints_fn"),
     ({"resize_rule": 42}, TypeError, "resize_rule"),
     ({"p": float("nan")}, ValueError, "p must be"),
+    ({"solve_wait_s": -1}, ValueError, "solve_wait_s"),
 ])
 def test_scheduler_rejects_bad_arguments_at_construction(kwargs, error, match):
     if "base_scheduler" in kwargs:
@@ -446,7 +488,7 @@ def test_scheduler_rejects_bad_arguments_at_construction(kwargs, error, match):
 
 
 def test_metric_missing_from_results_is_named():
-    sched = AdaptDLScheduler(nodes_fn=cluster(4))
+    sched = AdaptDLScheduler(solve_wait_s=None, nodes_fn=cluster(4))
     sched.set_search_properties("mean_accuracy", "max")
     tc, a = start_trial(sched, "a")
     with pytest.raises(ValueError, match="mean_accuracy.*loss"):
