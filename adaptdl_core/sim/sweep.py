@@ -38,6 +38,7 @@ in this model: the arms differ in time and GPUs, not in accuracy.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import statistics
@@ -49,10 +50,11 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from .baselines import pack
+from ..sched_hints import SchedHints
 from .job_model import TRACES_DIR, Application, SimJob
-from .pollux import CorePollux
 
-__all__ = ["ARMS", "AshaRule", "QualityModel", "TrialRecord", "simulate_arm", "run_sweep",
+__all__ = ["ARMS", "AshaRule", "QualityModel", "TrialRecord", "SiblingProfileJob",
+           "simulate_arm", "run_sweep",
            "add_sweep_parser", "run_sweep_cli"]
 
 logger = logging.getLogger(__name__)
@@ -237,6 +239,35 @@ class TrialRecord:
                 "timeline": self.timeline}
 
 
+class SiblingProfileJob(SimJob):
+    """A trial that reports the throughput model of an earlier trial of the same sweep
+    (its ``donor``) until its own profile reaches as many replicas: a diagnostic of what
+    sharing profiles between the trials of one sweep would save (every trial here trains
+    the same model). Its own gradient statistics are reported once it has any.
+
+    Args:
+        donor: the earlier trial (``None``: behaves as :class:`SimJob`); other arguments as
+            :class:`SimJob`.
+    """
+
+    def __init__(self, *args, donor: Optional[SimJob] = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.donor = donor
+
+    def hints(self) -> SchedHints:
+        """The job's own hints, with the donor's throughput model and profiled extent while
+        the donor has run on more replicas than this job."""
+        own = super().hints()
+        d = self.donor
+        if d is None or d.perf_params is None \
+                or d.max_profiled_replicas <= self.max_profiled_replicas:
+            return own
+        return dataclasses.replace(own, perf_params=d.perf_params,
+                                   grad_params=own.grad_params or d.grad_params,
+                                   max_profiled_replicas=d.max_profiled_replicas,
+                                   max_profiled_nodes=d.max_profiled_nodes)
+
+
 def _counts(nodes: Sequence[int]) -> Tuple[int, ...]:
     out: Dict[int, int] = {}
     for n in nodes:
@@ -264,7 +295,7 @@ def simulate_arm(arm: str, *, trials: int = 100, concurrent: int = 4, nodes: int
                  grace_period: int = 1, reduction_factor: float = 4,
                  quality: Optional[QualityModel] = None,
                  traces: Optional[Union[str, Path]] = None,
-                 max_time: Optional[float] = None) -> dict:
+                 max_time: Optional[float] = None, inherit_profile: bool = False) -> dict:
     """Run one arm of the sweep (see the module doc) until every trial has ended.
 
     Args:
@@ -284,6 +315,9 @@ def simulate_arm(arm: str, *, trials: int = 100, concurrent: int = 4, nodes: int
             ``seed``); pass the same object to every arm.
         traces: traces folder (default: the vendored traces).
         max_time: stop after this many simulated seconds (unfinished trials stay so).
+        inherit_profile: arms ``b``/``c`` only, a diagnostic: each new trial reports the
+            throughput model of the most widely profiled earlier trial until its own
+            profile reaches as far (:class:`SiblingProfileJob`).
 
     Returns:
         A JSON-able dict: ``arm``, ``name``, ``makespan`` (first admission to last end, s),
@@ -327,7 +361,11 @@ def simulate_arm(arm: str, *, trials: int = 100, concurrent: int = 4, nodes: int
                          f"{quality.reference.size} epochs; the sweep needs {trials} and "
                          f"{app.max_epochs}")
     asha = AshaRule(app.max_epochs, grace_period, reduction_factor) if arm == "c" else None
-    policy = CorePollux(interval=interval) if arm in ("b", "c") else None
+    policy = None
+    if arm in ("b", "c"):
+        from .pollux import CorePollux  # the cluster mode's path through the decision core
+
+        policy = CorePollux(interval=interval)
     node_gpus = {n: gpus_per_node for n in range(nodes)}
 
     t_wall = time.perf_counter()
@@ -340,6 +378,7 @@ def simulate_arm(arm: str, *, trials: int = 100, concurrent: int = 4, nodes: int
     jobs: Dict[str, SimJob] = {}
     alloc: Dict[str, List[int]] = {}
     decision_times: List[float] = []
+    donors: List[SimJob] = []
     max_held = 0
     event = True
     while queue or jobs:
@@ -347,8 +386,14 @@ def simulate_arm(arm: str, *, trials: int = 100, concurrent: int = 4, nodes: int
             break
         while queue and len(jobs) < concurrent:
             name = queue.pop(0)
-            job = SimJob(name, app, now, restart_s=restart_s,
-                         target_batch_size=static_batch if arm == "a" else None)
+            if arm == "a":
+                job = SimJob(name, app, now, restart_s=restart_s,
+                             target_batch_size=static_batch)
+            else:
+                donor = max(donors, key=lambda j: j.max_profiled_replicas, default=None) \
+                    if inherit_profile else None
+                job = SiblingProfileJob(name, app, now, restart_s=restart_s, donor=donor)
+                donors.append(job)
             job.advance(now)  # the job's own clock starts at the sweep's
             jobs[name] = job
             records[name] = TrialRecord(name, now)
@@ -453,7 +498,7 @@ def simulate_arm(arm: str, *, trials: int = 100, concurrent: int = 4, nodes: int
                      "gpus_per_node": gpus_per_node, "epochs": app.max_epochs,
                      "seed": seed, "restart_s": restart_s, "interval": interval,
                      "tick_s": tick_s, "gpus_per_trial": gpus_per_trial,
-                     "static_batch": static_batch,
+                     "static_batch": static_batch, "inherit_profile": bool(inherit_profile),
                      "asha": None if asha is None else
                      {"grace_period": grace_period, "reduction_factor": reduction_factor,
                       "rungs": list(asha.rungs)}},
@@ -521,6 +566,9 @@ def add_sweep_parser(sub) -> None:
     p.add_argument("--static-batch", type=int, default=2048,
                    help="arm a's total batch (default: the cifar10 TunedJobs 2048)")
     p.add_argument("--tick-s", type=float, default=5.0, help="simulation step (s)")
+    p.add_argument("--inherit-profile", action="store_true",
+                   help="diagnostic: new adaptive trials start from the throughput model of "
+                   "the most widely profiled earlier trial")
     p.add_argument("--out", help="write the result JSON here")
 
 
@@ -549,7 +597,8 @@ def run_sweep_cli(args) -> int:
                            trials=args.trials, concurrent=args.concurrent, nodes=args.nodes,
                            gpus_per_node=args.gpus_per_node, epochs=args.epochs,
                            seed=args.seed, restart_s=args.restart_s, interval=args.interval,
-                           static_batch=args.static_batch, tick_s=args.tick_s)
+                           static_batch=args.static_batch, tick_s=args.tick_s,
+                           inherit_profile=args.inherit_profile)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

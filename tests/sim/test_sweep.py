@@ -7,7 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from adaptdl_core.sim.sweep import AshaRule, QualityModel, main, run_sweep, simulate_arm
+from adaptdl_core.sim.__main__ import main
+from adaptdl_core.sim.sweep import AshaRule, QualityModel, run_sweep, simulate_arm
 
 TRIALS, EPOCHS, CLUSTER_GPUS = 8, 8, 16
 
@@ -115,3 +116,13 @@ def test_cli_writes_the_json(tmp_path, capsys):
     assert set(result["arms"]) == {"a", "b"} and result["arms"]["b"]["completed"] == 3
     assert "makespan (b)/(a)" in capsys.readouterr().out
     assert main(["sweep", "--arms", "x"]) == 2
+
+
+def test_inherited_profile_lets_a_new_trial_start_wide(sweep):
+    # Without it every adaptive trial starts on one GPU (the exploration cap of a job
+    # never profiled); with it a later trial starts from an earlier trial's profile.
+    assert {t["timeline"][0][1] for t in sweep["arms"]["b"]["trials"]} == {1}
+    r = simulate_arm("b", trials=2, concurrent=1, epochs=6, inherit_profile=True)
+    first, second = r["trials"]
+    assert first["timeline"][0][1] == 1 and second["timeline"][0][1] > 1
+    assert r["settings"]["inherit_profile"] is True
