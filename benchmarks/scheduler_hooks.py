@@ -164,9 +164,18 @@ def run(num_trials: int, seed: int) -> dict:
     lat: dict[str, list[float]] = {k: [] for k in ("on_trial_add", "choose_trial_to_run",
                                                    "on_trial_result", "on_trial_complete")}
 
+    errors: dict[str, str] = {}
+
     def timed(name, fn, *args):
         t0 = time.perf_counter()
-        out = fn(*args)
+        try:
+            out = fn(*args)
+        except ValueError as exc:
+            # Tune would end the experiment here; counted, so that a version that fails
+            # can still be timed (the hook is taken as having answered CONTINUE / None).
+            errors.setdefault(f"{name}: {exc}", 0)
+            errors[f"{name}: {exc}"] += 1
+            out = None
         lat[name].append(time.perf_counter() - t0)
         return out
 
@@ -250,7 +259,8 @@ def run(num_trials: int, seed: int) -> dict:
         resizes = sum(r.resizes for r in sched.state.trials.values())
         return {"trials": num_trials, "finished": finished, "sim_s": clock.now - 1_000_000.0,
                 "latency": lat, "solves": policy.calls, "solve_s": policy.seconds,
-                "writes": writes["count"], "state_bytes": writes["bytes"], "resizes": resizes}
+                "writes": writes["count"], "state_bytes": writes["bytes"], "resizes": resizes,
+                "errors": errors}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -268,6 +278,8 @@ def main(argv: list[str] | None = None) -> None:
               f"{out['sim_s']:.0f} simulated s, {wall:.1f} s wall)")
         print(f"policy solves: {out['solves']} ({out['solve_s']:.2f} s); state writes: "
               f"{out['writes']} (final file {out['state_bytes'] / 1024:.1f} KiB)")
+        for message, count in out["errors"].items():
+            print(f"ERROR x{count}: {message}")
         print("| hook | calls | p50 ms | p99 ms | max ms | total s |")
         print("|---|---|---|---|---|---|")
         for name, values in out["latency"].items():

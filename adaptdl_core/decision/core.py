@@ -351,8 +351,8 @@ class DecisionCore:
             record.placed, record.placed_known = list(nodes), True
         elif not count:
             record.placed, record.placed_known = [], False
-        elif record.placed_known and len(record.placed) == count:
-            pass
+        elif len(record.placed) == count:
+            pass  # as reported, or as guessed before: the same size needs no new guess
         else:
             record.placed_known = False
             record.placed = self._guess_placement(job_id, record, count)
