@@ -243,6 +243,10 @@ def simulate(workload: Union[str, Path, Sequence[WorkloadJob]], policy: str = "p
         rows = list(workload)
         wname = f"<{len(rows)} jobs>"
     jobs = _make_jobs(rows, policy, restart_s, traces)
+    too_big = [r.name for r in rows if policy == "tiresias" and r.num_replicas > nodes * gpus_per_node]
+    if too_big:
+        raise ValueError(f"workload: jobs {too_big[:5]} ask for more GPUs than the cluster's "
+                         f"{nodes * gpus_per_node} (num_replicas); raise nodes/gpus_per_node")
     if len({j.name for j in jobs}) != len(jobs):
         raise ValueError("workload: job names must be unique")
     pol = make_policy(policy, gpus_per_node=gpus_per_node, use_core=use_core,

@@ -32,6 +32,8 @@ def test_workload_names_and_errors():
         load_workload("load-9/workload-1")
     with pytest.raises(ValueError, match="policy must be one of"):
         simulate("load-0.5/workload-1", "fifo")
+    with pytest.raises(ValueError, match="more GPUs than the cluster"):
+        simulate("load-0.5/workload-1", "tiresias", nodes=1)
 
 
 def test_synthetic_workload_keeps_the_mix_and_scales_arrivals():
@@ -63,3 +65,16 @@ def test_cli_writes_the_result_json(tmp_path):
                           "nope", "--policy", "tiresias"], capture_output=True, text=True,
                          timeout=60)
     assert bad.returncode != 0 and "workload" in bad.stderr
+
+
+def test_pollux_completes_a_small_workload_through_the_decision_core():
+    rows = load_workload("load-0.5/workload-1")
+    rows = ([r for r in rows if r.application == "bert"][:4]
+            + [r for r in rows if r.application == "ncf"][:2])
+    result = simulate(rows, "pollux", nodes=2)
+    assert result["completed"] == result["num_jobs"] == len(rows) == 5
+    assert result["settings"]["pollux_path"] == "decision-core"
+    assert result["num_fits"] > 0  # the agents refitted their throughput models
+    # Adaptive jobs finish no later than the same jobs at their tuned size on this cluster.
+    fixed = simulate(rows, "tiresias", nodes=2)
+    assert result["avg_jct"] < fixed["avg_jct"]

@@ -1,0 +1,179 @@
+"""Pollux in the simulator: this library's scheduler fed by each job's own agent.
+
+Two paths, same inputs (each job's :meth:`SimJob.hints`: its refitted ``PerfParams``, its
+``GradParams``, batch limits and profiled extent):
+
+* :class:`CorePollux` (default): :class:`adaptdl_core.decision.DecisionCore` around
+  :class:`~adaptdl_core.policy.PolluxPolicy` (p = -1), the path the Ray Tune scheduler takes:
+  arrivals, hints and progress go in as events, and the core's decisions (start, resize,
+  hold, keep, wait) come out, including its own rules (a resize only when it pays for its
+  cost, jobs close to the end left alone).
+* :class:`DirectPollux` (``use_core=False``): the same policy called directly every round,
+  its allocation applied as is (the paper's Pollux, without the core's resize rules).
+
+Both are plain objects with the simulator's ``decide(now, jobs, allocations, nodes)``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Dict, Hashable, List, Mapping, Optional
+
+from ..decision import DecisionCore, JobProgress, JobSpec, NodeInfo, job_info
+from ..policy import PolluxPolicy
+from .baselines import pack
+from .job_model import SimJob
+
+__all__ = ["CorePollux", "DirectPollux", "make_pollux", "job_spec", "remaining_seconds"]
+
+logger = logging.getLogger(__name__)
+
+#: Most replicas a job may use in the simulated cluster (the traces reach 64).
+MAX_REPLICAS = 64
+
+
+def job_spec(job: SimJob) -> JobSpec:
+    """One GPU per replica, at most 64 replicas and no more than its largest batch at the
+    smallest micro-batch (1 for a fixed-batch job such as ncf, which does not scale out)."""
+    app = job.app
+    if job.target_batch_size is not None:
+        return JobSpec({"GPU": 1}, min_replicas=1, max_replicas=1)
+    return JobSpec({"GPU": 1}, min_replicas=1,
+                   max_replicas=max(1, min(MAX_REPLICAS, app.max_batch_size // app.min_local_bsz)))
+
+
+def remaining_seconds(job: SimJob) -> Optional[float]:
+    """What the job's agent estimates it has left at its current configuration: remaining
+    progress over its current rate (``None`` when it is not running)."""
+    if not job.placement or job.atomic_bsz <= 0:
+        return None
+    app = job.app
+    step, sync = app.step_time(job.placement, job.atomic_bsz)
+    batch = job.batch_size
+    sqr, var = app.grad_stats(min(batch, app.max_batch_size), min(job.epoch, app.max_epochs - 1))
+    scale = batch / app.init_batch_size
+    gain = (var + sqr) / (var / scale + sqr)
+    rate = gain / (step + (step - sync) * job.accum_steps)
+    left = app.epoch_progress(app.max_epochs) - job.progress
+    return max(left, 0.0) / rate + job.rescale_left
+
+
+class CorePollux:
+    """Pollux through the decision core (see module doc).
+
+    Args:
+        p: power-mean exponent of the fitness.
+        interval: seconds between re-solves (the simulator's round).
+        resize_rule: the core's resize rule (``None``: its default,
+            :func:`~adaptdl_core.policy.resize_verdict`).
+
+    Attributes:
+        conflicts: starts/resizes whose target nodes were still held by a job the core
+            kept or held, placed on other free GPUs instead (or not carried out).
+    """
+
+    name = "pollux"
+    path = "decision-core"
+
+    def __init__(self, p: float = -1.0, interval: float = 60.0, resize_rule=None) -> None:
+        self._now = 0.0
+        self.core = DecisionCore(policy=PolluxPolicy(p=p), clock=lambda: self._now,
+                                 interval_s=interval, resize_rule=resize_rule)
+        self._known: set = set()
+        self._nodes: Optional[Dict[int, int]] = None
+        self.conflicts = 0
+
+    def decide(self, now: float, jobs: Mapping[str, SimJob], allocations: Mapping[str, List[int]],
+               nodes: Mapping[int, int]) -> Dict[str, List[int]]:
+        """New allocations (name -> node ids) for the active ``jobs``."""
+        self._now = float(now)
+        core = self.core
+        if self._nodes != dict(nodes):
+            self._nodes = dict(nodes)
+            core.set_nodes({n: NodeInfo({"GPU": float(c)}) for n, c in nodes.items()})
+        for name in list(self._known):
+            if name not in jobs:
+                core.remove(name)
+                self._known.discard(name)
+        for name, job in jobs.items():
+            if name not in self._known:
+                core.add_job(name, job_spec(job))
+                self._known.add(name)
+            core.update(name, hints=job.hints().to_dict(),
+                        progress=JobProgress(remaining_s=remaining_seconds(job),
+                                             restarts=job.num_restarts or 0,
+                                             launch_s=job.restart_s or None))
+            core.running(name, nodes=list(allocations.get(name, [])))
+        decisions = core.decide()
+        free = dict(nodes)
+        out: Dict[str, List[int]] = {}
+        moves = []
+        for name, d in decisions.items():
+            if d.action in ("keep", "hold"):
+                out[name] = list(allocations.get(name, []))
+                for n in out[name]:
+                    free[n] -= 1
+            elif d.action in ("start", "resize") and d.replicas > 0:
+                moves.append((name, d))
+        late = []
+        for name, d in moves:
+            want: Dict[int, int] = {}
+            for n in d.nodes:
+                want[n] = want.get(n, 0) + 1
+            if all(free.get(n, 0) >= c for n, c in want.items()):
+                out[name] = list(d.nodes)
+                for n in d.nodes:
+                    free[n] -= 1
+            else:
+                late.append((name, d))
+        for name, d in late:
+            self.conflicts += 1
+            if d.replicas <= sum(free.values()):
+                out[name] = pack(d.replicas, free)
+            elif allocations.get(name) and all(
+                    free[n] >= allocations[name].count(n) for n in set(allocations[name])):
+                out[name] = list(allocations[name])
+                for n in out[name]:
+                    free[n] -= 1
+        return out
+
+
+class DirectPollux:
+    """Pollux's allocation applied as is every round (see module doc)."""
+
+    name = "pollux"
+    path = "direct"
+
+    def __init__(self, p: float = -1.0) -> None:
+        self.policy = PolluxPolicy(p=p)
+        self._created: Dict[str, float] = {}
+        self._speedups: Dict[str, tuple] = {}
+
+    def decide(self, now: float, jobs: Mapping[str, SimJob], allocations: Mapping[str, List[int]],
+               nodes: Mapping[int, int]) -> Dict[str, List[int]]:
+        """New allocations (name -> node ids) for the active ``jobs``."""
+        from ..decision import speedup_from_hints
+
+        infos = {n: NodeInfo({"GPU": float(c)}) for n, c in nodes.items()}
+        pjobs = {}
+        for name, job in jobs.items():
+            self._created.setdefault(name, float(now))
+            hints = job.hints().to_dict()
+            cached = self._speedups.get(name)
+            if cached is None or cached[0] != hints:
+                cached = self._speedups[name] = (hints, speedup_from_hints(hints))
+            pjobs[name] = job_info(job_spec(job), infos, created=self._created[name],
+                                   hints=hints, restarts=job.num_restarts or 0,
+                                   restart_cost_s=job.restart_s,
+                                   current_replicas=len(allocations.get(name, [])),
+                                   speedup_fn=cached[1])
+        base = {k: list(v) for k, v in allocations.items() if k in jobs}
+        result = self.policy.allocate(pjobs, infos, base, now=now)
+        return {k: list(v) for k, v in result.allocations.items() if v}
+
+
+def make_pollux(p: float = -1.0, use_core: Optional[bool] = None, interval: float = 60.0):
+    """:class:`CorePollux` (``use_core`` true or ``None``) or :class:`DirectPollux`."""
+    if use_core is False:
+        return DirectPollux(p=p)
+    return CorePollux(p=p, interval=interval)
