@@ -71,10 +71,10 @@ def test_pollux_completes_a_small_workload_through_the_decision_core():
     rows = load_workload("load-0.5/workload-1")
     rows = ([r for r in rows if r.application == "bert"][:4]
             + [r for r in rows if r.application == "ncf"][:2])
-    result = simulate(rows, "pollux", nodes=2)
+    result = simulate(rows, "pollux", nodes=4)
     assert result["completed"] == result["num_jobs"] == len(rows) == 5
     assert result["settings"]["pollux_path"] == "decision-core"
     assert result["num_fits"] > 0  # the agents refitted their throughput models
     # Adaptive jobs finish no later than the same jobs at their tuned size on this cluster.
-    fixed = simulate(rows, "tiresias", nodes=2)
+    fixed = simulate(rows, "tiresias", nodes=4)
     assert result["avg_jct"] < fixed["avg_jct"]
