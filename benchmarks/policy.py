@@ -78,7 +78,7 @@ TRACE_MODELS = {
     "ncf": ((0.006925, 6.318e-07, 0.01544, 0.0004214, 0.003387, 0.0009702, 1.0),
             256, 32768, (32, 32768)),
 }
-TRACE_DIRS = [Path("/work/shared/data/pollux-traces"), ROOT / "tests" / "data" / "pollux_traces"]
+TRACE_DIRS = [ROOT / "adaptdl_core" / "sim" / "data" / "traces"]  # vendored (see its README)
 
 
 # ---------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Readers for the Pollux traces in ``tests/data/pollux_traces`` (see the README there).
+"""Readers for the Pollux traces vendored in ``adaptdl_core/sim/data/traces`` (see the README
+in ``adaptdl_core/sim/data``).
 
 ``step_time`` is one optimizer step without accumulation (the micro-batch that ends the
 step, gradient sync included: ``T_o``); ``sync_time`` is the part blocked on the
@@ -8,11 +9,11 @@ all-reduce, so ``T_c = step_time - sync_time`` is the compute of one micro-batch
 from __future__ import annotations
 
 import csv
-from pathlib import Path
 
 import numpy as np
 
-TRACES = Path(__file__).resolve().parent / "pollux_traces"
+from adaptdl_core.sim.job_model import TRACES_DIR as TRACES
+
 MODELS = ("bert", "cifar10", "imagenet", "ncf")
 
 
