@@ -351,10 +351,10 @@ class GradientProbe:
                 self._sqr_norms_sum(params, [p.grad.detach() for p in params]))
             self.unsent.append((local, total, batch_size, self.since_measure))
             self.since_measure = 0
-        loops = _data._LOOPS
+        book = _data.loops()
         # (A boundary not reached since an earlier step, the loop left between steps,
         # still owes its requests.)
-        agreed, choice = loops.side_channel or (_interrupt.Requests(), None)
+        agreed, choice = book.side_channel or (_interrupt.Requests(), None)
         found = []
         if self.side_work is not None:
             tensor, work = self.side_work
@@ -374,7 +374,7 @@ class GradientProbe:
             if bsz > 0:
                 choice = (int(round(bsz)), int(round(accum)))
         # Boundaries between side values need no collective of their own.
-        loops.side_channel = (agreed, choice)
+        book.side_channel = (agreed, choice)
         return found
 
 

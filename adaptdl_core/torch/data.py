@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, Sampler
 
-from adaptdl_core import checkpoint, collective, env
+from adaptdl_core import checkpoint, collective, context, env
 from adaptdl_core.torch import _interrupt, _metrics
 from adaptdl_core.torch.epoch import current_epoch
 
@@ -294,8 +294,9 @@ class _LoaderState(checkpoint.State):
         self.loop_start_progress = data.get("loop_start_progress")
 
 
-class _Loops:
-    """Process-wide bookkeeping of data loader loops (reset with the State registry)."""
+class Loops:
+    """The job's bookkeeping of data loader loops (held by the job context, see
+    :func:`loops`): runtime-internal, shared by the loader and the model wrapper."""
 
     def __init__(self) -> None:
         # epoch -> number of adaptive loader loops entered so far in this run. A loop's
@@ -312,20 +313,24 @@ class _Loops:
         self.side_channel: tuple[_interrupt.Requests, tuple[int, int] | None] | None = None
 
 
-_LOOPS = _Loops()
-
-
-def _reset_loops() -> None:
-    global _LOOPS
-    _LOOPS = _Loops()
-
-
-checkpoint._RESET_HOOKS.append(_reset_loops)
+def loops() -> Loops:
+    """The job's :class:`Loops` (created in the job context on first use)."""
+    ctx = context.current()
+    if ctx.loops is None:
+        ctx.loops = Loops()
+    return ctx.loops
 
 
 def current_dataloader() -> "AdaptiveDataLoader | None":
     """The :class:`AdaptiveDataLoader` being iterated right now, or ``None``."""
-    return _LOOPS.current
+    return loops().current
+
+
+def training_loader() -> "AdaptiveDataLoader | None":
+    """The loader whose batches the optimizer steps on (the one that called
+    :meth:`AdaptiveDataLoader.autoscale_batch_size`, or that AdaptiveDataParallel first
+    stepped on), or ``None``."""
+    return loops().training
 
 
 def _save_for(requests: list[_interrupt.PendingCheckpoint]) -> str | None:
@@ -342,7 +347,7 @@ def _save_for(requests: list[_interrupt.PendingCheckpoint]) -> str | None:
 
 
 def _checkpoint_and_exit() -> None:
-    _LOOPS.pending_requests = None
+    loops().pending_requests = None
     # In-place requests of this replica are settled by the same checkpoint: no boundary
     # follows where they could be.
     ckpt_dir = _save_for(_interrupt.take_checkpoint_requests())
@@ -359,7 +364,7 @@ def _checkpoint_in_place(replicas: int) -> None:
         # Replica 0 writes while the others would run ahead into the next step and wait
         # there for it, which would inflate that step's measured time: resume together.
         collective.broadcast(None)
-    loader = _LOOPS.current
+    loader = loops().current
     LOG.info("in-place checkpoint%s at epoch %s, position %s, in %.3f s (%d request(s) on "
              "this replica); training goes on", f" to {ckpt_dir}" if ckpt_dir else "",
              current_epoch(), loader.current_index if loader is not None else None,
@@ -389,27 +394,27 @@ def _batch_boundary(replicas: int) -> tuple[int, int] | None:
     boundary waits on the network. All replicas run the same sequence of boundaries and
     steps, so every replica sees the same answer at the same boundary.
     """
-    loops = _LOOPS
+    book = loops()
     if replicas == 1 or not collective.is_initialized():
-        loops.side_channel = None
+        book.side_channel = None
         # (Two flag reads, no allocation: this runs at every boundary of one replica.)
         if _interrupt.exit_requested() or _interrupt.checkpoint_requested():
             _honour(_interrupt.local_requests(), 1)
         return None
-    side, loops.side_channel = loops.side_channel, None
+    side, book.side_channel = book.side_channel, None
     if side is not None:
         agreed, choice = side
-        if loops.pending_requests is not None:  # started at an earlier store-path boundary
-            agreed = agreed | loops.pending_requests.result()
-            loops.pending_requests = None
+        if book.pending_requests is not None:  # started at an earlier store-path boundary
+            agreed = agreed | book.pending_requests.result()
+            book.pending_requests = None
         _honour(agreed, replicas)
         return choice
-    loops.store_boundaries += 1
-    if loops.store_boundaries % STORE_STOP_CHECK_EVERY == 1:
-        if loops.pending_requests is not None:
-            agreed, loops.pending_requests = loops.pending_requests.result(), None
+    book.store_boundaries += 1
+    if book.store_boundaries % STORE_STOP_CHECK_EVERY == 1:
+        if book.pending_requests is not None:
+            agreed, book.pending_requests = book.pending_requests.result(), None
             _honour(agreed, replicas)
-        loops.pending_requests = collective.allreduce_async(_interrupt.local_requests(),
+        book.pending_requests = collective.allreduce_async(_interrupt.local_requests(),
                                                             _interrupt.Requests.__or__)
     return None
 
@@ -496,7 +501,7 @@ class AdaptiveDataLoader(DataLoader):
         self._decided_on: tuple[float, int] | None = None
         self._steps_since_decision = 0
         self._proposal: tuple[int, int] | None = None
-        existing = sum(1 for n in checkpoint._STATES if n.startswith("adaptdl-dataloader-"))
+        existing = context.current().states.count_prefix("adaptdl-dataloader-")
         self._state = _LoaderState(f"adaptdl-dataloader-{existing}")
         checkpoint.load_state(self._state)
         self._decide_batch_size(initial=True)
@@ -595,7 +600,7 @@ class AdaptiveDataLoader(DataLoader):
         self._max_batch_size = max_batch_size
         self._local_bsz_bounds = local_bsz_bounds
         self._gradient_accumulation = bool(gradient_accumulation)
-        _LOOPS.training = self
+        loops().training = self
         _metrics.set_batch_size_limits(self._target_batch_size, max_batch_size,
                                        local_bsz_bounds, gradient_accumulation)
         self._decide_batch_size(initial=True)
@@ -741,7 +746,7 @@ class AdaptiveDataLoader(DataLoader):
     @property
     def training(self) -> bool:
         """True for the loader whose batches the optimizer steps on."""
-        return _LOOPS.training is self
+        return loops().training is self
 
     def to_tensorboard(self, writer: Any, global_step: int, tag_prefix: str = "") -> None:
         """Write the batch size, local batch size and accumulation steps to a TensorBoard
@@ -759,18 +764,18 @@ class AdaptiveDataLoader(DataLoader):
 
     # -- iteration -------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
-        loops = _LOOPS
+        book = loops()
         epoch = current_epoch()
         key = str(epoch)
-        position = loops.position[key]
-        loops.position[key] += 1
-        if loops.current is not None:
+        position = book.position[key]
+        book.position[key] += 1
+        if book.current is not None:
             raise RuntimeError("overlapping AdaptiveDataLoader loops: another adaptive loader "
                                "is still being iterated")
         if position <= self._state.last_position.get(key, -1):
             LOG.info("skipping loop %d of epoch %s: it finished before the restart", position, epoch)
             return
-        loops.current = self
+        book.current = self
         interrupted = False
         try:
             yield from self._iterate(epoch)
@@ -778,7 +783,7 @@ class AdaptiveDataLoader(DataLoader):
             interrupted = True
             raise
         finally:
-            loops.current = None
+            book.current = None
             if not interrupted:
                 self._state.current_index = 0
                 self._state.loop_start_progress = None

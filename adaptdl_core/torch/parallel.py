@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from adaptdl_core import checkpoint
+from adaptdl_core import checkpoint, context
 from adaptdl_core.torch import _metrics
 from adaptdl_core.torch import data as _data
 from adaptdl_core.torch._gradient_probe import GradientProbe, Measurement
@@ -90,8 +90,7 @@ class AdaptiveDataParallel(DistributedDataParallel):
         if checkpoint.load_state(self._state):
             LOG.info("restored model, optimizer and schedulers from the checkpoint")
         self._install_step_wrapper()
-        global _CURRENT
-        _CURRENT = weakref.ref(self)
+        context.current().model = weakref.ref(self)
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
         """Run the model; gradients are synchronised only on the last micro-batch of an
@@ -104,7 +103,7 @@ class AdaptiveDataParallel(DistributedDataParallel):
         if self.require_backward_grad_sync is not want_sync:
             self.require_backward_grad_sync = want_sync
         if loader is not None and torch.is_grad_enabled() and (
-                _training_loader() is None or loader.training):
+                _data.training_loader() is None or loader.training):
             self._probe.before_forward(loader, sync)
         output = super().forward(*inputs, **kwargs)
         if self._probe.hook_output:
@@ -122,7 +121,7 @@ class AdaptiveDataParallel(DistributedDataParallel):
     def gain(self) -> float:
         """The AdaScale gain of the current batch scale: how many steps at the initial
         batch size one step is worth (1.0 before any estimate)."""
-        loader = current_dataloader() or _training_loader()
+        loader = current_dataloader() or _data.training_loader()
         if self._gns is None or loader is None:
             return 1.0
         return float(self._gns.gain(loader.current_batch_size / loader._target_batch_size))
@@ -176,8 +175,8 @@ class AdaptiveDataParallel(DistributedDataParallel):
             return None
         self._probe.accumulating = False
         _metrics.metrics()  # make sure the metrics State exists before any checkpoint
-        if _training_loader() is None:
-            _data._LOOPS.training = loader
+        if _data.training_loader() is None:
+            _data.loops().training = loader
             _metrics.set_batch_size_limits(loader._target_batch_size, loader.max_batch_size,
                                            loader.local_bsz_bounds,
                                            loader._gradient_accumulation)
@@ -222,16 +221,11 @@ class AdaptiveDataParallel(DistributedDataParallel):
             _metrics.record_grad_params(gns.grad_params())
 
 
-_CURRENT: "weakref.ref[AdaptiveDataParallel] | None" = None
-
-
 def current_model() -> "AdaptiveDataParallel | None":
     """The most recently created :class:`AdaptiveDataParallel` still alive, or ``None``."""
-    return None if _CURRENT is None else _CURRENT()
+    ref = context.current().model
+    return None if ref is None else ref()
 
-
-def _training_loader() -> "_data.AdaptiveDataLoader | None":
-    return _data._LOOPS.training
 
 
 class _TrainingState(checkpoint.State):

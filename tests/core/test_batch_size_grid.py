@@ -7,7 +7,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 import adaptdl_core.torch as adl
-from adaptdl_core import checkpoint
+from adaptdl_core import context
 from adaptdl_core.goodput import GradParams, PerfParams
 from adaptdl_core.torch import _metrics, data
 
@@ -35,13 +35,13 @@ def test_grid_rejects_bad_bounds(lo, hi):
 
 @pytest.fixture
 def autoscaled_loader():
-    checkpoint._unregister_all()
+    context.reset()
     try:
         loader = adl.AdaptiveDataLoader(TensorDataset(torch.zeros(64, 1)), batch_size=16)
         loader.autoscale_batch_size(1000, local_bsz_bounds=(None, 600))
         yield loader
     finally:
-        checkpoint._unregister_all()
+        context.reset()
 
 
 def test_loader_picks_the_better_grid_neighbour_of_the_optimum(autoscaled_loader):

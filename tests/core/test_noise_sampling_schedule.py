@@ -6,7 +6,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 import adaptdl_core.torch as adl
-from adaptdl_core import checkpoint
+from adaptdl_core import context
 from adaptdl_core.torch import data
 
 
@@ -58,7 +58,7 @@ def test_cost_floor_keeps_sampled_steps_within_the_time_share(extra, floor):
 
 
 def test_loader_sets_the_interval_from_measured_step_times():
-    checkpoint._unregister_all()
+    context.reset()
     try:
         loader = adl.AdaptiveDataLoader(TensorDataset(torch.zeros(64, 1)), batch_size=8)
         for _ in range(5):
@@ -69,4 +69,4 @@ def test_loader_sets_the_interval_from_measured_step_times():
         loader._note_step_cost(0.010, 8, sampled=True)      # as cheap as the others now
         assert loader._local_batch_sampler.cost_floor == 5  # (averaged: 25% more)
     finally:
-        checkpoint._unregister_all()
+        context.reset()
