@@ -43,8 +43,9 @@ import torch
 import torch.distributed as dist
 
 from adaptdl_core.torch import _interrupt, _metrics
-from adaptdl_core.torch import data as _data
+from adaptdl_core.torch import boundary
 from adaptdl_core.torch.gradient_noise_scale import adam_preconditioner, preconditioned_sqr_norm
+from adaptdl_core.torch.step_plan import StepPlan
 
 if TYPE_CHECKING:
     from adaptdl_core.torch.data import AdaptiveDataLoader
@@ -109,6 +110,7 @@ class GradientProbe:
         # Single replica: a copy of the first micro-batch's gradient of a measured step.
         self.first_grads: list[torch.Tensor] = []
         self.first_params: list[torch.Tensor] | None = None
+        self.first_copied: tuple[int, int] | None = None  # (loader id, step) copied last
         # Several replicas: measured steps whose local norms are not sent yet, those sent
         # with the side values in flight (local, total, batch, elapsed), the side
         # all-reduce (tensor, work), the (loader, step) it was started at, and its group
@@ -137,23 +139,27 @@ class GradientProbe:
     def before_forward(self, loader: "AdaptiveDataLoader", sync: bool) -> None:
         """A forward pass of a training loop's micro-batch is about to run; ``sync``: it
         is the step's last micro-batch (its backward pass synchronises)."""
-        if self.replicas > 1 and loader._micro_in_step == 0 and self._side_values_due(loader):
-            self._start_side_values(loader)
-        if loader._measure_first:
-            # The accumulated gradient is still the first micro-batch's alone.
-            loader._measure_first = False
-            self._copy_first_grads()
+        plan = loader.step_plan
+        micro = loader.micro_index
+        if self.replicas > 1 and micro == 0 and self._side_values_due(plan.index):
+            self._start_side_values(loader, plan.index)
+        if micro == 1 and plan.measures_first_micro_batch:
+            key = (id(loader), plan.index)
+            if self.first_copied != key:
+                # The accumulated gradient is still the first micro-batch's alone.
+                self.first_copied = key
+                self._copy_first_grads()
         self.disarm()  # (left over from a forward pass without a backward pass)
         self.hook_output = False
         if sync:
-            self._arm(loader)
+            self._arm(plan)
 
-    def _arm(self, loader: "AdaptiveDataLoader") -> None:
+    def _arm(self, plan: StepPlan) -> None:
         """Prepare the coming backward pass if the step accumulates micro-batches (every
         parameter's hook divides its gradient) or measures the noise with several
         replicas (the output's hook, see :meth:`after_forward`)."""
-        micros = loader._step_micros
-        measure = self.replicas > 1 and loader._measure_norms and self._can_measure()
+        micros = plan.micros
+        measure = self.replicas > 1 and plan.measures_replicas and self._can_measure()
         if micros == 1 and not measure:
             return
         self.hook_micros, self.hook_measure = micros, measure
@@ -187,6 +193,7 @@ class GradientProbe:
         armed step has started (the first such hook queues the callback)."""
         if not self.backward_started:
             self.backward_started = True
+            # (torch has no public API to queue an autograd-engine callback; DDP uses this.)
             torch.autograd.Variable._execution_engine.queue_callback(self._local_grads_done)
 
     def _on_local_grad(self, param: torch.Tensor) -> None:
@@ -215,6 +222,7 @@ class GradientProbe:
                 self.measured = True
                 self.local_parts.append(
                     self._sqr_norms_sum(params, [p.grad.detach() for p in params]))
+        # (torch's engine, as above.)
         torch.autograd.Variable._execution_engine.queue_callback(self._backward_done)
 
     def _backward_done(self) -> None:
@@ -232,7 +240,7 @@ class GradientProbe:
         self.since_measure += batch_size
         found: list[Measurement] = []
         if self.replicas == 1:
-            micros = loader._step_micros
+            micros = loader.step_plan.micros
             if self.first_params is not None and micros > 1:
                 # n micro-batches of b = M / n samples, averaged into m, the first one
                 # g_1: with local = |m|^2 + |g_1 - m|^2, E[local] = |G|^2 + tr(Sigma) / b
@@ -298,32 +306,32 @@ class GradientProbe:
         return total, spread
 
     # -- side values (several replicas) ----------------------------------------------------
-    def _side_values_due(self, loader: "AdaptiveDataLoader") -> bool:
-        """Whether the step now starting is the agreed one for the next side values.
-        (Every replica runs the same steps and reads the same sums: they agree.)"""
-        step = loader._sync_steps
+    def _side_values_due(self, step: int) -> bool:
+        """Whether the step now starting (``StepPlan.index``) is the agreed one for the
+        next side values. (Every replica runs the same steps and reads the same sums:
+        they agree.)"""
         # (A step number far below the agreed one means another loader, counting from its
         # own start: it restarts the schedule instead of waiting.)
         return step >= self.side_next or self.side_next - step > SIDE_VALUES_MAX_EVERY
 
-    def _start_side_values(self, loader: "AdaptiveDataLoader") -> None:
+    def _start_side_values(self, loader: "AdaptiveDataLoader", step: int) -> None:
         """Start summing over the replicas [stop flag, in-place checkpoint flag,
         replica 0's choice of (local batch, accumulation steps) or zeros, a proposal for
         the next interval, then per measured step since the last time (local |g|^2, 1)];
         read in :meth:`_receive_side_values` when the step ends."""
-        key = (id(loader), loader._sync_steps)
+        key = (id(loader), step)
         if self.side_step == key or self.side_work is not None:
             return  # (a second forward pass in the same step)
         self.side_step = key
         # Every replica measures the same steps: the slots line up. (More than the slots
         # only when steps ran outside a loader's schedule: drop the oldest.)
         self.in_flight, self.unsent = self.unsent[-SIDE_VALUES_MAX_EVERY:], []
-        proposal, loader._proposal = loader._proposal, None
+        proposal = loader.take_proposal()
         requests = _interrupt.local_requests()
         values = [float(requests.exit), float(requests.save),
                   float(proposal[0]) if proposal else 0.0,
                   float(proposal[1]) if proposal else 0.0,
-                  float(self._propose_interval(loader._sync_steps))]
+                  float(self._propose_interval(step))]
         for local, *_ in self.in_flight:
             values += [local, 1.0]
         values += [0.0] * (_HEADER + 2 * SIDE_VALUES_MAX_EVERY - len(values))
@@ -351,10 +359,7 @@ class GradientProbe:
                 self._sqr_norms_sum(params, [p.grad.detach() for p in params]))
             self.unsent.append((local, total, batch_size, self.since_measure))
             self.since_measure = 0
-        book = _data.loops()
-        # (A boundary not reached since an earlier step, the loop left between steps,
-        # still owes its requests.)
-        agreed, choice = book.side_channel or (_interrupt.Requests(), None)
+        agreed, choice = boundary.side_values_owed()
         found = []
         if self.side_work is not None:
             tensor, work = self.side_work
@@ -374,7 +379,7 @@ class GradientProbe:
             if bsz > 0:
                 choice = (int(round(bsz)), int(round(accum)))
         # Boundaries between side values need no collective of their own.
-        book.side_channel = (agreed, choice)
+        boundary.post_side_values(agreed, choice)
         return found
 
 

@@ -49,6 +49,10 @@ __all__ = [
 
 # Attribute set on an optimizer that has a rule attached (one rule per optimizer).
 _ATTACHED_ATTR = "_adaptdl_scaling_rule"
+# The mark torch's LR schedulers put on the optimizer.step they wrapped (and look for, to
+# know whether step() is still theirs to count): a wrapper that keeps counting correct
+# carries it on.
+LR_SCHED_MARK = "_wrapped_by_lr_sched"
 
 
 def _check_scale(scale: Any) -> float:
@@ -181,15 +185,14 @@ class ScalingRuleBase(abc.ABC):
         if self.needs_gns and gns is None:
             raise ValueError(f"{type(self).__name__} needs a GradientNoiseScale (gns=...)")
 
-        rule = self
         inner = optimizer.step  # bound: the class's step, or a wrapper already installed
         prev = optimizer.__dict__.get("step")
 
         def step(opt: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
-            if not rule._active:
+            if not self._active:
                 return inner(*args, **kwargs)
-            factor = float(rule.scale_lr(rule._scale))
-            rule.last_lr_factor = factor
+            factor = float(self.scale_lr(self._scale))
+            self.last_lr_factor = factor
             if factor == 1.0:
                 return inner(*args, **kwargs)
             groups = list(opt.param_groups)
@@ -202,10 +205,10 @@ class ScalingRuleBase(abc.ABC):
                 for group, lr in zip(groups, saved):
                     group["lr"] = lr
 
-        if getattr(inner, "_wrapped_by_lr_sched", False):
+        if getattr(inner, LR_SCHED_MARK, False):
             # An LR scheduler already counts step calls underneath: tell later schedulers
             # not to wrap again (they would otherwise wrap this function, which also works).
-            step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
+            setattr(step, LR_SCHED_MARK, True)
         optimizer.step = types.MethodType(step, optimizer)  # type: ignore[method-assign]
         setattr(optimizer, _ATTACHED_ATTR, self)
         self._optimizer = optimizer

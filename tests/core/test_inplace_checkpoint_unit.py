@@ -136,7 +136,7 @@ def _loader_state(ckpt):
 def test_checkpoint_at_the_next_boundary_then_training_goes_on(training, ckpt_dir, caplog):
     ddp, opt, loader = training
     seen, requests = [], []
-    with caplog.at_level("INFO", logger="adaptdl_core.torch.data"):
+    with caplog.at_level("INFO", logger="adaptdl_core.torch"):
         for epoch in adl.remaining_epochs_until(2):
             for i, (x,) in enumerate(loader):
                 _step(ddp, opt, x)
