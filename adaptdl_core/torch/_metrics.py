@@ -26,7 +26,8 @@ LOG = logging.getLogger(__name__)
 
 # Refit after this many new optimizer steps have been profiled...
 REFIT_EVERY_STEPS = 10
-# ...but never more often than this (a fit costs 25-60 ms: at most ~3% of the time)...
+# ...but never more often than this (a fit costs tens of milliseconds:
+# benchmarks/step_overhead.py reports the fits' count and mean time per run)...
 REFIT_MIN_INTERVAL_S = 2.0
 # ...and only if some profiled step time moved by more than this fraction since the last
 # fit (the profile holds running means: once they settle a refit would find the same

@@ -48,6 +48,8 @@ class Loops:
         # position identifies it when the program replays an epoch after a restart.
         self.position: collections.Counter = collections.Counter()
         self.current: "AdaptiveDataLoader | None" = None
+        # The owner of the loop being iterated (the adaptive loader, or an ElasticLoop).
+        self.active: object | None = None
         # Future of the last all-reduce of the replicas' requests through the store.
         self.pending_requests: "concurrent.futures.Future | None" = None
         self.store_boundaries = 0  # boundaries that used the store path (its schedule)

@@ -18,16 +18,16 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import IO, Any, Iterator
+from typing import Any, Iterator
 
 from torch.utils.data import DataLoader, IterableDataset
 
 from adaptdl_core import checkpoint, collective, context, env
-from adaptdl_core.torch import _interrupt, _metrics, boundary
-from adaptdl_core.torch.batch_control import (DECIDE_EVERY_STEPS, BatchSizeController,
-                                              preferred_local_sizes, replicas_measure)
+from adaptdl_core.torch import _metrics, boundary
+from adaptdl_core.torch.batch_control import BatchSizeController, preferred_local_sizes
 from adaptdl_core.torch.boundary import current_dataloader, loops, training_loader
-from adaptdl_core.torch.epoch import current_epoch
+from adaptdl_core.torch.elastic_loop import LoopState, run_loop
+from adaptdl_core.torch.loader_steps import LoopSteps, StepTimer
 from adaptdl_core.torch.sampler import ElasticSampler, LocalBatchSampler
 from adaptdl_core.torch.step_plan import NoiseMode, StepPlan
 
@@ -39,37 +39,7 @@ __all__ = ["ElasticSampler", "AdaptiveDataLoader", "current_dataloader",
 LOG = logging.getLogger(__name__)
 
 
-class _LoaderState(checkpoint.State):
-    """Position of one loader: where its current loop is, and which loops it finished."""
-
-    def __init__(self, name: str):
-        super().__init__(name)
-        self.current_index = 0
-        # epoch -> the loop position (see _Loops) this loader last completed in it.
-        self.last_position: dict[str, int] = {}
-        self.local_bsz: int | None = None
-        self.accum_steps = 0
-        # Outside remaining_epochs_until: the statistical progress when the current loop
-        # began (an autoscaled loop then lasts one epoch's progress from there).
-        self.loop_start_progress: float | None = None
-
-    def save(self, fileobj: IO[bytes]) -> None:
-        checkpoint.dump_json({"current_index": self.current_index,
-                              "last_position": self.last_position,
-                              "local_bsz": self.local_bsz,
-                              "accum_steps": self.accum_steps,
-                              "loop_start_progress": self.loop_start_progress}, fileobj)
-
-    def load(self, fileobj: IO[bytes]) -> None:
-        data = checkpoint.load_json(fileobj)
-        self.current_index = int(data["current_index"])
-        self.last_position = {str(k): int(v) for k, v in data["last_position"].items()}
-        self.local_bsz = data.get("local_bsz")
-        self.accum_steps = int(data.get("accum_steps", 0))
-        self.loop_start_progress = data.get("loop_start_progress")
-
-
-class AdaptiveDataLoader(DataLoader):
+class AdaptiveDataLoader(LoopSteps, DataLoader):
     """A :class:`torch.utils.data.DataLoader` that survives restarts and resizes.
 
     Use it like a DataLoader, with these differences:
@@ -141,7 +111,7 @@ class AdaptiveDataLoader(DataLoader):
         self._control = BatchSizeController(batch_size, *self._world[:2])
         self._proposal: tuple[int, int] | None = None
         existing = context.current().states.count_prefix("adaptdl-dataloader-")
-        self._state = _LoaderState(f"adaptdl-dataloader-{existing}")
+        self._state = LoopState(f"adaptdl-dataloader-{existing}")
         checkpoint.load_state(self._state)
         self._decide_batch_size(initial=True)
 
@@ -246,22 +216,6 @@ class AdaptiveDataLoader(DataLoader):
         _metrics.set_batch_size_limits(self._target_batch_size, max_batch_size,
                                        local_bsz_bounds, gradient_accumulation)
         self._decide_batch_size(initial=True)
-
-    def _plan_step(self, opens_pair: bool, accum_steps: int, local_bsz: int) -> StepPlan:
-        """The plan of the optimizer step starting now (see :class:`StepPlan`)."""
-        replicas = self._world[1]
-        index = self._sync_steps
-        self._sync_steps += 1
-        micros = 2 if opens_pair else accum_steps + 1
-        if replicas > 1:
-            # (The same schedule on every replica.)
-            noise = NoiseMode.REPLICAS if replicas_measure(index) else NoiseMode.NONE
-        elif micros > 1 and self.training:
-            noise = NoiseMode.MICRO_BATCHES if not opens_pair else \
-                NoiseMode.PAIRS if self._local_batch_sampler.pairs else NoiseMode.HALVES
-        else:
-            noise = NoiseMode.NONE
-        return StepPlan(index + 1, micros, local_bsz, noise)
 
     def _decision_due(self) -> bool:
         """Whether a goodput decision could change anything now (the controller's
@@ -386,157 +340,68 @@ class AdaptiveDataLoader(DataLoader):
 
     # -- iteration -------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
-        book = loops()
-        epoch = current_epoch()
-        key = str(epoch)
-        position = book.position[key]
-        book.position[key] += 1
-        if book.current is not None:
-            raise RuntimeError("overlapping AdaptiveDataLoader loops: another adaptive loader "
-                               "is still being iterated")
-        if position <= self._state.last_position.get(key, -1):
-            LOG.info("skipping loop %d of epoch %s: it finished before the restart", position, epoch)
-            return
-        book.current = self
-        interrupted = False
-        try:
-            yield from self._iterate(epoch)
-        except _interrupt.CheckpointExit:
-            interrupted = True
-            raise
-        finally:
-            book.current = None
-            if not interrupted:
-                self._state.current_index = 0
-                self._state.loop_start_progress = None
-                # Only the current epoch's entries can matter for a replay.
-                self._state.last_position = {key: position}
+        return run_loop(self, self._state, self._iterate, adaptive_loader=True)
 
     def _iterate(self, epoch: int | None) -> Iterator[Any]:
+        """One loop over the loader: passes over the data until the loop ends (a fixed
+        batch: one pass; an autoscaled training loader: an epoch's statistical progress,
+        possibly several passes), starting a new pass whenever the local batch changes."""
         n = len(self.dataset)  # type: ignore[arg-type]
-        adaptive = self._max_batch_size is not None
-        state = self._state
-        if adaptive and self.training:
-            # An epoch lasts as long as one pass at the initial batch size would, in
-            # statistical progress; larger batches need more samples for the same progress.
-            # Outside remaining_epochs_until every loop is an epoch of its own.
-            if epoch is None:
-                if state.loop_start_progress is None:
-                    state.loop_start_progress = _metrics.metrics().progress
-                target = state.loop_start_progress + n / self._target_batch_size
-            else:
-                target = (epoch + 1) * n / self._target_batch_size
-        # Fixed for the life of this process (a resize restarts it); read once, not per batch.
-        _, replicas, rank = self._world
-        batch_sampler = self._local_batch_sampler
-        kinds = batch_sampler.kinds
-        while True:
-            if adaptive and self.training:
-                if _metrics.metrics().progress >= target:
-                    break
-            elif state.current_index >= n:
-                break
+        target = self._progress_target(epoch, n) if self._autoscaled() else None
+        while not self._loop_done(target, n):
             if self.training:
                 self._decide_batch_size(initial=True)
-            pass_end = (state.current_index // n + 1) * n
-            local_bsz = self.current_local_bsz
-            if local_bsz != batch_sampler.local_bsz:  # (step costs are per local batch)
-                batch_sampler.local_bsz = local_bsz
-                batch_sampler.schedule.forget_costs()
-            accum_steps = self.accumulation_steps
-            # A single replica with one micro-batch per step gives sampled steps two
-            # micro-batches to measure the gradient noise (only when the batch size is
-            # adaptive: a fixed batch has no use for the measurement): two halves within
-            # the micro-batch bounds, else two whole batches within max_batch_size.
-            measure = adaptive and self.training and replicas == 1 and accum_steps == 0
-            lo = (self._local_bsz_bounds or (None, None))[0] or 1
-            halves = local_bsz >= 2 * lo
-            batch_sampler.pairs = pairs = measure and not halves \
-                and 2 * local_bsz <= self._max_batch_size
-            batch_sampler.measure_from = self._steps if measure and (halves or pairs) \
-                else None
-            self._elastic_sampler.set_epoch(epoch or 0, state.current_index)
-            self._micro_in_step = 0
-            self._step_samples = 0
-            started = None
-            timed_split = False
-            step_began, step_sampled = None, False
-            restart_pass = False
-            for batch in super().__iter__():
-                now = time.perf_counter()
-                opens_pair, size = kinds.popleft()
-                # (self.training, not a copy: a loader becomes the training loader at the
-                # first optimizer step on its batches.)
-                if started is not None and self.training and not timed_split:
-                    _metrics.profile_micro_batch(now - started, self._last_micro,
-                                                 optimizer_step=self._stepped,
-                                                 world=self._world)
-                if self._micro_in_step == 0 and not self._pair_first:
-                    if measure and step_began is not None:
-                        batch_sampler.schedule.note_step_cost(
-                            now - step_began, self._last_step_samples, step_sampled)
-                    # Stop and checkpoint requests are honoured only between optimizer
-                    # steps, so that no partially accumulated gradient is lost.
-                    choice = boundary.agree(replicas)
-                    if choice is not None and choice != (state.local_bsz, state.accum_steps):
-                        # Replica 0's new batch size reached every replica with the last
-                        # step's all-reduce. This batch is not consumed yet
-                        # (current_index): the next pass loads it again at the new size.
-                        state.local_bsz, state.accum_steps = choice
-                        LOG.info("batch size now %d (local %d x %d micro-batches x %d "
-                                 "replicas)", self.current_batch_size, self.current_local_bsz,
-                                 self.accumulation_steps + 1, replicas)
-                        restart_pass = True
-                        break
-                    # (Timed from here: an in-place checkpoint just taken is no step cost.)
-                    step_began, step_sampled = time.perf_counter(), opens_pair
-                    self._plan = self._plan_step(opens_pair, accum_steps, local_bsz)
-                # The micro-batches of a measured single-replica step are not profiled:
-                # the first, without optimizer step and sync, would look cheaper per
-                # sample than any other micro-batch and skew the throughput model.
-                timed_split = opens_pair or self._pair_first
-                self._pair_first = opens_pair
-                self._last_micro = size
-                self._step_samples += size
-                started = time.perf_counter()
-                self._stepped = False
-                yield batch
-                # The caller finished with the batch: it counts as consumed.
-                state.current_index = min(state.current_index + replicas * size, pass_end)
-                self._micro_in_step += 1
-                if self._micro_in_step >= self._plan.micros:
-                    self._micro_in_step = 0
-                    self._pair_first = False
-                    self._last_step_samples = self._step_samples
-                    self._step_samples = 0
-                    if adaptive and self.training:
-                        _metrics.advance_progress_without_model(
-                            replicas * self._last_step_samples / self._target_batch_size)
-                        if _metrics.metrics().progress >= target:
-                            break
-                        self._steps += 1
-                        if self._steps % DECIDE_EVERY_STEPS == 0:
-                            if replicas > 1 and self._stepped:
-                                # Replica 0 decides; its choice travels with the next
-                                # step's all-reduce (AdaptiveDataParallel) to the boundary
-                                # after it, where every replica applies it.
-                                if rank == 0 and self._decision_due():
-                                    self._proposal = self._goodput_choice(
-                                        (state.local_bsz, state.accum_steps), False)
-                            elif (replicas > 1 or self._decision_due()) \
-                                    and self._decide_batch_size():
-                                restart_pass = True  # new local batch: new iterator
-                                break
-            else:
-                # The pass is exhausted; samples dropped by drop_last count as passed, or
-                # a multi-pass (adaptive) epoch would find the same empty remainder forever.
-                state.current_index = pass_end
-            if not adaptive or not self.training:
-                if not restart_pass:
-                    break
+            restarted = yield from self._one_pass(epoch, n, target)
+            if not restarted and not self._autoscaled():
+                break
         self._micro_in_step = 0
         self._pair_first = False
         self._step_samples = 0
-        choice = boundary.agree(replicas)
+        choice = boundary.agree(self._world[1])
         if choice is not None:
-            state.local_bsz, state.accum_steps = choice
+            self._state.local_bsz, self._state.accum_steps = choice
+
+    def _one_pass(self, epoch: int | None, n: int, target: float | None
+                  ) -> Iterator[Any]:
+        """Hand out the batches of one pass from the current position; returns True when
+        the pass stopped early for a new local batch size (the loop starts another)."""
+        state = self._state
+        replicas = self._world[1]
+        pass_end = (state.current_index // n + 1) * n
+        measure = self._configure_pass(epoch)
+        kinds = self._local_batch_sampler.kinds
+        self._micro_in_step = 0
+        self._step_samples = 0
+        timer = StepTimer()
+        for batch in super().__iter__():
+            now = time.perf_counter()
+            opens_pair, size = kinds.popleft()
+            self._profile_last_micro_batch(now, timer)
+            if self._micro_in_step == 0 and not self._pair_first:
+                if self._step_boundary(now, timer, measure):
+                    return True
+                # (Timed from here: an in-place checkpoint just taken is no step cost.)
+                timer.step_began, timer.step_sampled = time.perf_counter(), opens_pair
+                self._plan = self._plan_step(opens_pair, self.accumulation_steps,
+                                             self.current_local_bsz)
+            # The micro-batches of a measured single-replica step are not profiled: the
+            # first, without optimizer step and sync, would look cheaper per sample than
+            # any other micro-batch and skew the throughput model.
+            timer.skip = opens_pair or self._pair_first
+            self._pair_first = opens_pair
+            self._last_micro = size
+            self._step_samples += size
+            timer.started = time.perf_counter()
+            self._stepped = False
+            yield batch
+            # The caller finished with the batch: it counts as consumed.
+            state.current_index = min(state.current_index + replicas * size, pass_end)
+            self._micro_in_step += 1
+            if self._micro_in_step >= self._plan.micros:
+                ended = self._end_step(target)
+                if ended is not None:
+                    return ended
+        # The pass is exhausted; samples dropped by drop_last count as passed, or a
+        # multi-pass (adaptive) epoch would find the same empty remainder forever.
+        state.current_index = pass_end
+        return False

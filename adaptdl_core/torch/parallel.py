@@ -81,7 +81,7 @@ class AdaptiveDataParallel(DistributedDataParallel):
         self._gns: GradientNoiseScale | None = None
         self._gns_saved: dict | None = None
         self._precondition = is_adam_family(optimizer)
-        self._inner_step = None  # the optimizer's step below our wrapper (with the rule)
+        self._inner_step = None  # the optimizer's step below our wrapper
         self._replicas = dist.get_world_size()
         self._probe = GradientProbe([p for p in self.module.parameters() if p.requires_grad],
                                     optimizer, self._replicas, self._precondition,
@@ -139,7 +139,6 @@ class AdaptiveDataParallel(DistributedDataParallel):
                 return None
             return self._zero_grad(*args, **kwargs)
 
-        self._below_wrapper = optimizer.__dict__.get("step")
         self._inner_step = optimizer.step
         if getattr(optimizer.step, LR_SCHED_MARK, False):
             # LR schedulers check this mark to know that step() is still theirs to count.
@@ -148,27 +147,26 @@ class AdaptiveDataParallel(DistributedDataParallel):
         optimizer.step = types.MethodType(step, optimizer)  # type: ignore[method-assign]
         optimizer.zero_grad = types.MethodType(zero_grad, optimizer)  # type: ignore[method-assign]
 
-    def _attach_rule(self, init_batch_size: int) -> None:
-        """Create the noise estimator (M0 is known once a training loader runs) and put
-        the scaling rule directly below our step wrapper."""
-        optimizer = self.adaptdl_optimizer
+    def _start_noise_estimate(self, init_batch_size: int) -> None:
+        """Create the noise estimator (M0 is known once a training loader runs) and give
+        it to the scaling rule."""
         self._gns = GradientNoiseScale(init_batch_size)
         if self._gns_saved is not None and self._gns_saved.get("init_batch_size") == init_batch_size:
             self._gns.load_state_dict(self._gns_saved)
-        ours = optimizer.__dict__["step"]
-        if self._below_wrapper is None:
-            del optimizer.step
-        else:
-            optimizer.step = self._below_wrapper  # type: ignore[method-assign]
-        self.scaling_rule.attach(optimizer, self._gns)
-        self._inner_step = optimizer.step
-        optimizer.step = ours  # type: ignore[method-assign]
+        self.scaling_rule.bind(self._gns)
 
     def _step(self, *args: Any, **kwargs: Any) -> Any:
+        """The one wrapper of ``optimizer.step``; its hooks run in this order: (1) skip the
+        step on accumulation micro-batches, (2) the measurements (noise, Adam moments),
+        (3) the lr scaling rule around the optimizer's own step, (4) progress."""
         loader = current_dataloader()
         if loader is None:
-            return self._inner_step(*args, **kwargs)
-        # (On the probe, a plain object: setting a torch Module's attribute is slow.)
+            # Outside a loader loop: no batch to account for; the rule keeps its scale.
+            if self._gns is None:
+                return self._inner_step(*args, **kwargs)
+            return self.scaling_rule.apply(self.adaptdl_optimizer, self._inner_step,
+                                           *args, **kwargs)
+        # (1) (On the probe, a plain object: setting a torch Module's attribute is slow.)
         if loader.is_accumulation_step:
             self._probe.accumulating = True
             return None
@@ -181,7 +179,7 @@ class AdaptiveDataParallel(DistributedDataParallel):
                                            loader.gradient_accumulation)
         init_bsz = loader.batch_size
         if self._gns is None:
-            self._attach_rule(init_bsz)
+            self._start_noise_estimate(init_bsz)
         # The loader's batch size, and the samples this step actually has: fewer for the
         # partial last batch of a pass, which then counts (lr and progress) for what it is.
         current = loader.current_batch_size
@@ -189,6 +187,7 @@ class AdaptiveDataParallel(DistributedDataParallel):
         batch = loader.step_batch_size or current
         scale = batch / init_bsz
         previous = self.scaling_rule.scale
+        # (2)
         if self._precondition and self.adaptdl_optimizer.state and previous != nominal:
             # Adam's second moments estimate E[g^2] at the old batch: rescale, not zero.
             rescale_adam_state(self.adaptdl_optimizer, previous, nominal, self._gns)
@@ -196,14 +195,14 @@ class AdaptiveDataParallel(DistributedDataParallel):
         rule = self.scaling_rule
         if previous != scale:
             rule.set_scale(scale)
-        try:
-            result = self._inner_step(*args, **kwargs)
+        try:  # (3)
+            result = rule.apply(self.adaptdl_optimizer, self._inner_step, *args, **kwargs)
         finally:
             # The rule keeps (and checkpoints) the loader's scale, so that a partial batch
             # is not mistaken for a change of batch size.
             if scale != nominal:
                 rule.set_scale(nominal)
-        _metrics.add_progress(self._gns.accumulate_progress(scale))
+        _metrics.add_progress(self._gns.accumulate_progress(scale))  # (4)
         loader.note_optimizer_step()
         return result
 
