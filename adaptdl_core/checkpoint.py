@@ -26,11 +26,12 @@ import re
 import shutil
 import tempfile
 import time
-from typing import IO, Any, Callable
+from typing import IO, Any
 
-from adaptdl_core import env
+from adaptdl_core import context, env
 
-__all__ = ["State", "save_state", "load_state", "save_all_states", "latest_checkpoint_dir"]
+__all__ = ["State", "save_state", "load_state", "save_all_states", "latest_checkpoint_dir",
+           "state_names"]
 
 LOG = logging.getLogger(__name__)
 
@@ -39,15 +40,15 @@ _CKPT_RE = re.compile(r"^checkpoint-(\d+)$")
 _MANIFEST = "MANIFEST.json"
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
-# Registration order matters: State.sync() may run collectives, which every replica must
-# issue in the same order.
-_STATES: dict[str, "State"] = {}
-# The checkpoint States load from: the newest one at the first load; after each save in
-# this run, the new checkpoint, which carries over (hard links) the restored files of the
-# States this run has not created yet, so those still load their pre-restart values.
-_RESTORE_DIR: str | None | bool = False
-# Modules holding per-job bookkeeping beside their States register a reset here.
-_RESET_HOOKS: list[Callable[[], None]] = []
+# The registry of live States and the restore point are the job context's
+# (adaptdl_core.context.StateRegistry). The restore point is the newest checkpoint at the
+# first load; after each save in this run, the new checkpoint, which carries over (hard
+# links) the restored files of the States this run has not created yet, so those still
+# load their pre-restart values.
+
+
+def _registry() -> context.StateRegistry:
+    return context.current().states
 
 
 class State:
@@ -72,11 +73,8 @@ class State:
                              "letters, digits, '_', '-' and '.'")
         if name == _MANIFEST:
             raise ValueError(f"State name {name!r} is reserved for the checkpoint manifest")
-        if name in _STATES:
-            raise ValueError(f"a State named {name!r} already exists; every State needs a "
-                             "unique name (pass name=... to tell two apart)")
         self.name = name
-        _STATES[name] = self
+        _registry().add(self)  # (raises ValueError for a name in use)
 
     def save(self, fileobj: IO[bytes]) -> None:
         """Write this state to the binary file object ``fileobj``."""
@@ -90,13 +88,9 @@ class State:
         """Make this state consistent across replicas before a save (default: nothing)."""
 
 
-def _unregister_all() -> None:
-    """Forget every registered State and the restore point (for tests and re-launches)."""
-    global _RESTORE_DIR
-    _STATES.clear()
-    _RESTORE_DIR = False
-    for hook in _RESET_HOOKS:
-        hook()
+def state_names() -> list[str]:
+    """The names of the live States of this job, in registration order."""
+    return _registry().names()
 
 
 def _checkpoint_dirs(root: str) -> list[tuple[int, str]]:
@@ -123,12 +117,12 @@ def latest_checkpoint_dir(root: str | None = None) -> str | None:
 
 
 def _restore_dir() -> str | None:
-    global _RESTORE_DIR
-    if _RESTORE_DIR is False:
-        _RESTORE_DIR = latest_checkpoint_dir()
-        if _RESTORE_DIR is not None:
-            LOG.info("restoring states from %s", _RESTORE_DIR)
-    return _RESTORE_DIR  # type: ignore[return-value]
+    registry = _registry()
+    if registry.restore_dir is context.StateRegistry.UNKNOWN:
+        registry.restore_dir = latest_checkpoint_dir()
+        if registry.restore_dir is not None:
+            LOG.info("restoring states from %s", registry.restore_dir)
+    return registry.restore_dir
 
 
 def load_state(state: State) -> bool:
@@ -138,14 +132,14 @@ def load_state(state: State) -> bool:
         True if the state was found and loaded, False otherwise (first run, no checkpoint
         path, or a state that did not exist when the checkpoint was taken).
     """
-    global _RESTORE_DIR
+    registry = _registry()
     ckpt = _restore_dir()
     if ckpt is None:
         return False
     if not os.path.isdir(ckpt):
         # Replica 0 saved a newer checkpoint (carrying over the files of states not yet
         # created) and removed this one; other replicas follow it here.
-        _RESTORE_DIR = ckpt = latest_checkpoint_dir()
+        registry.restore_dir = ckpt = latest_checkpoint_dir()
         if ckpt is None:
             return False
     path = os.path.join(ckpt, state.name)
@@ -154,7 +148,8 @@ def load_state(state: State) -> bool:
     except FileNotFoundError:
         if os.path.isdir(ckpt):
             return False  # the checkpoint does not hold this state
-        _RESTORE_DIR = False  # removed between the check and the open: look again
+        # Removed between the check and the open: look again.
+        registry.restore_dir = context.StateRegistry.UNKNOWN
         return load_state(state)
     with f:
         state.load(f)
@@ -197,9 +192,10 @@ def _carry_over(tmp: str, source: str | None, names: list[str]) -> None:
 def _move_restore_point(final: str) -> None:
     # The new checkpoint holds (carried over) every state of the old restore point that
     # this run has not created yet, so later loads may read from it.
-    global _RESTORE_DIR
-    if _RESTORE_DIR not in (False, None):
-        _RESTORE_DIR = final
+    registry = _registry()
+    if registry.restore_dir is not context.StateRegistry.UNKNOWN \
+            and registry.restore_dir is not None:
+        registry.restore_dir = final
 
 
 def _commit(root: str, tmp: str, names: list[str]) -> str:
@@ -243,7 +239,7 @@ def save_all_states() -> str | None:
         The new checkpoint directory on replica 0; ``None`` on other replicas or when no
         checkpoint path is set.
     """
-    states = list(_STATES.values())
+    states = _registry().states()
     for state in states:
         state.sync()
     root = env.checkpoint_path()
@@ -278,7 +274,7 @@ def save_state(state: State, sync: bool = True) -> str | None:
     Raises:
         ValueError: if ``state`` is not registered.
     """
-    if _STATES.get(getattr(state, "name", None)) is not state:
+    if _registry().get(getattr(state, "name", None)) is not state:
         raise ValueError(f"{state!r} is not a registered State")
     if sync:
         state.sync()

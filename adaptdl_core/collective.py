@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 import torch.distributed as dist
 
-from adaptdl_core import env
+from adaptdl_core import context, env
 
 __all__ = [
     "CollectiveError",
@@ -44,6 +44,7 @@ __all__ = [
     "broadcast",
     "store_address",
     "new_store_client",
+    "current_group",
 ]
 
 LOG = logging.getLogger(__name__)
@@ -135,6 +136,18 @@ class _Group:
                 f"{self.addr}:{self.port} ({who}): {exc}") from exc
         return values
 
+    def close(self) -> None:
+        """Disconnect; pending asynchronous operations finish first (see :func:`teardown`)."""
+        self.executor.shutdown(wait=True)
+        try:
+            if self.rank != 0:
+                self.store.set(f"adaptdl/left/{self.rank}", b"1")
+            elif self.size > 1:
+                self.store.wait([f"adaptdl/left/{r}" for r in range(1, self.size)],
+                                timedelta(seconds=self.timeout_s))
+        except Exception as exc:  # a replica that died or a store already gone: just leave
+            LOG.debug("teardown of replica %d: %s", self.rank, exc)
+
     def _raise_missing(self, op: int, keys: list[str], exc: Exception, what: str,
                        ranks: list[int] | None = None) -> None:
         """After a failed wait for ``keys`` (of replicas ``ranks``, default all): raise
@@ -151,8 +164,13 @@ class _Group:
                 missing) from exc
 
 
-_GROUP: _Group | None = None
+# The group lives in the job context (context.current().group); this lock orders its
+# creation and removal.
 _LOCK = threading.Lock()
+
+
+def _group() -> _Group | None:
+    return context.current().group
 
 
 def initialize(master_addr: str | None = None, master_port: int | None = None,
@@ -174,7 +192,6 @@ def initialize(master_addr: str | None = None, master_port: int | None = None,
         ValueError: for an invalid rank, size, port or timeout.
         RuntimeError: if already initialized, or the store cannot be reached in time.
     """
-    global _GROUP
     addr = master_addr if master_addr is not None else env.master_addr()
     port = master_port if master_port is not None else env.master_port()
     size = num_replicas if num_replicas is not None else env.num_replicas()
@@ -195,18 +212,19 @@ def initialize(master_addr: str | None = None, master_port: int | None = None,
             and 0 < timeout_s <= env.MAX_TIMEOUT_S):
         raise ValueError(f"timeout={timeout_s!r} must be a finite number of seconds in "
                          f"(0, {env.MAX_TIMEOUT_S:g}]")
+    ctx = context.current()
     with _LOCK:
-        if _GROUP is not None:
+        if ctx.group is not None:
             raise RuntimeError("adaptdl_core.collective is already initialized; "
                                "call teardown() first")
         try:
-            _GROUP = _Group(addr, port, rank, size, float(timeout_s))
+            ctx.group = group = _Group(addr, port, rank, size, float(timeout_s))
         except Exception as exc:
             raise RuntimeError(
                 f"replica {rank}: could not {'create' if rank == 0 else 'reach'} the store at "
                 f"{addr}:{port} within {timeout_s:g} s: {exc}") from exc
     atexit.register(teardown)
-    LOG.debug("collective initialized: rank %d of %d, store %s:%d", rank, size, addr, _GROUP.port)
+    LOG.debug("collective initialized: rank %d of %d, store %s:%d", rank, size, addr, group.port)
 
 
 def teardown() -> None:
@@ -218,25 +236,16 @@ def teardown() -> None:
     group's own connection to the store may still be in use on the others. Runs
     automatically at interpreter exit.
     """
-    global _GROUP
+    ctx = context.current()
     with _LOCK:
-        group, _GROUP = _GROUP, None
-    if group is None:
-        return
-    group.executor.shutdown(wait=True)
-    try:
-        if group.rank != 0:
-            group.store.set(f"adaptdl/left/{group.rank}", b"1")
-        elif group.size > 1:
-            group.store.wait([f"adaptdl/left/{r}" for r in range(1, group.size)],
-                             timedelta(seconds=group.timeout_s))
-    except Exception as exc:  # a replica that died or a store already gone: just leave
-        LOG.debug("teardown of replica %d: %s", group.rank, exc)
+        group, ctx.group = ctx.group, None
+    if group is not None:
+        group.close()
 
 
 def is_initialized() -> bool:
     """True between :func:`initialize` and :func:`teardown`."""
-    return _GROUP is not None
+    return _group() is not None
 
 
 def store_address() -> tuple[str, int]:
@@ -262,10 +271,18 @@ def new_store_client() -> dist.Store:
 
 
 def _require_group() -> _Group:
-    if _GROUP is None:
+    group = _group()
+    if group is None:
         raise RuntimeError("adaptdl_core.collective is not initialized: call "
                            "adaptdl_core.torch.init_process_group() (or collective.initialize())")
-    return _GROUP
+    return group
+
+
+def current_group() -> Any:
+    """This replica's connection to the job's store (attributes ``rank``, ``size``,
+    ``store``, ``op``: the number of operations issued), or ``None`` when not initialized.
+    For diagnostics and fault-injection tests; the operations above are the API."""
+    return _group()
 
 
 class _DoneFuture(concurrent.futures.Future):
@@ -285,7 +302,7 @@ def allreduce_async(value: Any, reduce_fn: Callable[[Any, Any], Any] = lambda a,
         CollectiveTimeoutError: if some replicas did not contribute within the timeout.
         CollectiveError: if the store failed.
     """
-    group = _GROUP
+    group = _group()
     if group is None:
         if env.num_replicas() > 1:
             _require_group()
@@ -320,7 +337,7 @@ def broadcast(value: Any) -> Any:
         CollectiveTimeoutError: if some replicas did not arrive within the timeout.
         CollectiveError: if the store failed.
     """
-    group = _GROUP
+    group = _group()
     if group is None:
         if env.num_replicas() > 1:
             _require_group()

@@ -1,6 +1,6 @@
 """Goodput model of a data-parallel training job: throughput x statistical efficiency.
 
-Notation (as in the project's design notes, ALGORITHMS.md): ``N`` nodes, ``K`` replicas
+Notation (as in ``docs/algorithms.md``, which derives the formulas): ``N`` nodes, ``K`` replicas
 (``1 <= N <= K``), ``b`` the atomic (per-replica micro) batch, ``s`` the number of *extra* gradient
 accumulation micro-batches (each replica runs ``s + 1`` micro-batches per optimizer step),
 ``M = K * b * (s + 1)`` the total batch of one optimizer step and ``M0`` the user's initial
@@ -36,7 +36,7 @@ import numpy as np
 import scipy.optimize
 
 __all__ = ["PerfParams", "GradParams", "GoodputFunction", "fit_perf_params",
-           "check_perf_params"]
+           "check_perf_params", "efficiency"]
 
 ArrayLike = Union[float, int, Sequence[float], np.ndarray]
 
@@ -124,6 +124,20 @@ def _check_int_arg(name: str, value, minimum: int) -> int:
     if int(as_float) < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
     return int(as_float)
+
+
+def efficiency(noise_scale: float, init_batch_size: float, batch_size: ArrayLike) -> np.ndarray:
+    """Statistical efficiency ``E(M) = (phi + M0) / (phi + max(M, M0))`` in ``(0, 1]``: what
+    one sample at total batch ``M`` is worth in samples at ``M0``, for the gradient noise
+    scale ``phi`` (in samples; pass 0 when it is unknown or unusable: then ``E = M0 / M``,
+    no benefit from larger batches). The one formula of the library (the AdaScale gain
+    ``E(M) * M / M0`` follows from it).
+
+    Arguments broadcast (numpy); ``noise_scale >= 0`` and ``init_batch_size > 0`` are the
+    caller's to ensure.
+    """
+    m = np.maximum(_as_float_array(batch_size), float(init_batch_size))
+    return (noise_scale + init_batch_size) / (noise_scale + m)
 
 
 class GoodputFunction:
@@ -234,9 +248,7 @@ class GoodputFunction:
         ``phi = 0`` is used, i.e. ``E = M0 / M`` (pessimistic: no benefit from larger batches,
         never above 1, never NaN for finite batch sizes).
         """
-        m = np.maximum(_as_float_array(batch_size), float(self._init_batch_size))
-        phi = self._noise_scale
-        return (phi + self._init_batch_size) / (phi + m)
+        return efficiency(self._noise_scale, self._init_batch_size, batch_size)
 
     def optimize(self, num_nodes: ArrayLike, num_replicas: ArrayLike,
                  max_batch_size: Optional[int] = None,

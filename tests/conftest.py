@@ -1,35 +1,23 @@
 """Shared fixtures for the whole test suite.
 
-Kept deliberately light: it imports only :mod:`adaptdl_core.checkpoint` (which needs
-nothing beyond the standard library) and never torch or ray. Modules that hold
-process-wide state (the collective group, the graceful-stop flag) are reset only if a
-test already imported them.
+Kept deliberately light: it imports only :mod:`adaptdl_core.context` (which needs
+nothing beyond the standard library) and never torch or ray. Every piece of process-wide
+state of the library (States, the restore point, the collective group, the stop flag, the
+runtime's bookkeeping) lives in the job context, which one call resets.
 """
 
 from __future__ import annotations
 
 import os
 import socket
-import sys
 
 import pytest
 
-from adaptdl_core import checkpoint
+from adaptdl_core import context
 
 
 def _adaptdl_vars() -> list[str]:
     return [name for name in os.environ if name.startswith("ADAPTDL_")]
-
-
-def _reset_process_state() -> None:
-    """Forget States, the restore point and the per-job bookkeeping of the torch API."""
-    checkpoint._unregister_all()
-    collective = sys.modules.get("adaptdl_core.collective")
-    if collective is not None and collective.is_initialized():
-        collective.teardown()
-    interrupt = sys.modules.get("adaptdl_core.torch._interrupt")
-    if interrupt is not None:
-        interrupt._clear()
 
 
 @pytest.fixture(autouse=True)
@@ -41,13 +29,13 @@ def adaptdl_clean_process(monkeypatch):
     """
     for name in _adaptdl_vars():
         monkeypatch.delenv(name)
-    _reset_process_state()
+    context.reset()
     yield
     for name in _adaptdl_vars():
         # Directly, not through monkeypatch (whose undo would put the value back); the
         # values that existed before the test are restored by monkeypatch's undo.
         os.environ.pop(name, None)
-    _reset_process_state()
+    context.reset()
 
 
 @pytest.fixture
@@ -61,9 +49,10 @@ def ckpt_dir(tmp_path, monkeypatch):
 
 @pytest.fixture
 def restart():
-    """Simulate a restart of the job inside this process: forget every State and the
-    restore point, so that States created next reload from the newest checkpoint."""
-    return checkpoint._unregister_all
+    """Simulate a restart of the job inside this process: forget the job context (every
+    State, the restore point, the stop flag), so that States created next reload from
+    the newest checkpoint."""
+    return context.reset
 
 
 @pytest.fixture

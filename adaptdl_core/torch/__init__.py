@@ -14,13 +14,15 @@ A training script changes a few lines::
 
 and can then be interrupted (Ctrl-C, SIGTERM) at any batch, checkpointed and restarted on
 any number of replicas, or checkpointed in place while it trains
-(:func:`request_checkpoint`).
+(:func:`request_checkpoint`). A custom iterable is made elastic with
+:class:`ElasticLoop`.
 """
 
 from adaptdl_core.torch._interrupt import (CheckpointExit, PendingCheckpoint, exit_requested,
                                            request_checkpoint, request_checkpoint_and_exit)
 from adaptdl_core.torch.accumulator import Accumulator
 from adaptdl_core.torch.data import AdaptiveDataLoader, ElasticSampler, current_dataloader
+from adaptdl_core.torch.elastic_loop import ElasticLoop
 from adaptdl_core.torch.epoch import current_epoch, finished_epochs, remaining_epochs_until
 from adaptdl_core.torch.parallel import AdaptiveDataParallel
 from adaptdl_core.torch.process_group import init_process_group
@@ -30,6 +32,7 @@ __all__ = [
     "AdaptiveDataParallel",
     "AdaptiveDataLoader",
     "ElasticSampler",
+    "ElasticLoop",
     "current_dataloader",
     "remaining_epochs_until",
     "current_epoch",

@@ -43,8 +43,9 @@ import torch
 import torch.distributed as dist
 
 from adaptdl_core.torch import _interrupt, _metrics
-from adaptdl_core.torch import data as _data
+from adaptdl_core.torch import boundary, grad_norms
 from adaptdl_core.torch.gradient_noise_scale import adam_preconditioner, preconditioned_sqr_norm
+from adaptdl_core.torch.step_plan import StepPlan
 
 if TYPE_CHECKING:
     from adaptdl_core.torch.data import AdaptiveDataLoader
@@ -109,6 +110,7 @@ class GradientProbe:
         # Single replica: a copy of the first micro-batch's gradient of a measured step.
         self.first_grads: list[torch.Tensor] = []
         self.first_params: list[torch.Tensor] | None = None
+        self.first_copied: tuple[int, int] | None = None  # (loader id, step) copied last
         # Several replicas: measured steps whose local norms are not sent yet, those sent
         # with the side values in flight (local, total, batch, elapsed), the side
         # all-reduce (tensor, work), the (loader, step) it was started at, and its group
@@ -137,23 +139,27 @@ class GradientProbe:
     def before_forward(self, loader: "AdaptiveDataLoader", sync: bool) -> None:
         """A forward pass of a training loop's micro-batch is about to run; ``sync``: it
         is the step's last micro-batch (its backward pass synchronises)."""
-        if self.replicas > 1 and loader._micro_in_step == 0 and self._side_values_due(loader):
-            self._start_side_values(loader)
-        if loader._measure_first:
-            # The accumulated gradient is still the first micro-batch's alone.
-            loader._measure_first = False
-            self._copy_first_grads()
+        plan = loader.step_plan
+        micro = loader.micro_index
+        if self.replicas > 1 and micro == 0 and self._side_values_due(plan.index):
+            self._start_side_values(loader, plan.index)
+        if micro == 1 and plan.measures_first_micro_batch:
+            key = (id(loader), plan.index)
+            if self.first_copied != key:
+                # The accumulated gradient is still the first micro-batch's alone.
+                self.first_copied = key
+                self._copy_first_grads()
         self.disarm()  # (left over from a forward pass without a backward pass)
         self.hook_output = False
         if sync:
-            self._arm(loader)
+            self._arm(plan)
 
-    def _arm(self, loader: "AdaptiveDataLoader") -> None:
+    def _arm(self, plan: StepPlan) -> None:
         """Prepare the coming backward pass if the step accumulates micro-batches (every
         parameter's hook divides its gradient) or measures the noise with several
         replicas (the output's hook, see :meth:`after_forward`)."""
-        micros = loader._step_micros
-        measure = self.replicas > 1 and loader._measure_norms and self._can_measure()
+        micros = plan.micros
+        measure = self.replicas > 1 and plan.measures_replicas and self._can_measure()
         if micros == 1 and not measure:
             return
         self.hook_micros, self.hook_measure = micros, measure
@@ -169,7 +175,7 @@ class GradientProbe:
         waits for the all-reduces and copies the averages into ``.grad``, only when its
         last bucket is ready, after ours)."""
         self.hook_output = False
-        for tensor in _grad_tensors(output):
+        for tensor in grad_norms.grad_tensors(output):
             self.hooks.append(tensor.register_hook(self._on_backward_start))
 
     def disarm(self) -> None:
@@ -187,6 +193,7 @@ class GradientProbe:
         armed step has started (the first such hook queues the callback)."""
         if not self.backward_started:
             self.backward_started = True
+            # (torch has no public API to queue an autograd-engine callback; DDP uses this.)
             torch.autograd.Variable._execution_engine.queue_callback(self._local_grads_done)
 
     def _on_local_grad(self, param: torch.Tensor) -> None:
@@ -215,6 +222,7 @@ class GradientProbe:
                 self.measured = True
                 self.local_parts.append(
                     self._sqr_norms_sum(params, [p.grad.detach() for p in params]))
+        # (torch's engine, as above.)
         torch.autograd.Variable._execution_engine.queue_callback(self._backward_done)
 
     def _backward_done(self) -> None:
@@ -232,7 +240,7 @@ class GradientProbe:
         self.since_measure += batch_size
         found: list[Measurement] = []
         if self.replicas == 1:
-            micros = loader._step_micros
+            micros = loader.step_plan.micros
             if self.first_params is not None and micros > 1:
                 # n micro-batches of b = M / n samples, averaged into m, the first one
                 # g_1: with local = |m|^2 + |g_1 - m|^2, E[local] = |G|^2 + tr(Sigma) / b
@@ -255,7 +263,7 @@ class GradientProbe:
     # -- norms -----------------------------------------------------------------------------
     def _sqr_norm(self, param: torch.Tensor, grad: torch.Tensor) -> "float | torch.Tensor":
         if not self.precondition:
-            return _blocked_sqr_norm(grad)
+            return grad_norms.blocked_sqr_norm(grad)
         v, eps, bc2 = adam_preconditioner(self.optimizer, param)
         return preconditioned_sqr_norm(grad.view_as(param), v, eps, bc2)
 
@@ -293,37 +301,37 @@ class GradientProbe:
         grads = [p.grad.detach() for p in params]
         diffs = self.first_grads
         torch._foreach_sub_(diffs, grads)
-        total, spread = _read_floats(self._sqr_norms_sum(params, grads),
-                                     self._sqr_norms_sum(params, diffs))
+        total, spread = grad_norms.read_floats(self._sqr_norms_sum(params, grads),
+                                               self._sqr_norms_sum(params, diffs))
         return total, spread
 
     # -- side values (several replicas) ----------------------------------------------------
-    def _side_values_due(self, loader: "AdaptiveDataLoader") -> bool:
-        """Whether the step now starting is the agreed one for the next side values.
-        (Every replica runs the same steps and reads the same sums: they agree.)"""
-        step = loader._sync_steps
+    def _side_values_due(self, step: int) -> bool:
+        """Whether the step now starting (``StepPlan.index``) is the agreed one for the
+        next side values. (Every replica runs the same steps and reads the same sums:
+        they agree.)"""
         # (A step number far below the agreed one means another loader, counting from its
         # own start: it restarts the schedule instead of waiting.)
         return step >= self.side_next or self.side_next - step > SIDE_VALUES_MAX_EVERY
 
-    def _start_side_values(self, loader: "AdaptiveDataLoader") -> None:
+    def _start_side_values(self, loader: "AdaptiveDataLoader", step: int) -> None:
         """Start summing over the replicas [stop flag, in-place checkpoint flag,
         replica 0's choice of (local batch, accumulation steps) or zeros, a proposal for
         the next interval, then per measured step since the last time (local |g|^2, 1)];
         read in :meth:`_receive_side_values` when the step ends."""
-        key = (id(loader), loader._sync_steps)
+        key = (id(loader), step)
         if self.side_step == key or self.side_work is not None:
             return  # (a second forward pass in the same step)
         self.side_step = key
         # Every replica measures the same steps: the slots line up. (More than the slots
         # only when steps ran outside a loader's schedule: drop the oldest.)
         self.in_flight, self.unsent = self.unsent[-SIDE_VALUES_MAX_EVERY:], []
-        proposal, loader._proposal = loader._proposal, None
+        proposal = loader.take_proposal()
         requests = _interrupt.local_requests()
         values = [float(requests.exit), float(requests.save),
                   float(proposal[0]) if proposal else 0.0,
                   float(proposal[1]) if proposal else 0.0,
-                  float(self._propose_interval(loader._sync_steps))]
+                  float(self._propose_interval(step))]
         for local, *_ in self.in_flight:
             values += [local, 1.0]
         values += [0.0] * (_HEADER + 2 * SIDE_VALUES_MAX_EVERY - len(values))
@@ -346,15 +354,12 @@ class GradientProbe:
         (stop, in-place checkpoint) and batch choice to the loader's next boundary."""
         if self.measured:
             params = [p for p in self.params if p.grad is not None]
-            local, total = _read_floats(
-                _sum_parts(self.local_parts),
+            local, total = grad_norms.read_floats(
+                grad_norms.sum_parts(self.local_parts),
                 self._sqr_norms_sum(params, [p.grad.detach() for p in params]))
             self.unsent.append((local, total, batch_size, self.since_measure))
             self.since_measure = 0
-        loops = _data._LOOPS
-        # (A boundary not reached since an earlier step, the loop left between steps,
-        # still owes its requests.)
-        agreed, choice = loops.side_channel or (_interrupt.Requests(), None)
+        agreed, choice = boundary.side_values_owed()
         found = []
         if self.side_work is not None:
             tensor, work = self.side_work
@@ -374,54 +379,8 @@ class GradientProbe:
             if bsz > 0:
                 choice = (int(round(bsz)), int(round(accum)))
         # Boundaries between side values need no collective of their own.
-        loops.side_channel = (agreed, choice)
+        boundary.post_side_values(agreed, choice)
         return found
-
-
-def _grad_tensors(output: Any) -> list[torch.Tensor]:
-    """The tensors in a forward pass's output (nested lists, tuples, dicts) that the
-    backward pass will reach."""
-    if isinstance(output, torch.Tensor):
-        return [output] if output.requires_grad else []
-    if isinstance(output, (list, tuple)):
-        items = output
-    elif isinstance(output, dict):
-        items = output.values()
-    else:
-        return []
-    return [t for item in items for t in _grad_tensors(item)]
-
-
-def _blocked_sqr_norm(flat: torch.Tensor, block: int = 1 << 16) -> torch.Tensor:
-    """|x|^2 with float32 products and float64 accumulation across blocks: as accurate
-    as a float64 norm for our purposes (relative error ~1e-7 within a block, the sum of
-    blocks exact to ~1e-16) and many times faster. A float64 scalar tensor on ``flat``'s
-    device: read the step's sum once (on a GPU, reading it is a synchronisation)."""
-    flat = flat.reshape(-1)
-    if flat.dtype == torch.float64:
-        return torch.dot(flat, flat)
-    flat = flat.float()
-    if flat.numel() <= block:  # (most parameters: one product, no split)
-        return torch.dot(flat, flat).double()
-    return torch.stack([torch.dot(c, c) for c in flat.split(block)]).double().sum()
-
-
-def _sum_parts(parts: list[Any]) -> "float | torch.Tensor":
-    """The sum of squared norms (float64 tensors on one device, or floats when
-    preconditioned), not read from the device yet."""
-    if not parts:
-        return 0.0
-    if isinstance(parts[0], torch.Tensor):
-        return parts[0] if len(parts) == 1 else torch.stack(parts).sum()
-    return float(sum(parts))
-
-
-def _read_floats(*values: "float | torch.Tensor") -> list[float]:
-    """``values`` as floats, the tensors among them read from their device at once (on a
-    GPU every read is a synchronisation)."""
-    tensors = [v for v in values if isinstance(v, torch.Tensor)]
-    read = iter(torch.stack(tensors).tolist() if tensors else ())
-    return [next(read) if isinstance(v, torch.Tensor) else float(v) for v in values]
 
 
 def _side_values_group() -> Any:

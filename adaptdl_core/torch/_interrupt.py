@@ -10,8 +10,9 @@ the conventional answer to SIGTERM). A second SIGINT exits at once without a che
 the same way (as a second flag beside the exit flag), every replica saves at the same
 boundary and training goes on; the :class:`PendingCheckpoint` it returns says when.
 
-This module owns the process-wide request state; the data loader reads it with
-:func:`exit_requested` and :func:`checkpoint_requested` and settles the save requests with
+The requests themselves live in the job context (:class:`adaptdl_core.context.StopRequests`);
+this module is their API: the data loader reads them with :func:`exit_requested` and
+:func:`checkpoint_requested` and settles the save requests with
 :func:`take_checkpoint_requests` and :func:`resolve_checkpoint_requests`.
 """
 
@@ -23,6 +24,8 @@ import signal
 import threading
 from typing import NamedTuple
 
+from adaptdl_core import context
+
 __all__ = ["CheckpointExit", "EXIT_CODE", "request_checkpoint_and_exit", "exit_requested",
            "request_checkpoint", "PendingCheckpoint", "checkpoint_requested", "Requests",
            "local_requests", "take_checkpoint_requests", "resolve_checkpoint_requests",
@@ -32,8 +35,11 @@ LOG = logging.getLogger(__name__)
 
 EXIT_CODE = 143
 
-_FLAG = threading.Event()
 _installed = False
+
+
+def _requests() -> context.StopRequests:
+    return context.current().requests
 
 
 class CheckpointExit(SystemExit):
@@ -55,12 +61,12 @@ def request_checkpoint_and_exit() -> None:
     several replicas, within about 0.2 s of training or 64 steps). A job whose training
     ends before they agree simply finishes, with status 0.
     """
-    _FLAG.set()
+    _requests().request_exit()
 
 
 def exit_requested() -> bool:
     """True once this replica has been asked to stop (by a signal or programmatically)."""
-    return _FLAG.is_set()
+    return _requests().exit_requested()
 
 
 class PendingCheckpoint:
@@ -71,7 +77,10 @@ class PendingCheckpoint:
     are thread-safe.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, owner: context.StopRequests | None = None) -> None:
+        # (The requests of the job it was made in: a cancel after a reset of the context
+        # must not touch the next job's.)
+        self._owner = owner if owner is not None else _requests()
         self._resolved = threading.Event()
         self._taken = False
         self._path: str | None = None
@@ -111,27 +120,23 @@ class PendingCheckpoint:
         Returns:
             True if this call cancelled it; False if it was already resolved.
         """
-        with _LOCK:
-            if self in _PENDING:
-                _PENDING.remove(self)
+        with self._owner.lock():
+            self._owner.discard(self)
             return self._resolve(False, None)
 
     def _resolve(self, taken: bool, path: str | None) -> bool:
-        # (with _LOCK held) The first resolution wins: a cancel racing a save settles it.
-        if self._resolved.is_set():
-            return False
-        self._taken, self._path = taken, path
-        self._resolved.set()
-        return True
+        # The first resolution wins: a cancel racing a save settles it.
+        with self._owner.lock():
+            if self._resolved.is_set():
+                return False
+            self._taken, self._path = taken, path
+            self._resolved.set()
+            return True
 
     def __repr__(self) -> str:
         state = "pending" if not self.done else f"taken, path={self._path!r}" \
             if self._taken else "cancelled"
         return f"<PendingCheckpoint {state}>"
-
-
-_LOCK = threading.Lock()
-_PENDING: list[PendingCheckpoint] = []  # requests of this replica not resolved yet
 
 
 def request_checkpoint() -> PendingCheckpoint:
@@ -154,15 +159,15 @@ def request_checkpoint() -> PendingCheckpoint:
     Returns:
         the request's :class:`PendingCheckpoint`.
     """
-    handle = PendingCheckpoint()
-    with _LOCK:
-        _PENDING.append(handle)
+    requests = _requests()
+    handle = PendingCheckpoint(requests)
+    requests.add(handle)
     return handle
 
 
 def checkpoint_requested() -> bool:
     """True while this replica has an in-place checkpoint request pending."""
-    return bool(_PENDING)
+    return _requests().has_pending()
 
 
 class Requests(NamedTuple):
@@ -179,43 +184,34 @@ class Requests(NamedTuple):
 
 def local_requests() -> Requests:
     """This replica's pending requests."""
-    return Requests(_FLAG.is_set(), bool(_PENDING))
+    requests = _requests()
+    return Requests(requests.exit_requested(), requests.has_pending())
 
 
 def take_checkpoint_requests() -> list[PendingCheckpoint]:
     """The pending requests, which a checkpoint about to be taken will resolve; requests
     made from now on wait for the next one."""
-    with _LOCK:
-        taken = list(_PENDING)
-        _PENDING.clear()
-    return taken
+    return _requests().take()
 
 
 def resolve_checkpoint_requests(requests: list[PendingCheckpoint], taken: bool,
                                 path: str | None = None) -> None:
     """Resolve ``requests`` (from :func:`take_checkpoint_requests`): the checkpoint was
     taken (into ``path`` on replica 0), or it failed (``taken=False``)."""
-    with _LOCK:
-        for request in requests:
-            request._resolve(taken, path)
-
-
-def _clear() -> None:
-    """Forget pending requests: the exit flag (used after a programmatic stop in
-    long-lived processes) and the in-place checkpoint requests (cancelled)."""
-    _FLAG.clear()
-    for request in take_checkpoint_requests():
-        request.cancel()
+    for request in requests:
+        # (A private method of the same class: resolving a request is not for users.)
+        request._resolve(taken, path)
 
 
 def _handler(signum: int, frame: object) -> None:
     name = signal.Signals(signum).name
-    if _FLAG.is_set() and signum == signal.SIGINT:
+    requests = _requests()
+    if requests.exit_requested() and signum == signal.SIGINT:
         LOG.warning("second %s: exiting now without a checkpoint", name)
         os._exit(130)
     LOG.warning("received %s: will checkpoint at the next batch boundary and exit "
                 "(press Ctrl-C again to exit at once)", name)
-    _FLAG.set()
+    requests.request_exit()
 
 
 def install_signal_handlers() -> bool:

@@ -18,7 +18,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from adaptdl_core import checkpoint
+from adaptdl_core import checkpoint, context
 from adaptdl_core.goodput import GoodputFunction, GradParams, PerfParams, fit_perf_params
 from adaptdl_core.sched_hints import SchedHints
 
@@ -26,7 +26,8 @@ LOG = logging.getLogger(__name__)
 
 # Refit after this many new optimizer steps have been profiled...
 REFIT_EVERY_STEPS = 10
-# ...but never more often than this (a fit costs 25-60 ms: at most ~3% of the time)...
+# ...but never more often than this (a fit costs tens of milliseconds:
+# benchmarks/step_overhead.py reports the fits' count and mean time per run)...
 REFIT_MIN_INTERVAL_S = 2.0
 # ...and only if some profiled step time moved by more than this fraction since the last
 # fit (the profile holds running means: once they settle a refit would find the same
@@ -111,25 +112,15 @@ class _HintsState(checkpoint.State):
         pass  # Derived from adaptdl-metrics; nothing to restore.
 
 
-_METRICS: _Metrics | None = None
-
-
-def _reset() -> None:
-    global _METRICS
-    _METRICS = None
-
-
-checkpoint._RESET_HOOKS.append(_reset)
-
-
 def metrics() -> _Metrics:
-    """The job's metrics State, created and restored on first use."""
-    global _METRICS
-    if _METRICS is None:
-        _METRICS = _Metrics()
+    """The job's metrics State (held by the job context), created and restored on first
+    use."""
+    ctx = context.current()
+    if ctx.metrics is None:
+        ctx.metrics = _Metrics()
         _HintsState()
-        checkpoint.load_state(_METRICS)
-    return _METRICS
+        checkpoint.load_state(ctx.metrics)
+    return ctx.metrics
 
 
 def _key(nodes: int, replicas: int, local_bsz: int) -> str:
@@ -287,7 +278,8 @@ def maybe_refit(force: bool = False) -> bool:
 def first_step_walltime() -> float | None:
     """Wall-clock time of this process's first profiled optimizer step (``None`` before
     it, or when no job state exists yet); launchers use it to time restarts."""
-    return None if _METRICS is None else _METRICS.first_step_walltime
+    m = context.current().metrics
+    return None if m is None else m.first_step_walltime
 
 
 def goodput_fn() -> GoodputFunction | None:

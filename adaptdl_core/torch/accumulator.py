@@ -11,7 +11,7 @@ from typing import IO, Any, Iterator
 import numpy as np
 import torch
 
-from adaptdl_core import checkpoint, collective
+from adaptdl_core import checkpoint, collective, context
 from adaptdl_core.torch.data import current_dataloader
 from adaptdl_core.torch.epoch import current_epoch
 
@@ -222,7 +222,7 @@ class _AccumulatorState(checkpoint.State):
                                "matched to their checkpoints by creation order)")
         epoch = current_epoch()
         prefix = f"adaptdl-accumulator-epoch{epoch}-"
-        count = sum(1 for name in checkpoint._STATES if name.startswith(prefix))
+        count = context.current().states.count_prefix(prefix)
         super().__init__(f"{prefix}{count}")
         self.results: dict = dict(*args, **kwargs)
         self.results_history: dict = {}

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 from typing import IO, Iterator
 
-from adaptdl_core import checkpoint
+from adaptdl_core import checkpoint, context
 
 __all__ = ["remaining_epochs_until", "current_epoch", "finished_epochs"]
 
@@ -43,33 +43,20 @@ class _EpochState(checkpoint.State):
         self.finished_epochs = int(checkpoint.load_json(fileobj)["finished_epochs"])
 
 
-_STATE: _EpochState | None = None
-
-
-def _reset() -> None:
-    global _STATE, _TARGET
-    _STATE = None
-    _TARGET = None
-
-
-checkpoint._RESET_HOOKS.append(_reset)
-
-
 def _state() -> _EpochState:
-    global _STATE
-    if _STATE is None:
-        _STATE = _EpochState()
-        checkpoint.load_state(_STATE)
-    return _STATE
-
-
-_TARGET: int | None = None  # the last bound given to remaining_epochs_until in this run
+    """The job's epoch counter (held by the job context), created and restored on first
+    use."""
+    ctx = context.current()
+    if ctx.epoch_state is None:
+        ctx.epoch_state = _EpochState()
+        checkpoint.load_state(ctx.epoch_state)
+    return ctx.epoch_state
 
 
 def target_epochs() -> int | None:
     """The ``epoch`` bound of the latest :func:`remaining_epochs_until` call in this
     process (the job's planned number of epochs), or ``None`` before any call."""
-    return _TARGET
+    return context.current().epoch_target
 
 
 def remaining_epochs_until(epoch: int) -> Iterator[int]:
@@ -100,8 +87,7 @@ def remaining_epochs_until(epoch: int) -> Iterator[int]:
     if state.current_epoch is not None:
         raise RuntimeError("overlapping epoch loops: remaining_epochs_until() was called "
                            f"inside epoch {state.current_epoch} of another epoch loop")
-    global _TARGET
-    _TARGET = epoch
+    context.current().epoch_target = epoch
     return _epochs(state, epoch)
 
 

@@ -1,6 +1,6 @@
 """Gradient noise scale and AdaScale gain: the statistical-efficiency half of goodput.
 
-Notation (see ``shared/design/ALGORITHMS.md`` section 2): ``G`` is the true (expected)
+Notation (see ``docs/algorithms.md``, "Gradient noise"): ``G`` is the true (expected)
 gradient, ``Sigma`` the covariance of a single-sample gradient, ``M0`` the user's initial
 total batch size and ``M`` the total batch of one optimizer step (``r = M / M0``).
 
@@ -24,9 +24,14 @@ noise can be measured in the space the optimizer actually steps in.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Mapping
 
 import torch
+
+from adaptdl_core import goodput, validation
+# (The Adam helpers live next door; they are part of this module's API too.)
+from adaptdl_core.torch.adam_noise import (adam_preconditioner, is_adam_family,
+                                           preconditioned_sqr_norm)
 
 if TYPE_CHECKING:  # imported lazily at run time (see grad_params)
     from adaptdl_core.goodput import GradParams
@@ -83,9 +88,9 @@ class GradientNoiseScale:
     (``f = memory_fraction``): ``f = 1`` is the plain running mean (no forgetting), the
     default 0.35 weighs by ``(a / age) ** 1.9``, i.e. follows roughly the last third of
     the training so far, until ``f * age`` reaches ``1 / (1 - smoothing)`` ``M0``-steps
-    (after ~2900 ``M0``-steps by default), from where it is the plain EMA. (On the noisy
-    quadratic of the scaling-rule tests, 8 seeds, AdaScale at scale 32 then reaches the
-    loss of scale 1 in 37 instead of 51 steps; 0.25-0.5 behave alike.)
+    (after ~2900 ``M0``-steps by default), from where it is the plain EMA. (The default
+    was chosen on the noisy quadratic of ``tests/core/test_scaling_rules.py``,
+    ``train_noisy_quadratic``, where other values can be compared.)
 
     **Sampled measurements.** When not every step is measured, pass the training done
     since the previous measurement as ``elapsed`` to :meth:`update`: the decay (and the
@@ -123,18 +128,11 @@ class GradientNoiseScale:
 
     def __init__(self, init_batch_size: int, smoothing: float = 0.999, *,
                  sqr_floor_fraction: float = 0.25, memory_fraction: float = 0.35) -> None:
-        if isinstance(init_batch_size, bool) or not isinstance(init_batch_size, int) \
-                or init_batch_size < 1:
-            raise ValueError(f"init_batch_size must be an integer >= 1, got {init_batch_size!r}")
-        smoothing = _as_float("smoothing", smoothing)
-        if not 0.0 < smoothing < 1.0:
-            raise ValueError(f"smoothing must be in (0, 1), got {smoothing!r}")
-        sqr_floor_fraction = _as_float("sqr_floor_fraction", sqr_floor_fraction)
-        if not (math.isfinite(sqr_floor_fraction) and sqr_floor_fraction >= 0.0):
-            raise ValueError(f"sqr_floor_fraction must be >= 0, got {sqr_floor_fraction!r}")
-        memory_fraction = _as_float("memory_fraction", memory_fraction)
-        if not (math.isfinite(memory_fraction) and memory_fraction >= 0.0):
-            raise ValueError(f"memory_fraction must be >= 0, got {memory_fraction!r}")
+        init_batch_size = validation.integer("init_batch_size", init_batch_size, low=1)
+        smoothing = validation.number("smoothing", smoothing, 0.0, 1.0, low_open=True,
+                                      high_open=True)
+        sqr_floor_fraction = validation.number("sqr_floor_fraction", sqr_floor_fraction, 0.0)
+        memory_fraction = validation.number("memory_fraction", memory_fraction, 0.0)
         self._init_batch_size = init_batch_size
         self._memory_fraction = memory_fraction
         self._smoothing = smoothing
@@ -238,9 +236,8 @@ class GradientNoiseScale:
         if local < 0.0 or total < 0.0:
             raise ValueError(f"squared norms must be >= 0, got local_sqr={local_sqr!r}, "
                              f"total_sqr={total_sqr!r}")
-        step = m if elapsed is None else _as_float("elapsed", elapsed)
-        if not (math.isfinite(step) and step > 0.0):
-            raise ValueError(f"elapsed must be a number of samples > 0, got {elapsed!r}")
+        step = m if elapsed is None else validation.number(
+            "elapsed", elapsed, 0.0, low_open=True, what="a number of samples")
         scale = m / self._init_batch_size
         sqr = (n * total - local) / (n - 1)
         var = (local - total) * scale / (n - 1)
@@ -300,9 +297,7 @@ class GradientNoiseScale:
         Raises:
             ValueError: if ``scale`` is not a finite number ``> 0``.
         """
-        r = _as_float("scale", scale)
-        if not (math.isfinite(r) and r > 0.0):
-            raise ValueError(f"scale must be a finite number > 0, got {scale!r}")
+        r = validation.number("scale", scale, 0.0, low_open=True)
         # (r == 1: the initial batch, the bounds below meet; every step of a fixed batch.)
         if r == 1.0 or not self.has_estimate or self._var_ema / self._weight <= _TINY:
             return 1.0
@@ -328,11 +323,8 @@ class GradientNoiseScale:
         Raises:
             ValueError: if ``batch_size`` is not a finite number ``> 0``.
         """
-        m = _as_float("batch_size", batch_size)
-        if not (math.isfinite(m) and m > 0.0):
-            raise ValueError(f"batch_size must be a finite number > 0, got {batch_size!r}")
-        r = max(m / self._init_batch_size, 1.0)
-        return self.gain(r) / r
+        m = validation.number("batch_size", batch_size, 0.0, low_open=True)
+        return float(goodput.efficiency(self.noise_scale(), self._init_batch_size, m))
 
     def confidence(self) -> float:
         """Effective number of samples behind the current estimates (0.0 before any).
@@ -436,99 +428,3 @@ class GradientNoiseScale:
         return (f"GradientNoiseScale(init_batch_size={self._init_batch_size}, "
                 f"sqr={self.sqr_avg():.4g}, var={self.var_avg():.4g}, "
                 f"progress={self.progress:.4g}, updates={self._num_updates})")
-
-
-# ---------------------------------------------------------------------- Adam helpers
-
-def is_adam_family(optimizer: Any) -> bool:
-    """Whether ``optimizer`` preconditions by ``sqrt(v_hat) + eps`` with an ``exp_avg_sq``
-    state, Adam-style: ``torch.optim.Adam``, ``AdamW``, ``NAdam``, ``RAdam`` and their
-    subclasses.
-
-    Left out on purpose: ``Adamax`` (infinity-norm second moment, no ``exp_avg_sq``),
-    ``SparseAdam`` (sparse updates), ``Adagrad``/``RMSprop`` (no bias-corrected EMA); these
-    are treated like SGD (AdaScale, plain-gradient noise). For RAdam the preconditioner
-    is only used once its variance rectification switches on (after about 5 steps); the
-    noise is still measured in the preconditioned space, a close approximation.
-    """
-    return isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW, torch.optim.NAdam,
-                                  torch.optim.RAdam))
-
-
-def preconditioned_sqr_norm(grad: torch.Tensor, exp_avg_sq: Optional[torch.Tensor],
-                            eps: float, bias_correction2: float) -> float:
-    """Squared norm of ``grad`` in Adam's preconditioned space:
-    ``sum((grad / (sqrt(exp_avg_sq / bias_correction2) + eps)) ** 2)``.
-
-    Args:
-        grad: a gradient (any shape, any float dtype, any device).
-        exp_avg_sq: Adam's (biased) second-moment state for the same parameter, or
-            ``None`` before the first optimizer step; then the plain ``|grad|^2`` is
-            returned.
-        eps: Adam's ``eps`` (``>= 0``).
-        bias_correction2: ``1 - beta2 ** step`` (in ``(0, 1]``).
-
-    Returns:
-        A Python float. Elementwise work is done in float32 (float64 for float64 input),
-        the sum is accumulated in float64: the two-batch estimators subtract nearly equal
-        norms, so accumulation error matters. On a CUDA tensor this synchronises.
-
-    Raises:
-        ValueError: if the shapes differ, ``eps < 0`` or ``bias_correction2`` is not in
-            ``(0, 1]``.
-    """
-    g = grad.detach()
-    work = torch.float64 if g.dtype == torch.float64 else torch.float32
-    if exp_avg_sq is None:
-        if not g.numel():
-            return 0.0
-        return float(g.to(work).pow(2).sum(dtype=torch.float64).item())
-    if tuple(exp_avg_sq.shape) != tuple(g.shape):
-        raise ValueError(f"exp_avg_sq shape {tuple(exp_avg_sq.shape)} != grad shape "
-                         f"{tuple(g.shape)}")
-    eps = float(eps)
-    bc2 = float(bias_correction2)
-    if not (eps >= 0.0 and math.isfinite(eps)):
-        raise ValueError(f"eps must be >= 0, got {eps!r}")
-    if not 0.0 < bc2 <= 1.0:
-        raise ValueError(f"bias_correction2 must be in (0, 1], got {bias_correction2!r}")
-    if not g.numel():
-        return 0.0
-    gw = g.to(work)
-    denom = exp_avg_sq.detach().to(device=gw.device, dtype=work).div(bc2).sqrt_()
-    denom.add_(eps)
-    return float(gw.div(denom).pow_(2).sum(dtype=torch.float64).item())
-
-
-def adam_preconditioner(optimizer: torch.optim.Optimizer, param: torch.Tensor
-                        ) -> Tuple[Optional[torch.Tensor], float, float]:
-    """The arguments of :func:`preconditioned_sqr_norm` for one parameter of an
-    Adam-family optimizer: ``(exp_avg_sq, eps, bias_correction2)``.
-
-    ``exp_avg_sq`` is ``max_exp_avg_sq`` for AMSGrad groups (what Adam divides by) and
-    ``None`` while the parameter has no state yet (before its first step), in which case
-    ``bias_correction2`` is 1.0.
-
-    Raises:
-        ValueError: if ``param`` is not in any of the optimizer's groups, or the group has
-            no ``betas``/``eps`` (not an Adam-family optimizer).
-    """
-    for group in optimizer.param_groups:
-        if any(p is param for p in group["params"]):
-            break
-    else:
-        raise ValueError("param is not managed by this optimizer")
-    if "betas" not in group or "eps" not in group:
-        raise ValueError(f"{type(optimizer).__name__} is not an Adam-family optimizer")
-    eps = float(group["eps"])
-    state = optimizer.state.get(param, {})
-    key = "max_exp_avg_sq" if group.get("amsgrad", False) else "exp_avg_sq"
-    v = state.get(key)
-    step = state.get("step")
-    if v is None or step is None:
-        return None, eps, 1.0
-    step_f = float(step.item()) if isinstance(step, torch.Tensor) else float(step)
-    if step_f <= 0:
-        return None, eps, 1.0
-    beta2 = float(group["betas"][1])
-    return v, eps, 1.0 - beta2 ** step_f

@@ -21,14 +21,14 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from adaptdl_core import checkpoint
+from adaptdl_core import checkpoint, context
 from adaptdl_core.torch import _metrics
 from adaptdl_core.torch import data as _data
 from adaptdl_core.torch._gradient_probe import GradientProbe, Measurement
 from adaptdl_core.torch.data import current_dataloader
 from adaptdl_core.torch.gradient_noise_scale import GradientNoiseScale, is_adam_family
-from adaptdl_core.torch.scaling_rules import (ScalingRuleBase, default_rule_for,
-                                              rescale_adam_state)
+from adaptdl_core.torch.scaling_rules import (LR_SCHED_MARK, ScalingRuleBase,
+                                              default_rule_for, rescale_adam_state)
 
 __all__ = ["AdaptiveDataParallel"]
 
@@ -81,17 +81,16 @@ class AdaptiveDataParallel(DistributedDataParallel):
         self._gns: GradientNoiseScale | None = None
         self._gns_saved: dict | None = None
         self._precondition = is_adam_family(optimizer)
-        self._inner_step = None  # the optimizer's step below our wrapper (with the rule)
+        self._inner_step = None  # the optimizer's step below our wrapper
         self._replicas = dist.get_world_size()
         self._probe = GradientProbe([p for p in self.module.parameters() if p.requires_grad],
                                     optimizer, self._replicas, self._precondition,
                                     grads_in_buckets=self.gradient_as_bucket_view)
-        self._state = _TrainingState(name, self)
+        self._state = _TrainingState(name, self._save_state, self._load_state)
         if checkpoint.load_state(self._state):
             LOG.info("restored model, optimizer and schedulers from the checkpoint")
         self._install_step_wrapper()
-        global _CURRENT
-        _CURRENT = weakref.ref(self)
+        context.current().model = weakref.ref(self)
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
         """Run the model; gradients are synchronised only on the last micro-batch of an
@@ -104,7 +103,7 @@ class AdaptiveDataParallel(DistributedDataParallel):
         if self.require_backward_grad_sync is not want_sync:
             self.require_backward_grad_sync = want_sync
         if loader is not None and torch.is_grad_enabled() and (
-                _training_loader() is None or loader.training):
+                _data.training_loader() is None or loader.training):
             self._probe.before_forward(loader, sync)
         output = super().forward(*inputs, **kwargs)
         if self._probe.hook_output:
@@ -122,75 +121,73 @@ class AdaptiveDataParallel(DistributedDataParallel):
     def gain(self) -> float:
         """The AdaScale gain of the current batch scale: how many steps at the initial
         batch size one step is worth (1.0 before any estimate)."""
-        loader = current_dataloader() or _training_loader()
+        loader = current_dataloader() or _data.training_loader()
         if self._gns is None or loader is None:
             return 1.0
-        return float(self._gns.gain(loader.current_batch_size / loader._target_batch_size))
+        return float(self._gns.gain(loader.current_batch_size / loader.batch_size))
 
     # -- the optimizer step ----------------------------------------------------------
     def _install_step_wrapper(self) -> None:
         optimizer = self.adaptdl_optimizer
-        ddp = self
 
         def step(opt: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
-            return ddp._step(*args, **kwargs)
+            return self._step(*args, **kwargs)
 
         def zero_grad(opt: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
             # Between micro-batches of one optimizer step the gradients must accumulate.
-            if ddp._probe.accumulating:
+            if self._probe.accumulating:
                 return None
-            return ddp._zero_grad(*args, **kwargs)
+            return self._zero_grad(*args, **kwargs)
 
-        self._below_wrapper = optimizer.__dict__.get("step")
         self._inner_step = optimizer.step
-        if getattr(optimizer.step, "_wrapped_by_lr_sched", False):
+        if getattr(optimizer.step, LR_SCHED_MARK, False):
             # LR schedulers check this mark to know that step() is still theirs to count.
-            step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
+            setattr(step, LR_SCHED_MARK, True)
         self._zero_grad = optimizer.zero_grad
         optimizer.step = types.MethodType(step, optimizer)  # type: ignore[method-assign]
         optimizer.zero_grad = types.MethodType(zero_grad, optimizer)  # type: ignore[method-assign]
 
-    def _attach_rule(self, init_batch_size: int) -> None:
-        """Create the noise estimator (M0 is known once a training loader runs) and put
-        the scaling rule directly below our step wrapper."""
-        optimizer = self.adaptdl_optimizer
+    def _start_noise_estimate(self, init_batch_size: int) -> None:
+        """Create the noise estimator (M0 is known once a training loader runs) and give
+        it to the scaling rule."""
         self._gns = GradientNoiseScale(init_batch_size)
         if self._gns_saved is not None and self._gns_saved.get("init_batch_size") == init_batch_size:
             self._gns.load_state_dict(self._gns_saved)
-        ours = optimizer.__dict__["step"]
-        if self._below_wrapper is None:
-            del optimizer.step
-        else:
-            optimizer.step = self._below_wrapper  # type: ignore[method-assign]
-        self.scaling_rule.attach(optimizer, self._gns)
-        self._inner_step = optimizer.step
-        optimizer.step = ours  # type: ignore[method-assign]
+        self.scaling_rule.bind(self._gns)
 
     def _step(self, *args: Any, **kwargs: Any) -> Any:
+        """The one wrapper of ``optimizer.step``; its hooks run in this order: (1) skip the
+        step on accumulation micro-batches, (2) the measurements (noise, Adam moments),
+        (3) the lr scaling rule around the optimizer's own step, (4) progress."""
         loader = current_dataloader()
         if loader is None:
-            return self._inner_step(*args, **kwargs)
-        # (On the probe, a plain object: setting a torch Module's attribute is slow.)
+            # Outside a loader loop: no batch to account for; the rule keeps its scale.
+            if self._gns is None:
+                return self._inner_step(*args, **kwargs)
+            return self.scaling_rule.apply(self.adaptdl_optimizer, self._inner_step,
+                                           *args, **kwargs)
+        # (1) (On the probe, a plain object: setting a torch Module's attribute is slow.)
         if loader.is_accumulation_step:
             self._probe.accumulating = True
             return None
         self._probe.accumulating = False
         _metrics.metrics()  # make sure the metrics State exists before any checkpoint
-        if _training_loader() is None:
-            _data._LOOPS.training = loader
-            _metrics.set_batch_size_limits(loader._target_batch_size, loader.max_batch_size,
+        if _data.training_loader() is None:
+            _data.loops().training = loader
+            _metrics.set_batch_size_limits(loader.batch_size, loader.max_batch_size,
                                            loader.local_bsz_bounds,
-                                           loader._gradient_accumulation)
-        init_bsz = loader._target_batch_size
+                                           loader.gradient_accumulation)
+        init_bsz = loader.batch_size
         if self._gns is None:
-            self._attach_rule(init_bsz)
+            self._start_noise_estimate(init_bsz)
         # The loader's batch size, and the samples this step actually has: fewer for the
         # partial last batch of a pass, which then counts (lr and progress) for what it is.
         current = loader.current_batch_size
         nominal = current / init_bsz
-        batch = loader._step_batch_size or current
+        batch = loader.step_batch_size or current
         scale = batch / init_bsz
         previous = self.scaling_rule.scale
+        # (2)
         if self._precondition and self.adaptdl_optimizer.state and previous != nominal:
             # Adam's second moments estimate E[g^2] at the old batch: rescale, not zero.
             rescale_adam_state(self.adaptdl_optimizer, previous, nominal, self._gns)
@@ -198,16 +195,44 @@ class AdaptiveDataParallel(DistributedDataParallel):
         rule = self.scaling_rule
         if previous != scale:
             rule.set_scale(scale)
-        try:
-            result = self._inner_step(*args, **kwargs)
+        try:  # (3)
+            result = rule.apply(self.adaptdl_optimizer, self._inner_step, *args, **kwargs)
         finally:
             # The rule keeps (and checkpoints) the loader's scale, so that a partial batch
             # is not mistaken for a change of batch size.
             if scale != nominal:
                 rule.set_scale(nominal)
-        _metrics.add_progress(self._gns.accumulate_progress(scale))
-        loader._stepped = True
+        _metrics.add_progress(self._gns.accumulate_progress(scale))  # (4)
+        loader.note_optimizer_step()
         return result
+
+    # -- checkpoint ----------------------------------------------------------------------
+    def _save_state(self, fileobj: IO[bytes]) -> None:
+        torch.save({
+            "model": self.module.state_dict(),
+            "optimizer": self.adaptdl_optimizer.state_dict(),
+            "lr_scheduler": (self.adaptdl_lr_scheduler.state_dict()
+                             if self.adaptdl_lr_scheduler is not None else None),
+            "mp_scaler": (self.adaptdl_mp_scaler.state_dict()
+                          if self.adaptdl_mp_scaler is not None else None),
+            "torch_rng": torch.get_rng_state(),
+            "gns": self._gns.state_dict() if self._gns is not None else self._gns_saved,
+            "scaling_rule": self.scaling_rule.state_dict(),
+        }, fileobj)
+
+    def _load_state(self, fileobj: IO[bytes]) -> None:
+        device = next(self.module.parameters()).device
+        data = torch.load(fileobj, map_location=device, weights_only=True)
+        self.module.load_state_dict(data["model"])
+        self.adaptdl_optimizer.load_state_dict(data["optimizer"])
+        if self.adaptdl_lr_scheduler is not None and data["lr_scheduler"] is not None:
+            self.adaptdl_lr_scheduler.load_state_dict(data["lr_scheduler"])
+        if self.adaptdl_mp_scaler is not None and data["mp_scaler"] is not None:
+            self.adaptdl_mp_scaler.load_state_dict(data["mp_scaler"])
+        torch.set_rng_state(data["torch_rng"].cpu())
+        self._gns_saved = data.get("gns")
+        if data.get("scaling_rule"):
+            self.scaling_rule.load_state_dict(data["scaling_rule"])
 
     # -- gradient noise ----------------------------------------------------------------
     def _update_noise(self, loader: "_data.AdaptiveDataLoader", batch_size: int) -> None:
@@ -222,51 +247,20 @@ class AdaptiveDataParallel(DistributedDataParallel):
             _metrics.record_grad_params(gns.grad_params())
 
 
-_CURRENT: "weakref.ref[AdaptiveDataParallel] | None" = None
-
-
 def current_model() -> "AdaptiveDataParallel | None":
     """The most recently created :class:`AdaptiveDataParallel` still alive, or ``None``."""
-    return None if _CURRENT is None else _CURRENT()
+    ref = context.current().model
+    return None if ref is None else ref()
 
-
-def _training_loader() -> "_data.AdaptiveDataLoader | None":
-    return _data._LOOPS.training
 
 
 class _TrainingState(checkpoint.State):
-    def __init__(self, name: str, ddp: AdaptiveDataParallel):
+    """The model wrapper's checkpointed state; the wrapper hands it its save and load."""
+
+    def __init__(self, name: str, save: Any, load: Any):
         super().__init__(name)
-        self.ddp = ddp
-
-    def save(self, fileobj: IO[bytes]) -> None:
-        ddp = self.ddp
-        torch.save({
-            "model": ddp.module.state_dict(),
-            "optimizer": ddp.adaptdl_optimizer.state_dict(),
-            "lr_scheduler": (ddp.adaptdl_lr_scheduler.state_dict()
-                             if ddp.adaptdl_lr_scheduler is not None else None),
-            "mp_scaler": (ddp.adaptdl_mp_scaler.state_dict()
-                          if ddp.adaptdl_mp_scaler is not None else None),
-            "torch_rng": torch.get_rng_state(),
-            "gns": ddp._gns.state_dict() if ddp._gns is not None else ddp._gns_saved,
-            "scaling_rule": ddp.scaling_rule.state_dict(),
-        }, fileobj)
-
-    def load(self, fileobj: IO[bytes]) -> None:
-        ddp = self.ddp
-        device = next(ddp.module.parameters()).device
-        data = torch.load(fileobj, map_location=device, weights_only=True)
-        ddp.module.load_state_dict(data["model"])
-        ddp.adaptdl_optimizer.load_state_dict(data["optimizer"])
-        if ddp.adaptdl_lr_scheduler is not None and data["lr_scheduler"] is not None:
-            ddp.adaptdl_lr_scheduler.load_state_dict(data["lr_scheduler"])
-        if ddp.adaptdl_mp_scaler is not None and data["mp_scaler"] is not None:
-            ddp.adaptdl_mp_scaler.load_state_dict(data["mp_scaler"])
-        torch.set_rng_state(data["torch_rng"].cpu())
-        ddp._gns_saved = data.get("gns")
-        if data.get("scaling_rule"):
-            ddp.scaling_rule.load_state_dict(data["scaling_rule"])
+        self.save = save  # type: ignore[method-assign]
+        self.load = load  # type: ignore[method-assign]
 
 
 def load_model_state_dict(checkpoint_dir: str, name: str = "adaptdl-dataparallel",

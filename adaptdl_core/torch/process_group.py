@@ -10,7 +10,7 @@ from urllib.parse import urlparse
 import torch
 import torch.distributed as dist
 
-from adaptdl_core import collective, env
+from adaptdl_core import collective, context, env
 from adaptdl_core.torch import _interrupt
 
 __all__ = ["init_process_group"]
@@ -31,8 +31,9 @@ def _parse_init_method(init_method: str | None) -> tuple[str | None, int | None]
 
 def init_process_group(backend: str, init_method: str | None = None,
                        world_size: int | None = None, rank: int | None = None) -> None:
-    """Join this replica to the job: install the graceful-stop signal handlers, connect
-    to the job's store and initialise ``torch.distributed`` with ``backend``.
+    """Join this replica to the job: start the job context (:mod:`adaptdl_core.context`)
+    with the job's world, install the graceful-stop signal handlers, connect to the job's
+    store and initialise ``torch.distributed`` with ``backend``.
 
     Without arguments everything comes from the ``ADAPTDL_*`` variables, and a single
     process needs none of them.
@@ -65,6 +66,7 @@ def init_process_group(backend: str, init_method: str | None = None,
     os.environ["ADAPTDL_REPLICA_RANK"] = str(rank)
     if env.num_nodes() > size:
         os.environ["ADAPTDL_NUM_NODES"] = str(size)
+    context.start(context.World(env.num_nodes(), size, rank, env.num_restarts()))
     _interrupt.install_signal_handlers()
     timeout = timedelta(seconds=env.timeout())
     if size == 1:

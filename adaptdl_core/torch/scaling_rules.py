@@ -34,6 +34,10 @@ from typing import Any, Callable, Dict, List, Mapping, Optional
 
 import torch
 
+from adaptdl_core import validation
+
+# (rescale_adam_state lives with the other Adam helpers; it is part of this API too.)
+from adaptdl_core.torch.adam_noise import rescale_adam_state
 from adaptdl_core.torch.gradient_noise_scale import GradientNoiseScale, is_adam_family
 
 __all__ = [
@@ -49,16 +53,14 @@ __all__ = [
 
 # Attribute set on an optimizer that has a rule attached (one rule per optimizer).
 _ATTACHED_ATTR = "_adaptdl_scaling_rule"
+# The mark torch's LR schedulers put on the optimizer.step they wrapped (and look for, to
+# know whether step() is still theirs to count): a wrapper that keeps counting correct
+# carries it on.
+LR_SCHED_MARK = "_wrapped_by_lr_sched"
 
 
 def _check_scale(scale: Any) -> float:
-    try:
-        r = float(scale)
-    except (TypeError, ValueError):
-        raise ValueError(f"scale must be a number, got {scale!r}") from None
-    if not (math.isfinite(r) and r > 0.0):
-        raise ValueError(f"scale must be a finite number > 0, got {scale!r}")
-    return r
+    return validation.number("scale", scale, 0.0, low_open=True)
 
 
 class ScalingRuleBase(abc.ABC):
@@ -127,7 +129,7 @@ class ScalingRuleBase(abc.ABC):
     def _require_gns(self) -> GradientNoiseScale:
         if self._gns is None:
             raise RuntimeError(f"{type(self).__name__} needs a GradientNoiseScale: call "
-                               "attach(optimizer, gns) first")
+                               "attach(optimizer, gns) or bind(gns) first")
         return self._gns
 
     def state_dict(self) -> Dict[str, Any]:
@@ -146,6 +148,43 @@ class ScalingRuleBase(abc.ABC):
         except (KeyError, TypeError):
             raise ValueError(f"malformed scaling rule state: {state!r}") from None
         self._scale = _check_scale(scale)
+
+    # -------------------------------------------------------------- applying
+
+    def bind(self, gns: GradientNoiseScale) -> None:
+        """Give the rule its noise estimator without patching an optimizer: for a caller
+        that runs the optimizer step itself through :meth:`apply` (AdaptiveDataParallel's
+        one step wrapper does).
+
+        Raises:
+            ValueError: if ``gns`` is not a GradientNoiseScale.
+        """
+        if not isinstance(gns, GradientNoiseScale):
+            raise ValueError(f"gns must be a GradientNoiseScale, got {type(gns).__name__}")
+        self._gns = gns
+
+    def apply(self, optimizer: torch.optim.Optimizer, step: Callable[..., Any],
+              *args: Any, **kwargs: Any) -> Any:
+        """Run ``step(*args, **kwargs)`` (an optimizer step) with every parameter group's lr
+        of ``optimizer`` multiplied by ``scale_lr(self.scale)``, and restore the lrs
+        afterwards (also when the step raises). Records :attr:`last_lr_factor`.
+
+        Returns:
+            what ``step`` returned.
+        """
+        factor = float(self.scale_lr(self._scale))
+        self.last_lr_factor = factor
+        if factor == 1.0:
+            return step(*args, **kwargs)
+        groups = list(optimizer.param_groups)
+        saved: List[Any] = [group["lr"] for group in groups]
+        try:
+            for group, lr in zip(groups, saved):
+                group["lr"] = lr * factor
+            return step(*args, **kwargs)
+        finally:
+            for group, lr in zip(groups, saved):
+                group["lr"] = lr
 
     # -------------------------------------------------------------- patching
 
@@ -181,31 +220,18 @@ class ScalingRuleBase(abc.ABC):
         if self.needs_gns and gns is None:
             raise ValueError(f"{type(self).__name__} needs a GradientNoiseScale (gns=...)")
 
-        rule = self
         inner = optimizer.step  # bound: the class's step, or a wrapper already installed
         prev = optimizer.__dict__.get("step")
 
         def step(opt: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
-            if not rule._active:
+            if not self._active:
                 return inner(*args, **kwargs)
-            factor = float(rule.scale_lr(rule._scale))
-            rule.last_lr_factor = factor
-            if factor == 1.0:
-                return inner(*args, **kwargs)
-            groups = list(opt.param_groups)
-            saved: List[Any] = [group["lr"] for group in groups]
-            try:
-                for group, lr in zip(groups, saved):
-                    group["lr"] = lr * factor
-                return inner(*args, **kwargs)
-            finally:
-                for group, lr in zip(groups, saved):
-                    group["lr"] = lr
+            return self.apply(opt, inner, *args, **kwargs)
 
-        if getattr(inner, "_wrapped_by_lr_sched", False):
+        if getattr(inner, LR_SCHED_MARK, False):
             # An LR scheduler already counts step calls underneath: tell later schedulers
             # not to wrap again (they would otherwise wrap this function, which also works).
-            step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
+            setattr(step, LR_SCHED_MARK, True)
         optimizer.step = types.MethodType(step, optimizer)  # type: ignore[method-assign]
         setattr(optimizer, _ATTACHED_ATTR, self)
         self._optimizer = optimizer
@@ -296,12 +322,8 @@ class LEGWScale(ScalingRuleBase):
 
     def __init__(self, base_warmup_epochs: float, data_size: int) -> None:
         super().__init__()
-        epochs = float(base_warmup_epochs)
-        size = float(data_size)
-        if not (math.isfinite(epochs) and epochs >= 0.0):
-            raise ValueError(f"base_warmup_epochs must be >= 0, got {base_warmup_epochs!r}")
-        if not (math.isfinite(size) and size > 0.0):
-            raise ValueError(f"data_size must be > 0, got {data_size!r}")
+        epochs = validation.number("base_warmup_epochs", base_warmup_epochs, 0.0)
+        size = validation.number("data_size", data_size, 0.0, low_open=True)
         self.base_warmup_epochs = epochs
         self.data_size = size
 
@@ -320,109 +342,3 @@ def default_rule_for(optimizer: torch.optim.Optimizer) -> ScalingRuleBase:
     :func:`~adaptdl_core.torch.gradient_noise_scale.is_adam_family`), else
     :class:`AdaScale`."""
     return AdamScale() if is_adam_family(optimizer) else AdaScale()
-
-
-def _global_adam_factor(old_r: float, new_r: float,
-                        gns: Optional[GradientNoiseScale]) -> float:
-    """``E|g_new|^2 / E|g_old|^2`` from the estimator, or the conservative bound."""
-    if gns is not None and gns.has_estimate:
-        # (sqr + var / new) / (sqr + var / old) == gain(old) / gain(new)
-        return gns.gain(old_r) / gns.gain(new_r)
-    return max(old_r / new_r, 1.0)
-
-
-def rescale_adam_state(optimizer: torch.optim.Optimizer, old_scale: float, new_scale: float,
-                       gns: Optional[GradientNoiseScale] = None) -> float:
-    """Rescale Adam's second moments in place when the batch scale changes (do not zero
-    them); returns the overall factor applied (``sum(v_new) / sum(v_old)``, 1.0 if there
-    was nothing to rescale).
-
-    Why: ``exp_avg_sq`` tracks, per coordinate, ``E[g_j^2] = G_j^2 + S_j / M`` for the
-    gradient of a batch of ``M`` samples (``S_j`` the per-sample variance). After a change
-    ``M_old -> M_new`` it is stale: too large after growing the batch (steps smaller than
-    intended for ~``1 / (1 - beta2)`` steps), too small after shrinking it (steps too
-    large: instability). Zeroing it (the original AdaptDL) is worse: with the step count
-    kept, ``v_hat`` collapses and the next steps explode.
-
-    How, per coordinate (the default; bias-corrected ``m = exp_avg / (1 - beta1^t)``,
-    ``v = exp_avg_sq / (1 - beta2^t)``): Adam's first moment averages about
-    ``(1 + beta1) / (1 - beta1)`` gradients, so ``E[m^2] = G^2 + (S / M) * (1 - beta1) /
-    (1 + beta1)`` and the noise part of ``v`` is estimated as
-    ``noise = clamp((v - m^2) * (1 + beta1) / (2 * beta1), 0, v)``; then
-    ``v_new = v + noise * (M_old / M_new - 1)`` (the signal part is kept, the noise part
-    rescaled). ``v_new`` always lies between ``v`` and ``v * M_old / M_new`` (the pure-signal
-    and pure-noise extremes). On a synthetic stationary problem this cut the mean
-    ``|log(v / v_steady)|`` error from 0.55-1.1 (left stale) to 0.2-0.35 (see the tests);
-    a slow drift of ``G`` counts as noise, so after growing the batch ``v`` may end
-    slightly low.
-
-    Fallback, for parameters whose group has ``beta1 < 0.5`` (the first moment is then too
-    short an average) or no ``exp_avg``: one global factor ``(sqr + var / new_scale) /
-    (sqr + var / old_scale) = gain(old) / gain(new)`` from ``gns`` (exact when all
-    coordinates share the signal/noise split; with the noise measured in Adam's
-    preconditioned space it is the plain average of the per-coordinate ratios), or
-    without an estimate the conservative ``max(old_scale / new_scale, 1)`` (shrinking:
-    assume pure noise; growing: assume pure signal; both err towards smaller steps).
-
-    ``max_exp_avg_sq`` (AMSGrad) is multiplied by the same per-coordinate ratio;
-    ``exp_avg`` (an estimate of ``G``, independent of the batch) and ``step`` are kept.
-
-    Args:
-        optimizer: any optimizer; parameters without ``exp_avg_sq`` state are skipped (a
-            non-Adam optimizer is left unchanged).
-        old_scale, new_scale: the batch scales ``M / M0`` before and after.
-        gns: the noise estimator, for the fallback only.
-
-    Raises:
-        ValueError: if a scale is not a finite number ``> 0``.
-    """
-    old_r = _check_scale(old_scale)
-    new_r = _check_scale(new_scale)
-    if old_r == new_r:
-        return 1.0
-    ratio = old_r / new_r
-    sum_old = 0.0
-    sum_new = 0.0
-    with torch.no_grad():
-        for group in optimizer.param_groups:
-            betas = group.get("betas")
-            beta1 = float(betas[0]) if betas is not None else 0.0
-            beta2 = float(betas[1]) if betas is not None else 0.0
-            for param in group["params"]:
-                state = optimizer.state.get(param)
-                if not state:
-                    continue
-                v = state.get("exp_avg_sq")
-                if not isinstance(v, torch.Tensor):
-                    continue
-                m = state.get("exp_avg")
-                step = state.get("step", 0)
-                step = float(step.item()) if isinstance(step, torch.Tensor) else float(step)
-                if v.is_complex():  # not expected from torch's Adam; keep it simple
-                    v.mul_(_global_adam_factor(old_r, new_r, gns))
-                    continue
-                v32 = v.detach().to(torch.float32 if v.dtype != torch.float64 else v.dtype)
-                if isinstance(m, torch.Tensor) and not m.is_complex() and beta1 >= 0.5 \
-                        and step > 0 and betas is not None:
-                    bc1 = 1.0 - beta1 ** step
-                    bc2 = 1.0 - beta2 ** step
-                    m_hat = m.detach().to(v32.dtype) / bc1
-                    v_hat = v32 / bc2
-                    noise = (v_hat - m_hat * m_hat).mul_((1.0 + beta1) / (2.0 * beta1))
-                    noise = torch.minimum(noise.clamp_(min=0.0), v_hat)
-                    new_v = (v_hat + noise * (ratio - 1.0)).mul_(bc2)
-                    factor = torch.where(v32 > 0, new_v / torch.where(v32 > 0, v32, 1.0),
-                                         torch.ones_like(v32))
-                else:
-                    new_v = v32 * _global_adam_factor(old_r, new_r, gns)
-                    factor = None
-                sum_old += float(v32.double().sum())
-                sum_new += float(new_v.double().sum())
-                vmax = state.get("max_exp_avg_sq")
-                if isinstance(vmax, torch.Tensor):
-                    if factor is None:
-                        vmax.mul_(_global_adam_factor(old_r, new_r, gns))
-                    else:
-                        vmax.copy_(vmax.to(factor.dtype) * factor)
-                v.copy_(new_v)
-    return sum_new / sum_old if sum_old > 0 else 1.0

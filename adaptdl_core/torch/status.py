@@ -13,9 +13,10 @@ from adaptdl_core import env
 from adaptdl_core.torch import _metrics
 from adaptdl_core.torch import epoch as _epoch
 from adaptdl_core.torch.data import current_dataloader
-from adaptdl_core.torch.parallel import _training_loader, current_model
+from adaptdl_core.torch.data import training_loader
+from adaptdl_core.torch.parallel import current_model
 
-__all__ = ["training_status", "sched_hints_dict"]
+__all__ = ["training_status", "sched_hints_dict", "first_step_walltime"]
 
 
 def training_status() -> dict[str, Any]:
@@ -43,7 +44,7 @@ def training_status() -> dict[str, Any]:
         "progress": float(_metrics.metrics().progress),
         "epochs_done": _epoch.finished_epochs(), "epochs": _epoch.target_epochs() or 0,
     }
-    loader = _training_loader() or current_dataloader()
+    loader = training_loader() or current_dataloader()
     if loader is not None:
         status.update(batch_size=loader.current_batch_size, local_bsz=loader.current_local_bsz,
                       accum_steps=loader.accumulation_steps)
@@ -65,3 +66,10 @@ def sched_hints_dict() -> dict[str, Any] | None:
     JSON-serialisable dict), or ``None`` before a training loader exists."""
     hints = _metrics.sched_hints()
     return None if hints is None else hints.to_dict()
+
+
+def first_step_walltime() -> float | None:
+    """Wall-clock time (seconds since the epoch) of this process's first optimizer step
+    of a training loop, or ``None`` before it: launchers time restarts and resizes with
+    it."""
+    return _metrics.first_step_walltime()

@@ -239,9 +239,9 @@ class ReplicaWorker:
         """Milestones of this launch: ``run_called``, ``ready`` (torch imported, checkpoint
         unpacked, about to call the function) and ``first_step`` (first optimizer step),
         as wall-clock seconds, each present once reached."""
-        from adaptdl_core.torch import _metrics
+        from adaptdl_core.torch import status
         timeline = dict(self._timeline)
-        first_step = _metrics.first_step_walltime()
+        first_step = status.first_step_walltime()
         if first_step is not None:
             timeline["first_step"] = first_step
         return timeline

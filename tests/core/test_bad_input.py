@@ -43,7 +43,7 @@ def test_loader_rejects_custom_samplers(key):
     with pytest.raises(ValueError) as info:
         adl.AdaptiveDataLoader(ds, batch_size=2, **{key: value})
     assert f"{key}=" in str(info.value)
-    assert checkpoint._STATES == {}  # nothing registered by the failed construction
+    assert checkpoint.state_names() == []  # nothing registered by the failed construction
 
 
 def test_loader_accepts_explicit_none_samplers():
@@ -57,19 +57,19 @@ def test_loader_rejects_bad_batch_size(bad):
         adl.AdaptiveDataLoader(dataset(), batch_size=bad)
     assert "batch_size" in str(info.value)
     assert repr(bad) in str(info.value)
-    assert checkpoint._STATES == {}
+    assert checkpoint.state_names() == []
 
 
 def test_loader_rejects_iterable_dataset():
     with pytest.raises(ValueError, match=r"dataset=.*iterable"):
         adl.AdaptiveDataLoader(Stream(), batch_size=2)
-    assert checkpoint._STATES == {}
+    assert checkpoint.state_names() == []
 
 
 def test_loader_rejects_empty_dataset():
     with pytest.raises(ValueError, match=r"dataset=.*empty"):
         adl.AdaptiveDataLoader(dataset(0), batch_size=2)
-    assert checkpoint._STATES == {}
+    assert checkpoint.state_names() == []
 
 
 def test_overlapping_loader_loops_raise():
@@ -131,7 +131,7 @@ def test_data_parallel_without_process_group_raises(no_process_group):
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with pytest.raises(RuntimeError, match="init_process_group"):
         adl.AdaptiveDataParallel(model, opt)
-    assert checkpoint._STATES == {}
+    assert checkpoint.state_names() == []
 
 
 @pytest.mark.parametrize("bad", ["sgd", None, torch.nn.Linear(1, 1), {"lr": 0.1}])
@@ -143,7 +143,7 @@ def test_data_parallel_rejects_non_optimizer(monkeypatch, no_process_group, bad)
         adl.AdaptiveDataParallel(torch.nn.Linear(2, 1), bad)
     assert "optimizer" in str(info.value)
     assert type(bad).__name__ in str(info.value)
-    assert checkpoint._STATES == {}
+    assert checkpoint.state_names() == []
 
 
 # -- init_process_group ----------------------------------------------------------------------
@@ -199,7 +199,7 @@ def test_accumulator_created_inside_a_loader_loop_raises():
         with pytest.raises(RuntimeError, match="outside data loader loops"):
             adl.Accumulator()
     assert batches == 2
-    assert not [n for n in checkpoint._STATES if "accumulator" in n]  # nothing registered
+    assert not [n for n in checkpoint.state_names() if "accumulator" in n]  # nothing registered
     adl.Accumulator()  # fine outside the loop
 
 

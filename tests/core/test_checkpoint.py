@@ -1,6 +1,6 @@
 """adaptdl_core.checkpoint: named States, atomic checkpoints, restore after a restart.
 
-A "restart" inside one process is simulated with ``checkpoint._unregister_all()`` (the
+A "restart" inside one process is simulated with ``context.reset()`` (the
 ``restart`` fixture), which forgets every State and the restore point, so States created
 next reload from the newest checkpoint. Crashes are simulated with leftover temporary
 directories, with States whose save() fails, and with a real child process killed by
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from adaptdl_core import checkpoint
+from adaptdl_core import checkpoint, context
 
 HERE = Path(__file__).parent
 REPO = HERE.parent.parent
@@ -197,7 +197,7 @@ def test_duplicate_names_raise(ckpt_dir):
     with pytest.raises(ValueError, match="'model'"):
         JsonState("model")
     # The failed construction did not replace the registered State.
-    assert checkpoint._STATES["model"] is first
+    assert context.current().states.get("model") is first
 
 
 @pytest.mark.parametrize("name", ["", "a/b", "../up", ".", "..", "sp ace", "tab\t", "ünï",
@@ -205,7 +205,7 @@ def test_duplicate_names_raise(ckpt_dir):
 def test_invalid_names_raise(name):
     with pytest.raises(ValueError, match="State name"):
         JsonState(name)
-    assert checkpoint._STATES == {}
+    assert checkpoint.state_names() == []
 
 
 def test_name_with_trailing_newline_is_rejected():

@@ -82,7 +82,7 @@ def test_initialize_single_replica_store_and_twice_raises():
         assert collective.allreduce(7, lambda a, b: a * b) == 7
         assert collective.allreduce_async([1]).result(timeout=10) == [1]
         assert collective.broadcast("b") == "b"
-        assert collective._GROUP.op == 0
+        assert collective.current_group().op == 0
     finally:
         collective.teardown()
     assert not collective.is_initialized()
@@ -94,7 +94,7 @@ def test_initialize_reads_the_environment(monkeypatch):
     monkeypatch.setenv("ADAPTDL_TIMEOUT", "4.5")
     collective.initialize()
     try:
-        group = collective._GROUP
+        group = collective.current_group()
         assert (group.rank, group.size, group.timeout_s) == (0, 1, 4.5)
     finally:
         collective.teardown()

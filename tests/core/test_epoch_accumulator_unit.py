@@ -1,7 +1,7 @@
 """Unit semantics of ElasticSampler, the epoch loop and Accumulator, in-process and without
 a process group (a single replica's collectives are local; other replica counts are
 simulated by setting ADAPTDL_NUM_REPLICAS / ADAPTDL_REPLICA_RANK before creating a
-sampler or loader). Restarts are simulated with ``checkpoint._unregister_all()``."""
+sampler or loader). Restarts are simulated with ``context.reset()``."""
 
 import math
 
@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 import adaptdl_core.torch as adl
-from adaptdl_core import checkpoint
+from adaptdl_core import checkpoint, context
 
 
 def sampler_for(monkeypatch, data, replicas, rank, **kwargs):
@@ -104,7 +104,7 @@ def test_loader_batches_are_the_sampler_shares(monkeypatch):
     for rank in range(3):
         monkeypatch.setenv("ADAPTDL_NUM_REPLICAS", "3")
         monkeypatch.setenv("ADAPTDL_REPLICA_RANK", str(rank))
-        checkpoint._unregister_all()
+        context.reset()
         loader = adl.AdaptiveDataLoader(data, batch_size=6)
         assert loader.current_local_bsz == 2 and loader.current_batch_size == 6
         mine = []

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch.utils.data import TensorDataset
 
 import adaptdl_core.torch as adl
-from adaptdl_core import checkpoint
+from adaptdl_core import checkpoint, context
 from adaptdl_core.torch import _interrupt
 
 SIZE, BATCH = 40, 4  # 10 batches per epoch
@@ -88,10 +88,10 @@ def test_requests_agree_by_or():
     assert _interrupt.local_requests() == R(True, True)
 
 
-def test_clear_cancels_pending_requests():
+def test_reset_cancels_pending_requests():
     request = adl.request_checkpoint()
     adl.request_checkpoint_and_exit()
-    _interrupt._clear()
+    context.reset()
     assert request.done and not request.taken
     assert _interrupt.local_requests() == _interrupt.Requests()
 
@@ -136,7 +136,7 @@ def _loader_state(ckpt):
 def test_checkpoint_at_the_next_boundary_then_training_goes_on(training, ckpt_dir, caplog):
     ddp, opt, loader = training
     seen, requests = [], []
-    with caplog.at_level("INFO", logger="adaptdl_core.torch.data"):
+    with caplog.at_level("INFO", logger="adaptdl_core.torch"):
         for epoch in adl.remaining_epochs_until(2):
             for i, (x,) in enumerate(loader):
                 _step(ddp, opt, x)

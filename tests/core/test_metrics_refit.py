@@ -4,7 +4,7 @@ In-process, one replica, a fake clock; no process group."""
 
 import pytest
 
-from adaptdl_core import checkpoint
+from adaptdl_core import context
 from adaptdl_core.torch import _metrics
 
 WORLD = (1, 1, 0)  # nodes, replicas, rank
@@ -12,7 +12,7 @@ WORLD = (1, 1, 0)  # nodes, replicas, rank
 
 @pytest.fixture
 def clock(monkeypatch):
-    checkpoint._unregister_all()
+    context.reset()
     now = [1000.0]
 
     class Clock:
@@ -26,7 +26,7 @@ def clock(monkeypatch):
 
     monkeypatch.setattr(_metrics, "time", Clock)
     yield now
-    checkpoint._unregister_all()
+    context.reset()
 
 
 def _steps(count, seconds, local_bsz=32):

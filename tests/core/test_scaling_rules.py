@@ -354,3 +354,19 @@ def test_rescaled_adam_moments_match_the_new_steady_state(old, new):
     assert err_stale > 0.7  # stale v is off by ~2.4x on average
     assert err_rescaled < 0.4 and err_rescaled < 0.45 * err_stale
     assert abs(bias) < 0.3
+
+
+def test_bound_rule_scales_the_lr_only_inside_apply():
+    params, opt = sgd(lr=0.1)
+    rule = LinearScale()
+    rule.bind(make_gns())
+    rule.set_scale(4.0)
+    seen = []
+    assert rule.apply(opt, lambda: seen.append(opt.param_groups[0]["lr"]) or "done") == "done"
+    assert seen == [pytest.approx(0.4)] and opt.param_groups[0]["lr"] == 0.1
+    assert rule.last_lr_factor == 4.0 and rule.optimizer is None  # (nothing patched)
+    with pytest.raises(RuntimeError):
+        rule.apply(opt, lambda: (_ for _ in ()).throw(RuntimeError("step failed")))
+    assert opt.param_groups[0]["lr"] == 0.1  # restored after a failing step too
+    with pytest.raises(ValueError, match="GradientNoiseScale"):
+        AdaScale().bind(object())

@@ -2,7 +2,6 @@
 several replicas goes, and how far apart each replica proposes the next one. Pure
 bookkeeping, checked without processes."""
 
-from types import SimpleNamespace
 
 import torch
 
@@ -19,14 +18,14 @@ def _probe() -> GradientProbe:
 
 def test_due_at_the_agreed_step_and_restarted_by_a_new_loader():
     probe = _probe()
-    assert probe._side_values_due(SimpleNamespace(_sync_steps=1))  # the first step
+    assert probe._side_values_due(1)  # the first step
     probe.side_next = 10
-    assert not probe._side_values_due(SimpleNamespace(_sync_steps=5))
-    assert probe._side_values_due(SimpleNamespace(_sync_steps=10))
-    assert probe._side_values_due(SimpleNamespace(_sync_steps=12))  # (a step was missed)
+    assert not probe._side_values_due(5)
+    assert probe._side_values_due(10)
+    assert probe._side_values_due(12)  # (a step was missed)
     # A loader created later counts from its own start: no waiting hundreds of steps.
     probe.side_next = 500
-    assert probe._side_values_due(SimpleNamespace(_sync_steps=1))
+    assert probe._side_values_due(1)
 
 
 def test_proposed_interval_is_about_the_target_time_within_bounds(monkeypatch):

@@ -140,7 +140,7 @@ def mode_hostdies(args, rank, size):
     collective.initialize()
     barrier(args.out, rank, size, "joined")
     if rank == 0:
-        group = collective._GROUP
+        group = collective.current_group()
         key = group.key(0, 1)
         deadline = time.monotonic() + 60
         while not group.store.check([key]) and time.monotonic() < deadline:
@@ -181,7 +181,7 @@ def mode_lastread(args, rank, size):
     collective.initialize()
     barrier(args.out, rank, size, "joined")
     if rank == 1:
-        collective._GROUP.store = _SlowReads(collective._GROUP.store, 1.0)
+        collective.current_group().store = _SlowReads(collective.current_group().store, 1.0)
     start = time.monotonic()
     try:
         report = {"type": None, "value": collective.allreduce(rank + 1)}
@@ -212,7 +212,7 @@ def mode_noread(args, rank, size):
     collective.initialize()
     barrier(args.out, rank, size, "joined")
     if rank in [int(r) for r in args.absent.split(",") if r]:
-        collective._GROUP.store = _ExitOnRead(collective._GROUP.store)
+        collective.current_group().store = _ExitOnRead(collective.current_group().store)
     start = time.monotonic()
     try:
         report = {"type": None, "value": collective.allreduce(rank + 1),

@@ -1,0 +1,180 @@
+"""The batch boundary: where the replicas agree on stop and checkpoint requests and on
+the batch size, and act on them together.
+
+Every batch boundary between optimizer steps of every adaptive loader is where the
+replicas agree on a pending stop request (SIGINT/SIGTERM or
+:func:`adaptdl_core.torch.request_checkpoint_and_exit`), checkpoint, and exit, or on a
+pending in-place checkpoint request (:func:`adaptdl_core.torch.request_checkpoint`),
+checkpoint, and go on; and where replica 0's new batch size choice takes effect. One
+mechanism carries the agreement: while AdaptiveDataParallel steps on the loader's batches
+it rides on the model's side values (:func:`post_side_values`, a small all-reduce every
+few optimizer steps); otherwise (a validation loop, plain DDP) the requests go through the
+job's store every ``STORE_STOP_CHECK_EVERY`` boundaries. This module also holds the job's
+loop bookkeeping (:class:`Loops`, in the job context).
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from adaptdl_core import checkpoint, collective, context
+from adaptdl_core.torch import _interrupt
+from adaptdl_core.torch.epoch import current_epoch
+
+if TYPE_CHECKING:
+    from adaptdl_core.torch.data import AdaptiveDataLoader
+
+__all__ = ["Loops", "loops", "current_dataloader", "training_loader", "agree",
+           "post_side_values", "side_values_owed", "STORE_STOP_CHECK_EVERY"]
+
+LOG = logging.getLogger(__name__)
+
+# Without AdaptiveDataParallel's side values, agree on a stop request through the store
+# every this many batch boundaries (a store round trip costs a few hundred microseconds
+# to a millisecond of Python: benchmarks/step_overhead.py's ddp+adl arm shows the sum).
+STORE_STOP_CHECK_EVERY = 4
+
+
+class Loops:
+    """The job's bookkeeping of data loader loops (held by the job context, see
+    :func:`loops`): runtime-internal, shared by the loader and the model wrapper."""
+
+    def __init__(self) -> None:
+        # epoch -> number of adaptive loader loops entered so far in this run. A loop's
+        # position identifies it when the program replays an epoch after a restart.
+        self.position: collections.Counter = collections.Counter()
+        self.current: "AdaptiveDataLoader | None" = None
+        # The owner of the loop being iterated (the adaptive loader, or an ElasticLoop).
+        self.active: object | None = None
+        # Future of the last all-reduce of the replicas' requests through the store.
+        self.pending_requests: "concurrent.futures.Future | None" = None
+        self.store_boundaries = 0  # boundaries that used the store path (its schedule)
+        self.training: "AdaptiveDataLoader | None" = None  # the loader optimizer steps follow
+        # Set by AdaptiveDataParallel after every optimizer step with several replicas
+        # (from its side values, summed every few steps; see _gradient_probe): (the
+        # requests of any replica, replica 0's batch size choice or None).
+        self.side_channel: tuple[_interrupt.Requests, tuple[int, int] | None] | None = None
+
+
+def loops() -> Loops:
+    """The job's :class:`Loops` (created in the job context on first use)."""
+    ctx = context.current()
+    if ctx.loops is None:
+        ctx.loops = Loops()
+    return ctx.loops
+
+
+def current_dataloader() -> "AdaptiveDataLoader | None":
+    """The :class:`AdaptiveDataLoader` being iterated right now, or ``None``."""
+    return loops().current
+
+
+def training_loader() -> "AdaptiveDataLoader | None":
+    """The loader whose batches the optimizer steps on (the one that called
+    :meth:`AdaptiveDataLoader.autoscale_batch_size`, or that AdaptiveDataParallel first
+    stepped on), or ``None``."""
+    return loops().training
+
+
+def _save_for(requests: list[_interrupt.PendingCheckpoint]) -> str | None:
+    """Checkpoint every State (all replicas together) and resolve ``requests`` with it;
+    returns the checkpoint directory (replica 0) or None."""
+    try:
+        ckpt_dir = checkpoint.save_all_states()
+    except BaseException:
+        # (No checkpoint: whoever waits on a request learns it was not taken.)
+        _interrupt.resolve_checkpoint_requests(requests, False)
+        raise
+    _interrupt.resolve_checkpoint_requests(requests, True, ckpt_dir)
+    return ckpt_dir
+
+
+def _checkpoint_and_exit() -> None:
+    loops().pending_requests = None
+    # In-place requests of this replica are settled by the same checkpoint: no boundary
+    # follows where they could be.
+    ckpt_dir = _save_for(_interrupt.take_checkpoint_requests())
+    LOG.info("checkpointed%s; exiting with status %d",
+             f" to {ckpt_dir}" if ckpt_dir else "", _interrupt.EXIT_CODE)
+    raise _interrupt.CheckpointExit(ckpt_dir)
+
+
+def _checkpoint_in_place(replicas: int) -> None:
+    requests = _interrupt.take_checkpoint_requests()
+    start = time.perf_counter()
+    ckpt_dir = _save_for(requests)
+    if replicas > 1:
+        # Replica 0 writes while the others would run ahead into the next step and wait
+        # there for it, which would inflate that step's measured time: resume together.
+        collective.broadcast(None)
+    loader = loops().current
+    LOG.info("in-place checkpoint%s at epoch %s, position %s, in %.3f s (%d request(s) on "
+             "this replica); training goes on", f" to {ckpt_dir}" if ckpt_dir else "",
+             current_epoch(), loader.current_index if loader is not None else None,
+             time.perf_counter() - start, len(requests))
+
+
+def _honour(agreed: _interrupt.Requests, replicas: int) -> None:
+    """Act on the requests the replicas agreed on at this boundary (the same on all)."""
+    if agreed.exit:
+        _checkpoint_and_exit()
+    elif agreed.save:
+        _checkpoint_in_place(replicas)
+
+
+def agree(replicas: int) -> tuple[int, int] | None:
+    """Checkpoint here, on every replica at once, if any replica asked for a checkpoint,
+    and stop if any replica asked to stop.
+
+    With several replicas the requests must be agreed on: the exit and the in-place
+    checkpoint flags travel separately, so that a replica that has not been asked
+    itself learns which one the others agreed on. After an optimizer step of
+    AdaptiveDataParallel they came with that model's side values (summed over the
+    replicas every few steps, overlapped with the steps), and the choice of batch size
+    that replica 0 put there is returned. Otherwise the flags are
+    all-reduced through the store asynchronously, every ``STORE_STOP_CHECK_EVERY``
+    boundaries: the reduction started at one such boundary is read at the next, so no
+    boundary waits on the network. All replicas run the same sequence of boundaries and
+    steps, so every replica sees the same answer at the same boundary.
+    """
+    book = loops()
+    if replicas == 1 or not collective.is_initialized():
+        book.side_channel = None
+        # (Two flag reads, no allocation: this runs at every boundary of one replica.)
+        if _interrupt.exit_requested() or _interrupt.checkpoint_requested():
+            _honour(_interrupt.local_requests(), 1)
+        return None
+    side, book.side_channel = book.side_channel, None
+    if side is not None:
+        agreed, choice = side
+        if book.pending_requests is not None:  # started at an earlier store-path boundary
+            agreed = agreed | book.pending_requests.result()
+            book.pending_requests = None
+        _honour(agreed, replicas)
+        return choice
+    book.store_boundaries += 1
+    if book.store_boundaries % STORE_STOP_CHECK_EVERY == 1:
+        if book.pending_requests is not None:
+            agreed, book.pending_requests = book.pending_requests.result(), None
+            _honour(agreed, replicas)
+        book.pending_requests = collective.allreduce_async(_interrupt.local_requests(),
+                                                            _interrupt.Requests.__or__)
+    return None
+
+
+def side_values_owed() -> tuple[_interrupt.Requests, tuple[int, int] | None]:
+    """What the model's side values already brought for the next boundary (requests,
+    batch choice), or nothing agreed: a boundary not reached since an earlier step (the
+    loop left between steps) still owes its requests."""
+    return loops().side_channel or (_interrupt.Requests(), None)
+
+
+def post_side_values(agreed: _interrupt.Requests, choice: tuple[int, int] | None) -> None:
+    """Called by AdaptiveDataParallel after every optimizer step with several replicas:
+    the requests of any replica and replica 0's batch size choice (or ``None``), agreed
+    through the side values, for the next boundary to act on."""
+    loops().side_channel = (agreed, choice)
