@@ -52,7 +52,7 @@ def _job_options(prob: _Problem, j: int, kcap: Optional[int] = None
                  ) -> Tuple[_Options, np.ndarray]:
     """All options of job ``j`` (unpruned, sorted by K then keep-first) and its fits.
 
-    ``kcap`` bounds the replica count (see ``_Solver._replica_caps``)."""
+    ``kcap`` bounds the replica count (see the solver's replica caps)."""
     fits = prob.fits0(j)
     total = int(fits.sum())
     kmin = int(prob.min_r[j])

@@ -103,7 +103,7 @@ def write_interrupted(storage: Any, progress: TrialProgress, state_archive: byte
     atomically (a temporary name, then a rename), replacing an older one.
 
     Args:
-        storage: the trial's :class:`~adaptdl_ray.tune._ray_private.StorageInfo`.
+        storage: the trial's ``StorageInfo`` (from the Ray-private adapter module).
 
     Returns:
         the path written on the storage filesystem.

@@ -61,11 +61,17 @@ class AdaptDLTrainable(tune.Trainable):
     """Base class of the trainables made by :func:`AdaptDLTrainableCreator` (do not
     subclass it directly; the creator fills in the training function and the replica
     spec). ``tune.with_parameters`` works on it; ``tune.with_resources`` raises
-    :class:`TypeError` (set per-replica resources in the creator)."""
+    :class:`TypeError` (set per-replica resources in the creator).
+
+    Attributes:
+        adaptdl_replica_spec: the trial's replicas (resources each, min/max count), set by
+            the creator; read it through :func:`replica_spec_of`.
+        adaptdl_stop_timeout_s: seconds the replicas get to reach a batch boundary when
+            asked to save or stop, set by the creator."""
 
     _adaptdl_fn: Callable[..., Any] | None = None
-    _adaptdl_spec: ReplicaSpec | None = None
-    _adaptdl_stop_timeout_s: float = 120.0
+    adaptdl_replica_spec: ReplicaSpec | None = None
+    adaptdl_stop_timeout_s: float = 120.0
     _adaptdl_collective_timeout_s: float | None = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -76,7 +82,7 @@ class AdaptDLTrainable(tune.Trainable):
     @classmethod
     def default_resource_request(cls, config: dict) -> Any:
         """``min_replicas`` replicas until a scheduler decides otherwise."""
-        return placement_group_factory(cls._adaptdl_spec, cls._adaptdl_spec.min_replicas)
+        return placement_group_factory(cls.adaptdl_replica_spec, cls.adaptdl_replica_spec.min_replicas)
 
     # -- Tune hooks -------------------------------------------------------------------
     def setup(self, config: dict, **fn_kwargs: Any) -> None:
@@ -84,7 +90,7 @@ class AdaptDLTrainable(tune.Trainable):
 
         Keyword arguments (from ``tune.with_parameters``) are passed on to the training
         function as ``train_fn(config, **kwargs)``."""
-        if self._adaptdl_fn is None or self._adaptdl_spec is None:
+        if self._adaptdl_fn is None or self.adaptdl_replica_spec is None:
             raise TypeError("AdaptDLTrainable is a base class: create trainables with "
                             "adaptdl_ray.tune.AdaptDLTrainableCreator(train_fn)")
         self._config = config
@@ -162,18 +168,18 @@ class AdaptDLTrainable(tune.Trainable):
         t0 = time.time()
         archive, pending = self._archive, list(self._queue)
         if self._group is not None and self._group.started and self._pause_announced():
-            outcomes = self._group.stop(self._adaptdl_stop_timeout_s)
+            outcomes = self._group.stop(self.adaptdl_stop_timeout_s)
             self._fetch(0.0)
             archive, pending = self._group.checkpoint_archive() or archive, list(self._queue)
             self._progress.finished = all(o["status"] == "finished" for o in outcomes)
         elif self._group is not None and self._group.started:
-            answer = self._group.save(self._adaptdl_stop_timeout_s)
+            answer = self._group.save(self.adaptdl_stop_timeout_s)
             self._fetch(0.0)
             if answer["taken"]:
                 archive = self._group.checkpoint_archive(answer["path"])
                 pending = [r for r in self._queue if r.tag < answer["index"]]
             else:  # the function ended before a boundary: its final state
-                self._group.finished(self._adaptdl_stop_timeout_s)
+                self._group.finished(self.adaptdl_stop_timeout_s)
                 self._fetch(0.0)
                 archive, pending = self._group.checkpoint_archive(), list(self._queue)
         stopped = time.time()
@@ -211,13 +217,13 @@ class AdaptDLTrainable(tune.Trainable):
     def _new_group(self) -> WorkerGroup:
         pg = ray.util.get_current_placement_group()
         n = num_replicas_of(self.trial_resources) if pg is not None else \
-            self._adaptdl_spec.min_replicas
+            self.adaptdl_replica_spec.min_replicas
         storage = self._storage_info
         info = {"trial_name": self.trial_name, "trial_id": self.trial_id,
                 "experiment_name": storage.experiment_name if storage else None,
                 "trial_resources": self.trial_resources,
                 "trial_dir": (storage.trial_dir if storage else None) or self.logdir}
-        return WorkerGroup(n, self._adaptdl_spec.resources, pg, info)
+        return WorkerGroup(n, self.adaptdl_replica_spec.resources, pg, info)
 
     def _ensure_started(self) -> None:
         if self._group is None:
@@ -353,7 +359,7 @@ class AdaptDLTrainable(tune.Trainable):
     def _save_interrupted(self) -> None:
         if self._storage_info is None or self._error is not None:
             return
-        outcomes = self._group.stop(self._adaptdl_stop_timeout_s)
+        outcomes = self._group.stop(self.adaptdl_stop_timeout_s)
         self._fetch(0.0)
         self._archive = self._group.checkpoint_archive() or self._archive
         self._progress.finished = all(o["status"] == "finished" for o in outcomes)
@@ -408,7 +414,7 @@ def is_adaptdl_trainable(trainable_cls: Any) -> bool:
     """True for a class made by :func:`AdaptDLTrainableCreator` (or a Tune wrapper of one,
     such as ``tune.with_parameters``)."""
     return isinstance(trainable_cls, type) and issubclass(trainable_cls, AdaptDLTrainable) \
-        and trainable_cls._adaptdl_spec is not None
+        and trainable_cls.adaptdl_replica_spec is not None
 
 
 def replica_spec_of(trainable_cls: Any) -> ReplicaSpec:
@@ -431,7 +437,7 @@ def replica_spec_of(trainable_cls: Any) -> ReplicaSpec:
                         f"adaptdl_ray.tune.AdaptDLTrainableCreator(train_fn); got {name}. "
                         "Wrap your training function: "
                         "tune.Tuner(AdaptDLTrainableCreator(train_fn), ...)")
-    return trainable_cls._adaptdl_spec
+    return trainable_cls.adaptdl_replica_spec
 
 
 def stop_timeout_of(trainable_cls: Any) -> float:
@@ -442,7 +448,7 @@ def stop_timeout_of(trainable_cls: Any) -> float:
         TypeError: as :func:`replica_spec_of`.
     """
     replica_spec_of(trainable_cls)
-    return trainable_cls._adaptdl_stop_timeout_s
+    return trainable_cls.adaptdl_stop_timeout_s
 
 
 def _check_seconds(name: str, value: Any, *, optional: bool = False) -> None:
@@ -518,8 +524,8 @@ def AdaptDLTrainableCreator(train_fn: Callable[..., Any], *,  # noqa: N802 (Adap
     cls_name = name or f"AdaptDL_{getattr(train_fn, '__name__', 'trainable')}"
     return type(cls_name, (AdaptDLTrainable,), {
         "_adaptdl_fn": staticmethod(train_fn),
-        "_adaptdl_spec": spec,
-        "_adaptdl_stop_timeout_s": float(stop_timeout_s),
+        "adaptdl_replica_spec": spec,
+        "adaptdl_stop_timeout_s": float(stop_timeout_s),
         "_adaptdl_collective_timeout_s": collective_timeout_s,
         "__doc__": f"AdaptDL trainable running {cls_name} on N data-parallel replicas.",
     })
