@@ -196,8 +196,10 @@ def run(num_trials: int, seed: int) -> dict:
             if trial is None or trial.status != Trial.PAUSED:
                 break
             trial.status = Trial.PENDING  # Tune resumes it from its checkpoint
+        in_use = used()
         for t in tc.trials:
-            if t.status == Trial.PENDING and used() + t.replicas <= capacity:
+            if t.status == Trial.PENDING and in_use + t.replicas <= capacity:
+                in_use += t.replicas
                 relaunch = t.trial_id in progress
                 t.status = Trial.RUNNING
                 if relaunch:

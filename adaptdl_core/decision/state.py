@@ -86,8 +86,9 @@ class CoreState:
 
     def to_json(self) -> str:
         """Serialise (strict JSON; job ids become strings)."""
-        return json.dumps({"trials": {str(k): dataclasses.asdict(v)
-                                      for k, v in self.trials.items()},
+        # vars(), not dataclasses.asdict(): the fields are JSON values already, and the
+        # deep copy asdict makes is most of the cost of a write.
+        return json.dumps({"trials": {str(k): vars(v) for k, v in self.trials.items()},
                            "last_allocation": self.last_allocation,
                            "num_allocations": self.num_allocations},
                           allow_nan=False, separators=(",", ":"))
