@@ -18,7 +18,11 @@ hands rank 0's reports to Tune, one result per ``step``, as any Tune function tr
   into its trial directory, which a ``Tuner.restore`` picks up (newest state wins).
 * **Pauses** (resizes by :class:`~adaptdl_ray.tune.AdaptDLScheduler`): Tune saves, then stops
   the trial; the relaunched trial resumes from that checkpoint on its new number of
-  replicas at the same epoch and sample.
+  replicas at the same epoch and sample. A resize changes the trial's placement group,
+  which Tune re-creates, so the relaunch starts new replica processes.
+* **Actor reuse** (``tune.TuneConfig(reuse_actors=True)``): a trial actor that Tune hands
+  to a new trial with the same resources keeps its replica actors (torch imported); each
+  forgets the previous job first (:meth:`AdaptDLTrainable.reset_config`).
 """
 
 from __future__ import annotations
@@ -93,8 +97,15 @@ class AdaptDLTrainable(tune.Trainable):
         if self._adaptdl_fn is None or self.adaptdl_replica_spec is None:
             raise TypeError("AdaptDLTrainable is a base class: create trainables with "
                             "adaptdl_ray.tune.AdaptDLTrainableCreator(train_fn)")
-        self._config = config
         self._fn_kwargs = ray.put(fn_kwargs) if fn_kwargs else {}
+        self._control = control.find()
+        self._interrupt = self._control.wait_interrupt.remote() if self._control else None
+        self._new_trial(config)
+        self._group: WorkerGroup | None = self._new_group()
+
+    def _new_trial(self, config: dict) -> None:
+        """Forget every trace of a previous trial on this actor (a fresh trial starts)."""
+        self._config = config
         self._progress = TrialProgress()
         self._archive: bytes | None = None      # the job state the next launch starts from
         self._user_files: bytes | None = None   # the user's latest checkpoint (tar bytes)
@@ -103,12 +114,9 @@ class AdaptDLTrainable(tune.Trainable):
         self._measure_from: dict[str, float] | None = None  # pause record of a relaunch
         self._first_step = True
         self._posted_hints: str | None = None
-        self._control = control.find()
-        self._interrupt = self._control.wait_interrupt.remote() if self._control else None
         self._storage_info = _ray_private.trial_storage(self)
         self._launch_at = time.time()
         self._launch_s = 0.0  # this launch's start to first step, once seen
-        self._group: WorkerGroup | None = self._new_group()
 
     def load_checkpoint(self, checkpoint_dir: str) -> None:
         """Take the job state, the user's files and the unreturned reports of a checkpoint
@@ -201,8 +209,31 @@ class AdaptDLTrainable(tune.Trainable):
             self._group = None
 
     def reset_config(self, new_config: dict) -> bool:
-        """Never reuse a trial actor: every trial gets fresh replica processes."""
-        return False
+        """Serve a new trial with this actor (Tune's ``reuse_actors=True``; Tune reuses an
+        actor only for a trial that asks for the same resources).
+
+        The replica actors are kept (torch stays imported) when the new trial has the same
+        number of replicas and their previous function has ended: each forgets the previous
+        job as a new process would. Otherwise they are replaced by fresh ones.
+
+        Returns:
+            True (the actor is always reusable; only its replicas may be replaced).
+        """
+        if self._interrupt is not None and ray.wait([self._interrupt], timeout=0)[0]:
+            return False  # the run is being interrupted: no new work here
+        self._new_trial(new_config)
+        info = self._replica_trial_info()
+        n = self._replicas_wanted()
+        group = self._group
+        if group is not None and (group.num_replicas != n or not group.recycle(info)):
+            group.shutdown()
+            group = None
+        if group is None:
+            group = self._new_group()
+        else:
+            LOG.info("trial %s reuses %d warm replica actors", self.trial_id, n)
+        self._group = group
+        return True
 
     def _pause_announced(self) -> bool:
         """Whether the scheduler announced that the save now asked for precedes a pause."""
@@ -214,16 +245,23 @@ class AdaptDLTrainable(tune.Trainable):
             return False
 
     # -- launching ---------------------------------------------------------------------
-    def _new_group(self) -> WorkerGroup:
-        pg = ray.util.get_current_placement_group()
-        n = num_replicas_of(self.trial_resources) if pg is not None else \
-            self.adaptdl_replica_spec.min_replicas
+    def _replicas_wanted(self) -> int:
+        """The current trial's replica count (its placement group's bundles)."""
+        if ray.util.get_current_placement_group() is None:
+            return self.adaptdl_replica_spec.min_replicas
+        return num_replicas_of(self.trial_resources)
+
+    def _replica_trial_info(self) -> dict[str, Any]:
+        """What the replicas tell the function through ``tune.get_context()``."""
         storage = self._storage_info
-        info = {"trial_name": self.trial_name, "trial_id": self.trial_id,
+        return {"trial_name": self.trial_name, "trial_id": self.trial_id,
                 "experiment_name": storage.experiment_name if storage else None,
                 "trial_resources": self.trial_resources,
                 "trial_dir": (storage.trial_dir if storage else None) or self.logdir}
-        return WorkerGroup(n, self.adaptdl_replica_spec.resources, pg, info)
+
+    def _new_group(self) -> WorkerGroup:
+        return WorkerGroup(self._replicas_wanted(), self.adaptdl_replica_spec.resources,
+                           ray.util.get_current_placement_group(), self._replica_trial_info())
 
     def _ensure_started(self) -> None:
         if self._group is None:

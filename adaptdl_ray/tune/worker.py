@@ -2,9 +2,10 @@
 
 The function runs in one of the actor's threads (the actor is threaded), so the trial can
 still collect reports, ask for an in-place checkpoint or a checkpoint-and-stop while it
-trains. Each launch of a trial uses fresh actors: the core library keeps per-process state
-(the State registry, the process group), and a new process per launch keeps every launch
-clean.
+trains. A worker whose function has ended can serve another job (Tune's ``reuse_actors``:
+torch stays imported): :meth:`ReplicaWorker.recycle` forgets the previous job as a new
+process would (the core's job context, the torch process group, the local files, the
+``ADAPTDL_*`` variables and the Tune session).
 
 Inside the function ``ray.tune.report``, ``ray.tune.get_checkpoint`` and
 ``ray.tune.get_context()`` work as in any Tune function (the context also knows the
@@ -70,6 +71,8 @@ class ReplicaWorker:
         self._saves_taken = 0
         self._saves_lock = threading.Lock()
         self._running = False
+        # The ADAPTDL_* variables the process started with: a recycled worker returns to them.
+        self._base_env = {k: v for k, v in os.environ.items() if k.startswith("ADAPTDL_")}
         # Importing torch takes seconds: start now, while the trial sets up, so that
         # run() finds it imported (run's own import waits for this one to finish).
         threading.Thread(target=_preimport, daemon=True, name="adaptdl-preimport").start()
@@ -86,6 +89,41 @@ class ReplicaWorker:
         with socket.socket() as s:
             s.bind(("", 0))
             return s.getsockname()[1]
+
+    # -- reuse --------------------------------------------------------------------
+    def recycle(self, trial_info: dict[str, Any]) -> bool:
+        """Forget the previous job so that the next :meth:`run` starts as in a new process,
+        for the trial described by ``trial_info``.
+
+        Returns:
+            False (and changes nothing) while the training function is still running; the
+            caller then needs a fresh worker.
+        """
+        if self._running:
+            return False
+        from adaptdl_core import context
+        from adaptdl_ray.tune import _ray_private
+        context.reset()  # States, restore point, stop flag, store connection, bookkeeping
+        try:
+            import torch.distributed as dist
+            if dist.is_available() and dist.is_initialized():
+                dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 - a broken group must not keep the worker
+            LOG.warning("replica %d: could not destroy the previous process group", self.rank,
+                        exc_info=True)
+        _ray_private.clear_replica_session()
+        self.remove_local_files()
+        for name in [k for k in os.environ if k.startswith("ADAPTDL_")]:
+            if name not in self._base_env:
+                del os.environ[name]
+        os.environ.update(self._base_env)
+        self._trial_info = trial_info
+        self._results = queue.Queue()
+        self._timeline = {}
+        self._last_report = None
+        with self._saves_lock:
+            self._saves, self._saves_taken = [], 0
+        return True
 
     # -- running ------------------------------------------------------------------
     def run(self, fn: Callable[..., Any], config: dict, fn_kwargs: dict, env: dict[str, str],

@@ -145,6 +145,37 @@ class WorkerGroup:
                              archive_ref, user_ref, threads, self.world_of(rank))
             for rank, actor in enumerate(self.actors)]
 
+    def recycle(self, trial_info: dict[str, Any], timeout_s: float = 60.0) -> bool:
+        """Make this group's (idle) actors serve a new job: each forgets the previous one
+        (see ``ReplicaWorker.recycle``) and rank 0 picks a new port for the job's store.
+
+        Returns:
+            False if a replica is still running its function, died, or did not answer
+            within ``timeout_s``: the caller should :meth:`shutdown` this group and start a
+            fresh one.
+        """
+        if not self.actors:
+            return False
+        if self._runs:
+            done, _ = ray.wait(self._runs, num_returns=len(self._runs), timeout=0)
+            if len(done) < len(self._runs):
+                return False
+        self.created_at = time.time()
+        try:
+            answers = ray.get([a.recycle.remote(trial_info) for a in self.actors],
+                              timeout=timeout_s)
+            if not all(answers):
+                return False
+            self.master_port = ray.get(self.actors[0].free_port.remote(), timeout=timeout_s)
+        except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
+            LOG.warning("could not recycle the replica actors; fresh ones will start",
+                        exc_info=True)
+            return False
+        self.workers_up_at = time.time()
+        self._runs = []
+        self.started_at = None
+        return True
+
     @property
     def started(self) -> bool:
         """True once the training function was started on the replicas."""

@@ -143,3 +143,39 @@ def contract_job(config: dict) -> None:
         log.write(json.dumps({"event": "report", "key": f"{epoch}:end",
                               "time": time.time()}) + "\n")
     log.write(json.dumps({"event": "finished"}) + "\n")
+
+
+def seeded_job(config: dict) -> None:
+    """A small MLP (``config["hidden"]`` units, seed ``config["seed"]``) trained for
+    ``config["epochs"]`` epochs on ``config["size"]`` items; each epoch reports the loss and
+    the model's parameters, with what the process carried in from before the job: its pid,
+    the States already registered and the ``ADAPTDL_*`` variables other than the job's.
+    Keys under ``config["case"]`` override the others."""
+    from adaptdl_core import context
+
+    config = {**config, **config.get("case", {})}
+    inherited_states = context.current().states.names()
+    job_vars = {"ADAPTDL_CHECKPOINT_PATH", "ADAPTDL_JOB_ID", "ADAPTDL_MASTER_ADDR",
+                "ADAPTDL_MASTER_PORT", "ADAPTDL_NUM_NODES", "ADAPTDL_NUM_REPLICAS",
+                "ADAPTDL_NUM_RESTARTS", "ADAPTDL_REPLICA_RANK", "ADAPTDL_TIMEOUT"}
+    stray_vars = sorted(k for k in os.environ if k.startswith("ADAPTDL_") and k not in job_vars)
+    torch.manual_seed(config["seed"])
+    adl.init_process_group("gloo")
+    os.environ["ADAPTDL_SEEDED_JOB_WAS_HERE"] = "1"  # a stray variable the next job must not see
+    loader = adl.AdaptiveDataLoader(IndexedData(config["size"]),
+                                    batch_size=config["batch_size"], shuffle=True)
+    net = torch.nn.Sequential(torch.nn.Linear(2, config["hidden"]), torch.nn.Tanh(),
+                              torch.nn.Linear(config["hidden"], 1))
+    opt = torch.optim.SGD(net.parameters(), lr=0.05)
+    model = adl.AdaptiveDataParallel(net, opt)
+    for epoch in adl.remaining_epochs_until(config["epochs"]):
+        loss = torch.tensor(float("nan"))
+        for _, x, y in loader:
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x).squeeze(1), y)
+            loss.backward()
+            opt.step()
+        tune.report({"epoch": epoch, "loss": loss.item(),
+                     "weights": [v.item() for p in net.parameters() for v in p.flatten()],
+                     "pid": os.getpid(), "inherited_states": inherited_states,
+                     "stray_vars": stray_vars})

@@ -1,0 +1,306 @@
+"""Many short trials: AdaptDL trials against plain Tune function trials doing the same work.
+
+Each trial trains a small MLP for 3 epochs on 2,000 synthetic samples (its own seed) and
+reports once per epoch. The arms run one after the other in the same run, on the same
+local Ray instance (``ray.init(num_cpus=8)`` by default: 8 trials at a time, each of one
+replica on one CPU):
+
+* ``fifo``: a plain function trainable (torch only) under Tune's FIFO scheduler, with
+  Tune's default ``reuse_actors`` (False).
+* ``adaptdl``: ``AdaptDLTrainableCreator`` (min = max = 1 replica) under
+  ``AdaptDLScheduler``, with ``reuse_actors=True`` (warm trial and replica actors serve
+  the next trial).
+* ``adaptdl-noreuse`` (on request): the same without actor reuse.
+
+For each arm: wall time, per-trial run time (Tune's ``on_trial_start`` to its end), the
+longest wait (a trial first seen pending to its start), how many trials started in a
+reused process, the placement groups left at the end, and where a trial's first seconds
+went (from timestamps the training function takes: its process's creation, the
+function's start, the process group joined, the first optimizer step, the first report;
+and for AdaptDL the trial actor's launch, from ``adaptdl/launch_s``).
+
+    python benchmarks/many_trials.py                # 100 trials per arm
+    python benchmarks/many_trials.py --quick        # 20 trials per arm
+    python benchmarks/many_trials.py --arms adaptdl,adaptdl-noreuse --trials 40
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import ROOT, iqr_text, machine_description, markdown_table  # noqa: E402
+import _tune_common as tc  # noqa: E402
+
+LOG = logging.getLogger("many_trials")
+
+SAMPLES = 2000
+EPOCHS = 3
+BATCH = 64
+
+
+def _process_started_at() -> float:
+    """Wall-clock time this process was created (Linux ``/proc``; NaN elsewhere)."""
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return time.time() - uptime + start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+
+
+def _data_and_model(seed: int) -> tuple:
+    import torch
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(SAMPLES, 16, generator=g)
+    y = (x[:, :4].sum(1) > 0).long()
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(),
+                                torch.nn.Linear(64, 2))
+    return torch.utils.data.TensorDataset(x, y), model
+
+
+def train_plain(config: dict) -> None:
+    """The work of one trial in plain torch (the ``fifo`` arm)."""
+    marks = {"proc_created": _process_started_at(), "fn_start": time.time()}
+    import torch
+    from ray import tune
+    torch.set_num_threads(1)
+    data, model = _data_and_model(config["seed"])
+    marks["joined"] = time.time()
+    loader = torch.utils.data.DataLoader(data, batch_size=BATCH, shuffle=True)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for epoch in range(EPOCHS):
+        correct = 0
+        for x, y in loader:
+            opt.zero_grad()
+            out = model(x)
+            torch.nn.functional.cross_entropy(out, y).backward()
+            opt.step()
+            marks.setdefault("first_step", time.time())
+            correct += int((out.argmax(1) == y).sum())
+        marks.setdefault("first_report", time.time())
+        tune.report({"epoch": epoch, "accuracy": correct / SAMPLES, "pid": os.getpid(),
+                     **{f"t_{k}": v for k, v in marks.items()}})
+
+
+def train_adaptdl(config: dict) -> None:
+    """The same work with adaptdl_core (the ``adaptdl`` arms)."""
+    marks = {"proc_created": _process_started_at(), "fn_start": time.time()}
+    import torch
+    from ray import tune
+
+    import adaptdl_core.torch as adl
+    data, model = _data_and_model(config["seed"])
+    adl.init_process_group("gloo")
+    marks["joined"] = time.time()
+    loader = adl.AdaptiveDataLoader(data, batch_size=BATCH, shuffle=True)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model = adl.AdaptiveDataParallel(model, opt)
+    for epoch in adl.remaining_epochs_until(EPOCHS):
+        correct = 0
+        for x, y in loader:
+            opt.zero_grad()
+            out = model(x)
+            torch.nn.functional.cross_entropy(out, y).backward()
+            opt.step()
+            marks.setdefault("first_step", time.time())
+            correct += int((out.argmax(1) == y).sum())
+        marks.setdefault("first_report", time.time())
+        tune.report({"epoch": epoch, "accuracy": correct / SAMPLES, "pid": os.getpid(),
+                     **{f"t_{k}": v for k, v in marks.items()}})
+
+
+def _recorder() -> Any:
+    from ray import tune
+
+    class Recorder(tune.Callback):
+        """Per trial: first seen (pending), start, end, status and its first result."""
+
+        def __init__(self) -> None:
+            self.trials: dict[str, dict[str, Any]] = {}
+
+        def _rec(self, trial: Any) -> dict[str, Any]:
+            return self.trials.setdefault(trial.trial_id, {
+                "seen": time.time(), "start": None, "end": None, "status": None,
+                "first": None})
+
+        def on_step_begin(self, iteration, trials, **info):
+            for trial in trials:
+                self._rec(trial)
+
+        def on_trial_start(self, iteration, trials, trial, **info):
+            rec = self._rec(trial)
+            if rec["start"] is None:
+                rec["start"] = time.time()
+
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            rec = self._rec(trial)
+            if rec["first"] is None:
+                rec["first"] = {k: v for k, v in result.items()
+                                if k.startswith("t_") or k in ("pid", "adaptdl/launch_s")}
+
+        def _ended(self, trial: Any, status: str) -> None:
+            rec = self._rec(trial)
+            rec["end"], rec["status"] = time.time(), status
+
+        def on_trial_complete(self, iteration, trials, trial, **info):
+            self._ended(trial, "TERMINATED")
+
+        def on_trial_error(self, iteration, trials, trial, **info):
+            self._ended(trial, "ERROR")
+
+    return Recorder()
+
+
+def run_arm(arm: str, trials: int, storage: str) -> dict[str, Any]:
+    """One arm on the running Ray instance; raw per-trial records and totals."""
+    import ray
+    from ray import tune
+
+    from adaptdl_ray.tune import AdaptDLScheduler, AdaptDLTrainableCreator
+
+    recorder = _recorder()
+    space = {"seed": tune.grid_search(list(range(trials)))}
+    if arm == "fifo":
+        trainable, scheduler, reuse = train_plain, None, False
+    elif arm in ("adaptdl", "adaptdl-noreuse"):
+        trainable = AdaptDLTrainableCreator(train_adaptdl, min_replicas=1, max_replicas=1)
+        scheduler, reuse = AdaptDLScheduler(), arm == "adaptdl"
+    else:
+        raise ValueError(f"unknown arm {arm!r}: use fifo, adaptdl or adaptdl-noreuse")
+    t0 = time.time()
+    tuner = tune.Tuner(trainable, param_space=space,
+                       tune_config=tune.TuneConfig(scheduler=scheduler, reuse_actors=reuse),
+                       run_config=tune.RunConfig(name=arm, storage_path=storage, verbose=0,
+                                                 callbacks=[recorder]))
+    grid = tuner.fit()
+    wall = time.time() - t0
+    time.sleep(1.0)  # placement groups of the last trials are removed asynchronously
+    left = [pg for pg in ray.util.placement_group_table().values()
+            if pg.get("state") != "REMOVED"]
+    return {"arm": arm, "wall_s": wall, "errors": len(grid.errors), "t0": t0,
+            "trials": list(recorder.trials.values()), "placement_groups_left": len(left),
+            "reuse_actors": reuse}
+
+
+def _median(values: list[float]) -> float:
+    values = [v for v in values if v == v]
+    return statistics.median(values) if values else float("nan")
+
+
+def summarize(arm: dict[str, Any]) -> dict[str, Any]:
+    """Figures of one arm from its raw records."""
+    done = [t for t in arm["trials"] if t["start"] is not None and t["end"] is not None]
+    firsts = [t["first"] for t in done if t["first"]]
+    pids = [f["pid"] for f in firsts]
+    reused = len(pids) - len(set(pids))
+
+    def phase(a: str, b: str) -> float:
+        return _median([max(f[f"t_{b}"] - f[f"t_{a}"], 0.0) for f in firsts
+                        if f"t_{a}" in f and f"t_{b}" in f])
+
+    first_of_pid: dict[Any, dict] = {}
+    for f in firsts:  # a process's creation is the cost of the first trial it served
+        if "t_fn_start" in f and (f.get("pid") not in first_of_pid or
+                                  f["t_fn_start"] < first_of_pid[f["pid"]]["t_fn_start"]):
+            first_of_pid[f.get("pid")] = f
+    breakdown = {
+        "process created -> function start": _median(
+            [max(f["t_fn_start"] - f["t_proc_created"], 0.0) for f in first_of_pid.values()]),
+        "function start -> joined (data, model, process group)": phase("fn_start", "joined"),
+        "joined -> first step": phase("joined", "first_step"),
+        "first step -> first report": phase("first_step", "first_report"),
+    }
+    launches = [f["adaptdl/launch_s"] for f in firsts if f.get("adaptdl/launch_s")]
+    return {
+        "arm": arm["arm"], "trials": len(arm["trials"]), "finished": len(done),
+        "errors": arm["errors"], "wall_s": arm["wall_s"],
+        "run_s": [t["end"] - t["start"] for t in done],
+        "life_s": [t["end"] - t["seen"] for t in done],
+        "longest_wait_s": max((t["start"] - t["seen"] for t in done), default=float("nan")),
+        "reused_processes": reused, "placement_groups_left": arm["placement_groups_left"],
+        "breakdown_s": breakdown,
+        "launch_to_first_step_s": _median(launches),
+    }
+
+
+def report(data: dict[str, Any]) -> str:
+    sums = [summarize(a) for a in data["arms"]]
+    base = next((s for s in sums if s["arm"] == "fifo"), None)
+    header = ["arm", "trials done", "wall s", "wall / fifo", "run s: median [p25, p75]",
+              "longest wait s", "reused processes", "placement groups left"]
+    rows = [[s["arm"], f"{s['finished']}/{s['trials']}", f"{s['wall_s']:.1f}",
+             f"{s['wall_s'] / base['wall_s']:.2f}x" if base else "-",
+             iqr_text(s["run_s"], "{:.2f}"), f"{s['longest_wait_s']:.1f}",
+             str(s["reused_processes"]), str(s["placement_groups_left"])] for s in sums]
+    phases = list(sums[0]["breakdown_s"])
+    brows = [[p] + [f"{s['breakdown_s'][p]:.2f}" for s in sums] for p in phases]
+    brows.append(["AdaptDL trial launch (setup) -> first step"] +
+                 [f"{s['launch_to_first_step_s']:.2f}" for s in sums])
+    return "\n".join([
+        f"Machine: {data['machine']}; Ray CPUs {data['cpus']}, {data['trials']} trials per "
+        f"arm, {EPOCHS} epochs of a small MLP on {SAMPLES} samples each", "",
+        markdown_table(header, rows), "",
+        "Where a trial's first seconds go (median s; process creation only for trials that "
+        "started a new process):", "",
+        markdown_table(["phase"] + [s["arm"] for s in sums], brows)])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--trials", type=int, default=100, help="trials per arm (default 100)")
+    p.add_argument("--quick", action="store_true", help="20 trials per arm")
+    p.add_argument("--arms", default="fifo,adaptdl",
+                   help="comma-separated: fifo, adaptdl, adaptdl-noreuse (default "
+                        "fifo,adaptdl)")
+    p.add_argument("--cpus", type=int, default=8, help="Ray CPUs (default 8)")
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"),
+                   help="directory for many_trials.json")
+    p.add_argument("--from-json", default=None, help="print the tables of a saved run")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s",
+                        datefmt="%H:%M:%S")
+    logging.getLogger("adaptdl_ray").setLevel(logging.WARNING)
+    if args.from_json:
+        with open(args.from_json) as f:
+            print(report(json.load(f)))
+        return 0
+    trials = 20 if args.quick else args.trials
+    if trials < 1:
+        raise SystemExit("--trials must be >= 1")
+    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    import ray
+    tc.init_ray(args.cpus)
+    storage = tempfile.mkdtemp(prefix="many-trials-")
+    data: dict[str, Any] = {"machine": machine_description(), "cpus": args.cpus,
+                            "trials": trials, "arms": []}
+    for arm in arms:
+        LOG.info("arm %s: %d trials", arm, trials)
+        data["arms"].append(run_arm(arm, trials, storage))
+        LOG.info("arm %s: %.1f s", arm, data["arms"][-1]["wall_s"])
+    ray.shutdown()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    name = "many_trials_quick.json" if args.quick else "many_trials.json"
+    with open(out / name, "w") as f:
+        json.dump(data, f)
+    print(report(data))
+    print(f"raw data: {out / name}")
+    ok = all(a["errors"] == 0 and a["placement_groups_left"] == 0 for a in data["arms"])
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
