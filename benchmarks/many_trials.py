@@ -10,7 +10,10 @@ replica on one CPU):
 * ``adaptdl``: ``AdaptDLTrainableCreator`` (min = max = 1 replica) under
   ``AdaptDLScheduler``, with ``reuse_actors=True`` (warm trial and replica actors serve
   the next trial).
-* ``adaptdl-noreuse`` (on request): the same without actor reuse.
+* ``fifo-reuse``, ``adaptdl-noreuse`` (on request): the same with Tune's ``reuse_actors``
+  flipped.
+
+The arms run in the order given (``--arms``); the first one also pays Ray's warm-up.
 
 For each arm: wall time, per-trial run time (Tune's ``on_trial_start`` to its end), the
 longest wait (a trial first seen pending to its start), how many trials started in a
@@ -173,13 +176,14 @@ def run_arm(arm: str, trials: int, storage: str) -> dict[str, Any]:
 
     recorder = _recorder()
     space = {"seed": tune.grid_search(list(range(trials)))}
-    if arm == "fifo":
-        trainable, scheduler, reuse = train_plain, None, False
+    if arm in ("fifo", "fifo-reuse"):
+        trainable, scheduler, reuse = train_plain, None, arm == "fifo-reuse"
     elif arm in ("adaptdl", "adaptdl-noreuse"):
         trainable = AdaptDLTrainableCreator(train_adaptdl, min_replicas=1, max_replicas=1)
         scheduler, reuse = AdaptDLScheduler(), arm == "adaptdl"
     else:
-        raise ValueError(f"unknown arm {arm!r}: use fifo, adaptdl or adaptdl-noreuse")
+        raise ValueError(f"unknown arm {arm!r}: use fifo, fifo-reuse, adaptdl or "
+                         "adaptdl-noreuse")
     t0 = time.time()
     tuner = tune.Tuner(trainable, param_space=space,
                        tune_config=tune.TuneConfig(scheduler=scheduler, reuse_actors=reuse),
@@ -240,10 +244,12 @@ def report(data: dict[str, Any]) -> str:
     sums = [summarize(a) for a in data["arms"]]
     base = next((s for s in sums if s["arm"] == "fifo"), None)
     header = ["arm", "trials done", "wall s", "wall / fifo", "run s: median [p25, p75]",
-              "longest wait s", "reused processes", "placement groups left"]
+              "pending-to-end s: median", "longest wait s", "reused processes",
+              "placement groups left"]
     rows = [[s["arm"], f"{s['finished']}/{s['trials']}", f"{s['wall_s']:.1f}",
              f"{s['wall_s'] / base['wall_s']:.2f}x" if base else "-",
-             iqr_text(s["run_s"], "{:.2f}"), f"{s['longest_wait_s']:.1f}",
+             iqr_text(s["run_s"], "{:.2f}"), f"{_median(s['life_s']):.1f}",
+             f"{s['longest_wait_s']:.1f}",
              str(s["reused_processes"]), str(s["placement_groups_left"])] for s in sums]
     phases = list(sums[0]["breakdown_s"])
     brows = [[p] + [f"{s['breakdown_s'][p]:.2f}" for s in sums] for p in phases]
@@ -253,6 +259,8 @@ def report(data: dict[str, Any]) -> str:
         f"Machine: {data['machine']}; Ray CPUs {data['cpus']}, {data['trials']} trials per "
         f"arm, {EPOCHS} epochs of a small MLP on {SAMPLES} samples each", "",
         markdown_table(header, rows), "",
+        "run: Tune's on_trial_start (after the trial actor's setup) to the trial's end; "
+        "pending-to-end and wait: from the trial first seen pending.", "",
         "Where a trial's first seconds go (median s; process creation only for trials that "
         "started a new process):", "",
         markdown_table(["phase"] + [s["arm"] for s in sums], brows)])
@@ -263,8 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trials", type=int, default=100, help="trials per arm (default 100)")
     p.add_argument("--quick", action="store_true", help="20 trials per arm")
     p.add_argument("--arms", default="fifo,adaptdl",
-                   help="comma-separated: fifo, adaptdl, adaptdl-noreuse (default "
-                        "fifo,adaptdl)")
+                   help="comma-separated, run in this order: fifo, fifo-reuse, adaptdl, "
+                        "adaptdl-noreuse (default fifo,adaptdl)")
     p.add_argument("--cpus", type=int, default=8, help="Ray CPUs (default 8)")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"),
                    help="directory for many_trials.json")
