@@ -1,6 +1,6 @@
 """Accuracy and cost of the throughput-model fit on real Pollux measurements.
 
-For each of the four trace models in ``tests/data/pollux_traces`` this fits
+For each of the four trace models in the vendored traces (``adaptdl_core/sim/data/traces``) this fits
 :func:`adaptdl_core.goodput.fit_perf_params` on ``placements.csv`` (up to 4 nodes,
 16 replicas) and reports the relative error of the predicted optimizer-step time
 
