@@ -58,6 +58,10 @@ class PerfParams(NamedTuple):
     beta_r: float
     gamma: float
 
+    def to_dict(self) -> dict:
+        """The parameters by name, in field order (JSON-ready)."""
+        return self._asdict()
+
 
 class GradParams(NamedTuple):
     """Gradient statistics: ``sqr`` estimates ``|G|^2`` (squared norm of the true gradient),
@@ -66,6 +70,10 @@ class GradParams(NamedTuple):
 
     sqr: float
     var: float
+
+    def to_dict(self) -> dict:
+        """``{"sqr": ..., "var": ...}`` (JSON-ready)."""
+        return self._asdict()
 
 
 # Number of candidate total batch sizes per (N, K) pair examined by ``optimize``.
@@ -100,7 +108,7 @@ def check_perf_params(perf: PerfParams) -> PerfParams:
         ValueError: unless every entry is finite, alphas and betas are ``>= 0``,
             ``gamma > 0`` and ``alpha_c + beta_c > 0`` (the message names the field).
     """
-    for name, value in perf._asdict().items():
+    for name, value in perf.to_dict().items():
         if not math.isfinite(value):
             raise ValueError(f"perf_params.{name} must be finite, got {value!r}")
         if name != "gamma" and value < 0:

@@ -146,8 +146,8 @@ class SchedHints:
     def to_dict(self) -> dict:
         """A JSON-serialisable dict (named-tuple fields become objects keyed by name)."""
         return {
-            "perf_params": None if self.perf_params is None else self.perf_params._asdict(),
-            "grad_params": None if self.grad_params is None else self.grad_params._asdict(),
+            "perf_params": None if self.perf_params is None else self.perf_params.to_dict(),
+            "grad_params": None if self.grad_params is None else self.grad_params.to_dict(),
             "init_batch_size": self.init_batch_size,
             "max_batch_size": self.max_batch_size,
             "local_bsz_bounds": None if self.local_bsz_bounds is None
