@@ -233,3 +233,28 @@ def children_cpu_s() -> float:
 def self_cpu_s() -> float:
     ru = resource.getrusage(resource.RUSAGE_SELF)
     return ru.ru_utime + ru.ru_stime
+
+
+# ---------------------------------------------------------------------------------------
+# Command lines
+# ---------------------------------------------------------------------------------------
+def add_output_arguments(parser: Any, json_name: str) -> None:
+    """``--out DIR`` (where ``json_name`` is written; default ``benchmarks/results``) and
+    ``--from-json PATH`` (print the tables of a saved run instead of running)."""
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"),
+                        help=f"directory for {json_name}")
+    parser.add_argument("--from-json", default=None, help="print the tables of a saved run")
+
+
+def start_cli(args: Any, report: Any) -> bool:
+    """Set up the benchmark's logging; if ``args.from_json`` names a saved run, print
+    ``report(saved)`` and return True (nothing to run)."""
+    import json
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s",
+                        datefmt="%H:%M:%S")
+    logging.getLogger("adaptdl_ray").setLevel(logging.WARNING)
+    if args.from_json:
+        with open(args.from_json) as f:
+            print(report(json.load(f)))
+        return True
+    return False

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import ROOT, iqr_text, machine_description, markdown_table  # noqa: E402
+from _common import iqr_text, machine_description, markdown_table  # noqa: E402
 import _tune_common as tc  # noqa: E402
 
 LOG = logging.getLogger("many_trials")
@@ -78,31 +78,36 @@ def train_plain(config: dict) -> None:
     """The work of one trial in plain torch (the ``fifo`` arm)."""
     marks = {"proc_created": _process_started_at(), "fn_start": time.time()}
     import torch
-    from ray import tune
     torch.set_num_threads(1)
     data, model = _data_and_model(config["seed"])
     marks["joined"] = time.time()
     loader = torch.utils.data.DataLoader(data, batch_size=BATCH, shuffle=True)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for epoch in range(EPOCHS):
-        correct = 0
-        for x, y in loader:
-            opt.zero_grad()
-            out = model(x)
-            torch.nn.functional.cross_entropy(out, y).backward()
-            opt.step()
-            marks.setdefault("first_step", time.time())
-            correct += int((out.argmax(1) == y).sum())
-        marks.setdefault("first_report", time.time())
-        tune.report({"epoch": epoch, "accuracy": correct / SAMPLES, "pid": os.getpid(),
-                     **{f"t_{k}": v for k, v in marks.items()}})
+        _train_epoch(epoch, loader, model, opt, marks)
+
+
+def _train_epoch(epoch: int, loader, model, opt, marks: dict) -> None:
+    """One epoch of the arms' common training step, then one report with the marks."""
+    import torch
+    from ray import tune
+    correct = 0
+    for x, y in loader:
+        opt.zero_grad()
+        out = model(x)
+        torch.nn.functional.cross_entropy(out, y).backward()
+        opt.step()
+        marks.setdefault("first_step", time.time())
+        correct += int((out.argmax(1) == y).sum())
+    marks.setdefault("first_report", time.time())
+    tune.report({"epoch": epoch, "accuracy": correct / SAMPLES, "pid": os.getpid(),
+                 **{f"t_{k}": v for k, v in marks.items()}})
 
 
 def train_adaptdl(config: dict) -> None:
     """The same work with adaptdl_core (the ``adaptdl`` arms)."""
     marks = {"proc_created": _process_started_at(), "fn_start": time.time()}
     import torch
-    from ray import tune
 
     import adaptdl_core.torch as adl
     data, model = _data_and_model(config["seed"])
@@ -112,17 +117,7 @@ def train_adaptdl(config: dict) -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     model = adl.AdaptiveDataParallel(model, opt)
     for epoch in adl.remaining_epochs_until(EPOCHS):
-        correct = 0
-        for x, y in loader:
-            opt.zero_grad()
-            out = model(x)
-            torch.nn.functional.cross_entropy(out, y).backward()
-            opt.step()
-            marks.setdefault("first_step", time.time())
-            correct += int((out.argmax(1) == y).sum())
-        marks.setdefault("first_report", time.time())
-        tune.report({"epoch": epoch, "accuracy": correct / SAMPLES, "pid": os.getpid(),
-                     **{f"t_{k}": v for k, v in marks.items()}})
+        _train_epoch(epoch, loader, model, opt, marks)
 
 
 def _recorder() -> Any:
@@ -274,16 +269,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="comma-separated, run in this order: fifo, fifo-reuse, adaptdl, "
                         "adaptdl-noreuse (default fifo,adaptdl)")
     p.add_argument("--cpus", type=int, default=8, help="Ray CPUs (default 8)")
-    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"),
-                   help="directory for many_trials.json")
-    p.add_argument("--from-json", default=None, help="print the tables of a saved run")
+    tc.add_output_arguments(p, "many_trials.json")
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s",
-                        datefmt="%H:%M:%S")
-    logging.getLogger("adaptdl_ray").setLevel(logging.WARNING)
-    if args.from_json:
-        with open(args.from_json) as f:
-            print(report(json.load(f)))
+    if tc.start_cli(args, report):
         return 0
     trials = 20 if args.quick else args.trials
     if trials < 1:

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import ROOT, iqr_text, machine_description, markdown_table  # noqa: E402
+from _common import iqr_text, machine_description, markdown_table  # noqa: E402
 import _tune_common as tc  # noqa: E402
 
 LOG = logging.getLogger("resize_cost")
@@ -148,16 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--interval", type=float, default=2.0,
                    help="AdaptDLScheduler allocation interval (default 2 s)")
     p.add_argument("--cpus", type=int, default=None, help="Ray CPUs (default 2: 2 replicas)")
-    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"),
-                   help="directory for resize_cost.json")
-    p.add_argument("--from-json", default=None, help="print the table of a saved run")
+    tc.add_output_arguments(p, "resize_cost.json")
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s",
-                        datefmt="%H:%M:%S")
-    logging.getLogger("adaptdl_ray").setLevel(logging.WARNING)
-    if args.from_json:
-        with open(args.from_json) as f:
-            print(report(json.load(f)))
+    if tc.start_cli(args, report):
         return 0
     data = run(args)
     out = Path(args.out)

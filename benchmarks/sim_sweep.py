@@ -62,7 +62,7 @@ def _breakdown(r, gpus):
     ramp = [x for x in ramp if x is not None]
     ends = {round(t["ended"]) for t in trials if t["ended"] is not None}
     lines = [
-        f"- trial-time at each GPU count: " + ", ".join(
+        "- trial-time at each GPU count: " + ", ".join(
             f"{g} GPU: {100 * s / total:.1f}%" for g, s in at.items()),
         f"- restarts per trial (changes after the first start): mean "
         f"{statistics.fmean(t['restarts'] for t in trials):.2f}, max "

@@ -6,7 +6,8 @@ import pytest
 
 from adaptdl_core.decision import (CoreState, Decision, DecisionCore, JobProgress, JobSpec,
                                    NodeInfo)
-from adaptdl_core.policy import PolluxPolicy, ResizeVerdict
+from adaptdl_core.policy import ResizeVerdict
+from tests.decision.stubs import CountingPolicy
 
 GPU = JobSpec({"GPU": 1})
 PROFILED_1 = {"init_batch_size": 32, "max_profiled_replicas": 1, "max_profiled_nodes": 1}
@@ -24,16 +25,6 @@ class Clock:
 
     def __call__(self):
         return self.now
-
-
-class CountingPolicy(PolluxPolicy):
-    def __init__(self):
-        super().__init__()
-        self.calls = 0
-
-    def allocate(self, *args, **kwargs):
-        self.calls += 1
-        return super().allocate(*args, **kwargs)
 
 
 def make(gpus=4, nodes=1, interval=60.0, **kwargs):

@@ -10,7 +10,8 @@ pytest.importorskip("ray.tune")
 from ray.tune.experiment import Trial  # noqa: E402
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler  # noqa: E402
 
-from adaptdl_core.policy import NodeInfo, PolluxPolicy, resize_verdict  # noqa: E402
+from adaptdl_core.policy import NodeInfo, resize_verdict  # noqa: E402
+from tests.decision.stubs import CountingPolicy  # noqa: E402
 from adaptdl_ray.tune import AdaptDLScheduler, AdaptDLTrainableCreator  # noqa: E402
 from adaptdl_core.decision import job_info, speedup_from_hints  # noqa: E402
 from adaptdl_ray.tune.resources import (ReplicaSpec, num_replicas_of,  # noqa: E402
@@ -86,16 +87,6 @@ class StubController:
             if t.status == Trial.PENDING and used_cpus(self, Trial.RUNNING) + \
                     t.placement_group_factory.required_resources.get("CPU", 0) <= self.cpus:
                 t.status = Trial.RUNNING
-
-
-class CountingPolicy(PolluxPolicy):
-    def __init__(self):
-        super().__init__()
-        self.calls = 0
-
-    def allocate(self, *args, **kwargs):
-        self.calls += 1
-        return super().allocate(*args, **kwargs)
 
 
 def cluster(cpus):
