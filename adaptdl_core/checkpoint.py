@@ -6,11 +6,18 @@ created in the same order on every replica and after every restart; each one rel
 itself with :func:`load_state` when it is created.
 
 On disk a checkpoint is one directory ``<ADAPTDL_CHECKPOINT_PATH>/checkpoint-<seq>/``
-holding one file per state (the file name is the state's name) and a ``MANIFEST.json``.
-Only replica 0 writes. A checkpoint is first written into a temporary sibling directory,
-every file is flushed and fsynced, and the directory is then renamed into place, so a
-crash mid-write leaves the previous checkpoint as the latest complete one. Older
-checkpoints are removed only after the new one is in place.
+holding one file per state (the file name is the state's name) and a ``MANIFEST.json``
+that lists every state with its size in bytes and its CRC-32. Only replica 0 writes. A
+checkpoint is first written into a temporary sibling directory, every file is flushed and
+fsynced, and the directory is then renamed into place, so a crash mid-write leaves the
+previous checkpoint as the latest complete one. Once the new checkpoint is in place and
+verified, every older one is removed except the newest intact one, kept as a fallback.
+
+Reads are verified: a restore picks the newest checkpoint whose manifest matches its files
+(:func:`verify_checkpoint`) before any state loads, logs a warning naming each damaged
+newer one it skips, and raises :class:`CheckpointError` naming the damaged files when no
+intact checkpoint is left. Checkpoints written before manifests carried checksums are
+accepted unverified (only their listed files must exist).
 
 The files our own states write load under ``torch.load(..., weights_only=True)`` (tensors
 and plain Python containers) or are JSON.
@@ -26,12 +33,13 @@ import re
 import shutil
 import tempfile
 import time
+import zlib
 from typing import IO, Any
 
 from adaptdl_core import context, env
 
 __all__ = ["State", "save_state", "load_state", "save_all_states", "latest_checkpoint_dir",
-           "state_names"]
+           "state_names", "verify_checkpoint", "CheckpointError"]
 
 LOG = logging.getLogger(__name__)
 
@@ -39,6 +47,13 @@ _CKPT_PREFIX = "checkpoint-"
 _CKPT_RE = re.compile(r"^checkpoint-(\d+)$")
 _MANIFEST = "MANIFEST.json"
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
+_FORMAT = 2  # manifests with per-file size and CRC-32 ("files"); format 1 had only "states"
+_CHUNK = 1 << 20
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is damaged or cannot be loaded; the message names the file and what
+    is wrong with it."""
 
 # The registry of live States and the restore point are the job context's
 # (adaptdl_core.context.StateRegistry). The restore point is the newest checkpoint at the
@@ -106,14 +121,135 @@ def _checkpoint_dirs(root: str) -> list[tuple[int, str]]:
     return sorted(found)
 
 
-def latest_checkpoint_dir(root: str | None = None) -> str | None:
-    """Path of the newest complete checkpoint under ``root`` (default: the checkpoint path
-    from the environment), or ``None`` if there is none."""
-    root = root if root is not None else env.checkpoint_path()
+def _file_entry(data: bytes) -> dict:
+    return {"size": len(data), "crc32": zlib.crc32(data)}
+
+
+def _file_crc32(path: str) -> int:
+    crc = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+def _read_manifest(ckpt: str) -> dict:
+    """The parsed manifest of ``ckpt``; raises CheckpointError if it is missing or
+    malformed (FileNotFoundError if the directory itself is gone)."""
+    path = os.path.join(ckpt, _MANIFEST)
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        if not os.path.isdir(ckpt):
+            raise
+        raise CheckpointError(f"{path} is missing: the checkpoint is incomplete or "
+                              "damaged") from None
+    try:
+        manifest = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise CheckpointError(f"{path} is not valid JSON ({exc}): the manifest is "
+                              "damaged") from None
+    states = manifest.get("states") if isinstance(manifest, dict) else None
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not (isinstance(states, list) and all(isinstance(n, str) for n in states)):
+        raise CheckpointError(f"{path} has no list of state names: the manifest is damaged")
+    if files is not None and not (
+            isinstance(files, dict) and set(files) == set(states)
+            and all(isinstance(e, dict) and isinstance(e.get("size"), int)
+                    and isinstance(e.get("crc32"), int) for e in files.values())):
+        raise CheckpointError(f"{path} does not give a size and CRC-32 for every state it "
+                              "lists: the manifest is damaged")
+    return manifest
+
+
+def _check_bytes(path: str, data: bytes, entry: dict | None) -> None:
+    if entry is None:
+        return
+    if len(data) != entry["size"]:
+        raise CheckpointError(f"{path} holds {len(data)} bytes but the manifest says "
+                              f"{entry['size']}: the file is truncated or damaged")
+    if zlib.crc32(data) != entry["crc32"]:
+        raise CheckpointError(f"{path} does not match the CRC-32 in the manifest: its "
+                              "content is damaged")
+
+
+def verify_checkpoint(ckpt: str) -> dict:
+    """Check that the checkpoint directory ``ckpt`` is intact: its manifest parses and
+    every state it lists exists with the listed size and CRC-32 (reads every file once).
+
+    A manifest from before checksums were recorded is accepted unverified as long as every
+    file it lists exists.
+
+    Returns:
+        The parsed manifest.
+
+    Raises:
+        CheckpointError: naming the first damaged or missing file and what is wrong.
+        FileNotFoundError: if ``ckpt`` is not a directory.
+    """
+    if not os.path.isdir(ckpt):
+        raise FileNotFoundError(f"verify_checkpoint: {ckpt!r} is not a directory")
+    manifest = _read_manifest(ckpt)
+    files = manifest.get("files")
+    if files is None:
+        LOG.debug("%s has a manifest without checksums (written by an older version): "
+                  "accepted unverified", ckpt)
+    for name in manifest["states"]:
+        path = os.path.join(ckpt, name)
+        try:
+            size = os.stat(path).st_size
+        except FileNotFoundError:
+            raise CheckpointError(f"{path} is missing, but the manifest lists it: the "
+                                  "checkpoint is damaged") from None
+        if files is None:
+            continue
+        entry = files[name]
+        if size != entry["size"]:
+            raise CheckpointError(f"{path} holds {size} bytes but the manifest says "
+                                  f"{entry['size']}: the file is truncated or damaged")
+        if _file_crc32(path) != entry["crc32"]:
+            raise CheckpointError(f"{path} does not match the CRC-32 in the manifest: its "
+                                  "content is damaged")
+    return manifest
+
+
+def latest_checkpoint_dir(root: str | os.PathLike | None = None) -> str | None:
+    """Path of the newest intact checkpoint under ``root`` (default: the checkpoint path
+    from the environment), or ``None`` if there is none.
+
+    Each candidate is checked with :func:`verify_checkpoint`, newest first; a damaged one
+    is skipped with a warning naming the file and what is wrong.
+
+    Raises:
+        TypeError: if ``root`` is neither a path (``str`` or ``os.PathLike``) nor None.
+        CheckpointError: if ``root`` holds checkpoints but every one is damaged (the
+            message names each damaged file; remove them to start from scratch).
+    """
+    if root is not None and not isinstance(root, (str, os.PathLike)):
+        raise TypeError(f"latest_checkpoint_dir(root={root!r}): root must be a directory "
+                        f"path (str or os.PathLike) or None, got {type(root).__name__}")
+    root = os.fspath(root) if root is not None else env.checkpoint_path()
     if root is None:
         return None
-    dirs = _checkpoint_dirs(root)
-    return dirs[-1][1] if dirs else None
+    damaged = []
+    for _, path in reversed(_checkpoint_dirs(root)):
+        try:
+            verify_checkpoint(path)
+        except FileNotFoundError:
+            continue  # removed by replica 0 meanwhile: a newer one exists
+        except CheckpointError as exc:
+            LOG.warning("skipping damaged checkpoint %s: %s; falling back to an older one",
+                        path, exc)
+            damaged.append(str(exc))
+            continue
+        return path
+    if damaged:
+        raise CheckpointError(f"no intact checkpoint is left under {root}: "
+                              + "; ".join(damaged)
+                              + ". Remove the damaged checkpoint directories to start from "
+                              "scratch.")
+    return None
 
 
 def _restore_dir() -> str | None:
@@ -130,7 +266,12 @@ def load_state(state: State) -> bool:
 
     Returns:
         True if the state was found and loaded, False otherwise (first run, no checkpoint
-        path, or a state that did not exist when the checkpoint was taken).
+        path, or a state the checkpoint's manifest does not list).
+
+    Raises:
+        CheckpointError: if no intact checkpoint is left, if the state's file is listed
+            but missing or does not match its size and CRC-32, or if ``state.load``
+            fails on it (the message names the file).
     """
     registry = _registry()
     ckpt = _restore_dir()
@@ -144,16 +285,37 @@ def load_state(state: State) -> bool:
             return False
     path = os.path.join(ckpt, state.name)
     try:
-        f = open(path, "rb")
+        manifest = _read_manifest(ckpt)
+        if state.name not in manifest["states"]:
+            return False  # the state did not exist when the checkpoint was taken
+        with open(path, "rb") as f:
+            data = f.read()
     except FileNotFoundError:
         if os.path.isdir(ckpt):
-            return False  # the checkpoint does not hold this state
+            raise CheckpointError(f"{path} is missing, but the manifest lists it: the "
+                                  "checkpoint is damaged") from None
         # Removed between the check and the open: look again.
         registry.restore_dir = context.StateRegistry.UNKNOWN
         return load_state(state)
-    with f:
-        state.load(f)
+    # The whole checkpoint was verified when it was chosen; these exact bytes are checked
+    # again so that damage in between is never loaded.
+    _check_bytes(path, data, (manifest.get("files") or {}).get(state.name))
+    try:
+        state.load(io.BytesIO(data))
+    except Exception as exc:
+        raise CheckpointError(_load_failure(path, exc)) from exc
     return True
+
+
+def _load_failure(path: str, exc: BaseException) -> str:
+    text = str(exc).strip()
+    if "weights_only" in text or not text:
+        # torch's unpickling advice (weights_only=False) is wrong here: the bytes are
+        # not what the State saved, so loading them less safely would not help.
+        text = "its content is not what the State saved (damaged or written by another program)"
+    else:
+        text = text.splitlines()[0]
+    return f"could not load {path} ({type(exc).__name__}): {text}"
 
 
 def _fsync_dir(path: str) -> None:
@@ -164,7 +326,8 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def _write_state_file(directory: str, state: State) -> int:
+def _write_state_file(directory: str, state: State) -> dict:
+    """Write ``state`` into ``directory``; returns its manifest entry (size, CRC-32)."""
     # Serialise to memory first so that a failing save() never leaves a partial file.
     buf = io.BytesIO()
     state.save(buf)
@@ -173,20 +336,27 @@ def _write_state_file(directory: str, state: State) -> int:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
-    return len(data)
+    return _file_entry(data)
 
 
-def _carry_over(tmp: str, source: str | None, names: list[str]) -> None:
-    """Hard-link into ``tmp`` the files of ``source`` that ``tmp`` lacks (in place, the
-    names list grows), so that a checkpoint keeps states this run has not re-created."""
+def _carry_over(tmp: str, source: str | None, names: list[str],
+                entries: dict[str, dict]) -> None:
+    """Hard-link into ``tmp`` the states of ``source`` that ``tmp`` lacks (in place, the
+    names list and entries grow), so that a checkpoint keeps states this run has not
+    re-created."""
     if source is None or not os.path.isdir(source):
         return
-    for entry in os.listdir(source):
-        if entry == _MANIFEST or entry in names:
+    manifest = _read_manifest(source)
+    listed = manifest.get("files") or {}
+    for name in manifest["states"]:
+        if name in names:
             continue
+        path = os.path.join(source, name)
         # Hard links make this copy free; checkpoint files are never modified in place.
-        os.link(os.path.join(source, entry), os.path.join(tmp, entry))
-        names.append(entry)
+        os.link(path, os.path.join(tmp, name))
+        names.append(name)
+        entries[name] = listed.get(name) or {"size": os.stat(path).st_size,
+                                             "crc32": _file_crc32(path)}
 
 
 def _move_restore_point(final: str) -> None:
@@ -198,12 +368,24 @@ def _move_restore_point(final: str) -> None:
         registry.restore_dir = final
 
 
-def _commit(root: str, tmp: str, names: list[str]) -> str:
+def _newest_intact(dirs: list[tuple[int, str]]) -> str | None:
+    for _, path in reversed(dirs):
+        try:
+            verify_checkpoint(path)
+        except (CheckpointError, FileNotFoundError) as exc:
+            LOG.warning("removing damaged checkpoint %s: %s", path, exc)
+            continue
+        return path
+    return None
+
+
+def _commit(root: str, tmp: str, names: list[str], entries: dict[str, dict]) -> str:
     """Write the manifest, then rename ``tmp`` into place as the next checkpoint."""
-    _carry_over(tmp, _restore_dir(), names)
+    _carry_over(tmp, _restore_dir(), names, entries)
     with open(os.path.join(tmp, _MANIFEST), "w") as f:
-        json.dump({"states": names, "time": time.time(),
-                   "num_restarts": env.num_restarts(),
+        json.dump({"format": _FORMAT, "states": names,
+                   "files": {name: entries[name] for name in names},
+                   "time": time.time(), "num_restarts": env.num_restarts(),
                    "num_replicas": env.num_replicas()}, f)
         f.flush()
         os.fsync(f.fileno())
@@ -213,10 +395,16 @@ def _commit(root: str, tmp: str, names: list[str]) -> str:
     final = os.path.join(root, f"{_CKPT_PREFIX}{seq}")
     os.rename(tmp, final)
     _fsync_dir(root)
+    # Read back before anything older goes: a checkpoint that cannot be verified now
+    # must not replace the ones we still have (they stay; the error propagates).
+    verify_checkpoint(final)
     _move_restore_point(final)
-    # Only now that the new checkpoint is complete may the older ones go.
+    # The newest older intact checkpoint stays as a fallback in case this one is damaged
+    # later; the rest (older or damaged) go.
+    keep = _newest_intact(existing)
     for _, old in existing:
-        shutil.rmtree(old, ignore_errors=True)
+        if old != keep:
+            shutil.rmtree(old, ignore_errors=True)
     for entry in os.listdir(root):
         if entry.startswith(".tmp-") and os.path.join(root, entry) != tmp:
             shutil.rmtree(os.path.join(root, entry), ignore_errors=True)
@@ -247,11 +435,12 @@ def save_all_states() -> str | None:
         return None
     start = time.perf_counter()
     tmp = _new_tmp_dir(root)
-    total = 0
+    entries: dict[str, dict] = {}
     try:
         for state in states:
-            total += _write_state_file(tmp, state)
-        final = _commit(root, tmp, [s.name for s in states])
+            entries[state.name] = _write_state_file(tmp, state)
+        total = sum(e["size"] for e in entries.values())
+        final = _commit(root, tmp, [s.name for s in states], entries)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -284,9 +473,9 @@ def save_state(state: State, sync: bool = True) -> str | None:
     tmp = _new_tmp_dir(root)
     try:
         names = [state.name]
-        _write_state_file(tmp, state)
-        _carry_over(tmp, latest_checkpoint_dir(root), names)
-        return _commit(root, tmp, names)
+        entries = {state.name: _write_state_file(tmp, state)}
+        _carry_over(tmp, latest_checkpoint_dir(root), names, entries)
+        return _commit(root, tmp, names, entries)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

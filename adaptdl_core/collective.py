@@ -189,7 +189,7 @@ def initialize(master_addr: str | None = None, master_port: int | None = None,
         timeout: seconds any wait may block, default ``ADAPTDL_TIMEOUT`` (30).
 
     Raises:
-        ValueError: for an invalid rank, size, port or timeout.
+        ValueError: for an invalid address, rank, size, port or timeout.
         RuntimeError: if already initialized, or the store cannot be reached in time.
     """
     addr = master_addr if master_addr is not None else env.master_addr()
@@ -197,6 +197,9 @@ def initialize(master_addr: str | None = None, master_port: int | None = None,
     size = num_replicas if num_replicas is not None else env.num_replicas()
     rank = replica_rank if replica_rank is not None else env.replica_rank()
     timeout_s = timeout if timeout is not None else env.timeout()
+    if not isinstance(addr, str) or not addr.strip():
+        raise ValueError(f"master_addr={addr!r} must be a non-empty host name or IP address "
+                         "string such as '127.0.0.1' (or set ADAPTDL_MASTER_ADDR)")
     if not isinstance(size, int) or size < 1:
         raise ValueError(f"num_replicas={size!r} must be an integer >= 1")
     if not isinstance(rank, int) or not 0 <= rank < size:

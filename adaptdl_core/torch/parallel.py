@@ -57,7 +57,8 @@ class AdaptiveDataParallel(DistributedDataParallel):
 
     Raises:
         RuntimeError: if no process group has been initialised.
-        ValueError: if ``optimizer`` is not a torch optimizer or the name is taken.
+        ValueError: if ``optimizer`` is not a torch optimizer, ``lr_scheduler`` has no
+            ``state_dict``/``load_state_dict``, or the name is taken.
     """
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -73,6 +74,14 @@ class AdaptiveDataParallel(DistributedDataParallel):
         if scaling_rule is not None and not isinstance(scaling_rule, ScalingRuleBase):
             raise ValueError("AdaptiveDataParallel(scaling_rule=...): expected a ScalingRuleBase "
                              f"such as AdaScale(), got {type(scaling_rule).__name__}")
+        if lr_scheduler is not None and not (callable(getattr(lr_scheduler, "state_dict", None))
+                                             and callable(getattr(lr_scheduler, "load_state_dict",
+                                                                  None))):
+            # Checked now: otherwise the first checkpoint, epochs later, is what fails.
+            raise ValueError("AdaptiveDataParallel(lr_scheduler=...): expected an LR scheduler "
+                             "with state_dict() and load_state_dict() (e.g. a "
+                             "torch.optim.lr_scheduler.LRScheduler) or None, got "
+                             f"{type(lr_scheduler).__name__}")
         super().__init__(model, **kwargs)
         self.adaptdl_optimizer = optimizer
         self.adaptdl_lr_scheduler = lr_scheduler

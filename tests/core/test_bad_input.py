@@ -146,6 +146,34 @@ def test_data_parallel_rejects_non_optimizer(monkeypatch, no_process_group, bad)
     assert checkpoint.state_names() == []
 
 
+@pytest.mark.parametrize("bad", ["x", 0.1, object()])
+def test_data_parallel_rejects_a_non_scheduler_at_construction(monkeypatch, no_process_group,
+                                                               bad):
+    monkeypatch.setattr(parallel.dist, "is_initialized", lambda: True)
+    model = torch.nn.Linear(2, 1)
+    with pytest.raises(ValueError) as info:
+        adl.AdaptiveDataParallel(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                                 lr_scheduler=bad)
+    assert "lr_scheduler=" in str(info.value) and type(bad).__name__ in str(info.value)
+    assert checkpoint.state_names() == []
+
+
+# -- collective.initialize and latest_checkpoint_dir -----------------------------------------
+
+@pytest.mark.parametrize("bad", [123, "", None.__class__])
+def test_collective_initialize_rejects_a_bad_master_addr(bad):
+    from adaptdl_core import collective
+    with pytest.raises(ValueError, match="master_addr="):
+        collective.initialize(master_addr=bad, master_port=0, replica_rank=0, num_replicas=1)
+
+
+@pytest.mark.parametrize("bad", [0, 1.5, ["/tmp"]])
+def test_latest_checkpoint_dir_rejects_a_non_path(bad):
+    with pytest.raises(TypeError) as info:
+        checkpoint.latest_checkpoint_dir(bad)
+    assert "root=" in str(info.value) and "str or os.PathLike" in str(info.value)
+
+
 # -- init_process_group ----------------------------------------------------------------------
 
 BAD_INIT = [

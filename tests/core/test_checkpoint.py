@@ -128,7 +128,7 @@ def test_restart_reads_the_newest_checkpoint(ckpt_dir, restart):
     for value in range(1, 4):
         s.value = value
         checkpoint.save_all_states()
-    assert ckpt_names(ckpt_dir) == ["checkpoint-2"]
+    assert ckpt_names(ckpt_dir) == ["checkpoint-1", "checkpoint-2"]  # newest + fallback
     restart()
     s = JsonState("counter")
     assert checkpoint.load_state(s) and s.value == 3
@@ -152,20 +152,26 @@ def test_restore_point_follows_this_runs_checkpoints(ckpt_dir, restart):
     assert checkpoint.load_state(s) and s.value == "new"
 
 
+def _intact_checkpoint(path):
+    path.mkdir()
+    (path / "MANIFEST.json").write_text(json.dumps({"states": [], "files": {}}))
+
+
 def test_latest_checkpoint_dir_orders_numerically(tmp_path):
     for seq in (2, 9, 10):
-        (tmp_path / f"checkpoint-{seq}").mkdir()
+        _intact_checkpoint(tmp_path / f"checkpoint-{seq}")
     assert checkpoint.latest_checkpoint_dir(str(tmp_path)) == str(tmp_path / "checkpoint-10")
+    assert checkpoint.latest_checkpoint_dir(tmp_path) == str(tmp_path / "checkpoint-10")
     assert checkpoint.latest_checkpoint_dir(str(tmp_path / "missing")) is None
     assert checkpoint.latest_checkpoint_dir() is None  # no ADAPTDL_CHECKPOINT_PATH
 
 
 def test_next_sequence_number_follows_the_largest(ckpt_dir):
-    (ckpt_dir / "checkpoint-9").mkdir()
-    (ckpt_dir / "checkpoint-10").mkdir()
+    _intact_checkpoint(ckpt_dir / "checkpoint-9")
+    _intact_checkpoint(ckpt_dir / "checkpoint-10")
     JsonState("s", 1)
     assert checkpoint.save_all_states() == str(ckpt_dir / "checkpoint-11")
-    assert ckpt_names(ckpt_dir) == ["checkpoint-11"]
+    assert ckpt_names(ckpt_dir) == ["checkpoint-10", "checkpoint-11"]
 
 
 def test_only_complete_checkpoint_directories_are_read(ckpt_dir, restart):
@@ -254,7 +260,7 @@ def test_save_state_keeps_other_states_of_the_previous_checkpoint(ckpt_dir, rest
     b.syncs = 0
     final = checkpoint.save_state(b)
     assert final == str(ckpt_dir / "checkpoint-1")
-    assert ckpt_names(ckpt_dir) == ["checkpoint-1"]
+    assert ckpt_names(ckpt_dir) == ["checkpoint-0", "checkpoint-1"]
     assert b.syncs == 1 and a.syncs == 1  # only b was synced (a: once, by save_all_states)
     manifest = json.loads(Path(final, "MANIFEST.json").read_text())
     assert sorted(manifest["states"]) == ["a", "b", "c"]
@@ -411,7 +417,7 @@ def test_leftover_tmp_directory_is_ignored_and_cleaned(ckpt_dir, restart):
     assert checkpoint.load_state(s) and s.value == "committed"
     s.value = "next"
     final = checkpoint.save_all_states()
-    assert listing(ckpt_dir) == ["checkpoint-1"]
+    assert listing(ckpt_dir) == ["checkpoint-0", "checkpoint-1"]
     assert Path(final) == ckpt_dir / "checkpoint-1"
     restart()
     s = JsonState("s")
@@ -431,7 +437,8 @@ def test_older_checkpoints_are_removed_after_a_new_one(ckpt_dir):
     for i in range(4):
         s.value = i
         seen.append(checkpoint.save_all_states())
-        assert ckpt_names(ckpt_dir) == [f"checkpoint-{i}"]
+        # The newest intact older checkpoint stays as a fallback; the rest go.
+        assert ckpt_names(ckpt_dir) == [f"checkpoint-{j}" for j in range(max(0, i - 1), i + 1)]
     assert seen == [str(ckpt_dir / f"checkpoint-{i}") for i in range(4)]
     assert json.loads((ckpt_dir / "checkpoint-3" / "s").read_text()) == 3
 
@@ -510,7 +517,7 @@ def test_sigkill_while_writing_leaves_previous_checkpoint_loadable(ckpt_dir, res
     assert a.data == b"O" * (1 << 20) and b.data == b"o" * (1 << 20)
     a.data = b"A"
     checkpoint.save_all_states()
-    assert listing(ckpt_dir) == ["checkpoint-1"]
+    assert listing(ckpt_dir) == ["checkpoint-0", "checkpoint-1"]
 
 
 # -- what the library itself writes -------------------------------------------------------
