@@ -237,7 +237,8 @@ class DecisionCore:
             self._nodes = nodes
             self._dirty = True
 
-    def add_job(self, job_id: Hashable, spec: JobSpec, *, replicas: int | None = None) -> None:
+    def add_job(self, job_id: Hashable, spec: JobSpec, *, replicas: int | None = None,
+                submitted: float | None = None) -> None:
         """A job arrived (or was added again after a failure or a restore: its record,
         creation time and measurements are kept).
 
@@ -247,14 +248,24 @@ class DecisionCore:
             replicas: the size the front-end itself starts it at (e.g. Tune's own
                 admission), taken as its target until the next solve; ``None``: it waits
                 for the policy.
+            submitted: when the job was submitted (seconds, the core's clock), if the
+                front-end knows it; a job's age (its restart penalty and its rank among
+                jobs) counts from then. ``None``: from now. It must not be in the future;
+                a job added again keeps its first creation time.
 
         Raises:
             TypeError: ``spec`` is not a JobSpec.
             ValueError: the cluster (when known) cannot hold ``spec.min_replicas``
-                replicas at all, or ``replicas`` is not an integer >= 0.
+                replicas at all, ``replicas`` is not an integer >= 0, or ``submitted`` is
+                not a finite time no later than now.
         """
         if not isinstance(spec, JobSpec):
             raise TypeError(f"spec must be a JobSpec, got {spec!r}")
+        now = float(self.clock())
+        submitted = _check_number("submitted", submitted)
+        if submitted is not None and submitted > now + 1e-9:
+            raise ValueError(f"submitted ({submitted:g}) is after the core's clock ({now:g}): "
+                             "pass the submission time on the same clock, or None")
         if self._nodes and cluster_capacity(spec, self._nodes) < spec.min_replicas:
             job_info(spec, self._nodes, created=0.0, hints=None)  # raises the clear error
         if replicas is not None and (isinstance(replicas, bool) or not isinstance(
@@ -262,7 +273,8 @@ class DecisionCore:
             raise ValueError(f"replicas must be an integer >= 0 or None, got {replicas!r}")
         record = self._state.trials.get(job_id)
         if record is None:
-            record = self._state.trials[job_id] = JobRecord(created=float(self.clock()))
+            record = self._state.trials[job_id] = JobRecord(
+                created=now if submitted is None else submitted)
         record.spec = spec.to_dict()
         record.live = True
         record.current = 0

@@ -97,7 +97,7 @@ class CorePollux:
                 self._known.discard(name)
         for name, job in jobs.items():
             if name not in self._known:
-                core.add_job(name, job_spec(job))
+                core.add_job(name, job_spec(job), submitted=job.submission_time)
                 self._known.add(name)
             core.update(name, hints=job.hints().to_dict(),
                         progress=JobProgress(remaining_s=remaining_seconds(job),

@@ -294,3 +294,29 @@ def test_a_solve_run_elsewhere_applies_only_to_jobs_still_live():
     assert core.decision_for("c").action == "wait"
     assert core.due()  # c arrived after the snapshot
     assert core.decide()["c"].action == "start"
+
+
+def test_submission_time_dates_the_job_for_the_policy():
+    seen = {}
+
+    class Recording(CountingPolicy):
+        def allocate(self, jobs, *args, **kwargs):
+            seen.update({k: j.creation_timestamp for k, j in jobs.items()})
+            return super().allocate(jobs, *args, **kwargs)
+
+    clock = Clock()
+    core = DecisionCore(policy=Recording(), clock=clock)
+    core.set_nodes({"n0": NodeInfo({"GPU": 4})})
+    core.add_job("early", GPU, submitted=955.0)
+    core.add_job("now", GPU)
+    core.decide()
+    assert seen == {"early": 955.0, "now": 1000.0}
+    # Added again later, a job keeps its first date.
+    core.remove("early")
+    clock.now += 30
+    core.add_job("early", GPU, submitted=1020.0)
+    assert core.state.trials["early"].created == 955.0
+    with pytest.raises(ValueError, match="submitted"):
+        core.add_job("late", GPU, submitted=clock.now + 1)
+    with pytest.raises(ValueError, match="submitted"):
+        core.add_job("bad", GPU, submitted=float("nan"))

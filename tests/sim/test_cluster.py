@@ -78,3 +78,15 @@ def test_pollux_completes_a_small_workload_through_the_decision_core():
     # Adaptive jobs finish no later than the same jobs at their tuned size on this cluster.
     fixed = simulate(rows, "tiresias", nodes=4)
     assert result["avg_jct"] < fixed["avg_jct"]
+
+
+def test_core_pollux_dates_jobs_from_their_submission():
+    from adaptdl_core.sim.job_model import SimJob, get_application
+    from adaptdl_core.sim.pollux import CorePollux
+
+    pol = CorePollux()
+    job = SimJob("b", get_application("bert"), submission_time=17.0)
+    out = pol.decide(60.0, {"b": job}, {}, {0: 4})
+    assert len(out["b"]) >= 1
+    # The round boundary is 60 s, but the job's age (restart penalty) counts from 17 s.
+    assert pol.core.state.trials["b"].created == 17.0
