@@ -49,6 +49,7 @@ _MANIFEST = "MANIFEST.json"
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
 _FORMAT = 2  # manifests with per-file size and CRC-32 ("files"); format 1 had only "states"
 _CHUNK = 1 << 20
+_RESCANS = 10
 
 
 class CheckpointError(RuntimeError):
@@ -200,6 +201,8 @@ def verify_checkpoint(ckpt: str) -> dict:
         try:
             size = os.stat(path).st_size
         except FileNotFoundError:
+            if not os.path.isdir(ckpt):
+                raise  # removed meanwhile (replica 0 saved a newer one): not damage
             raise CheckpointError(f"{path} is missing, but the manifest lists it: the "
                                   "checkpoint is damaged") from None
         if files is None:
@@ -208,7 +211,14 @@ def verify_checkpoint(ckpt: str) -> dict:
         if size != entry["size"]:
             raise CheckpointError(f"{path} holds {size} bytes but the manifest says "
                                   f"{entry['size']}: the file is truncated or damaged")
-        if _file_crc32(path) != entry["crc32"]:
+        try:
+            crc = _file_crc32(path)
+        except FileNotFoundError:
+            if not os.path.isdir(ckpt):
+                raise
+            raise CheckpointError(f"{path} is missing, but the manifest lists it: the "
+                                  "checkpoint is damaged") from None
+        if crc != entry["crc32"]:
             raise CheckpointError(f"{path} does not match the CRC-32 in the manifest: its "
                                   "content is damaged")
     return manifest
@@ -232,18 +242,27 @@ def latest_checkpoint_dir(root: str | os.PathLike | None = None) -> str | None:
     root = os.fspath(root) if root is not None else env.checkpoint_path()
     if root is None:
         return None
-    damaged = []
-    for _, path in reversed(_checkpoint_dirs(root)):
-        try:
-            verify_checkpoint(path)
-        except FileNotFoundError:
-            continue  # removed by replica 0 meanwhile: a newer one exists
-        except CheckpointError as exc:
-            LOG.warning("skipping damaged checkpoint %s: %s; falling back to an older one",
-                        path, exc)
-            damaged.append(str(exc))
-            continue
-        return path
+    # A checkpoint that vanishes while it is checked was removed by replica 0 after it
+    # wrote a newer one (removal renames it away first, so it never looks half-deleted):
+    # look again.
+    for _ in range(_RESCANS):
+        damaged = []
+        for _, path in reversed(_checkpoint_dirs(root)):
+            try:
+                verify_checkpoint(path)
+            except FileNotFoundError:
+                break
+            except CheckpointError as exc:
+                LOG.warning("skipping damaged checkpoint %s: %s; falling back to an older "
+                            "one", path, exc)
+                damaged.append(str(exc))
+                continue
+            return path
+        else:
+            break
+    else:
+        raise CheckpointError(f"the checkpoints under {root} kept disappearing while they were "
+                              "checked: is another job writing to the same checkpoint path?")
     if damaged:
         raise CheckpointError(f"no intact checkpoint is left under {root}: "
                               + "; ".join(damaged)
@@ -379,6 +398,17 @@ def _newest_intact(dirs: list[tuple[int, str]]) -> str | None:
     return None
 
 
+def _remove_checkpoint(root: str, path: str) -> None:
+    # Renamed away first, so that readers never see a half-removed checkpoint-<seq>
+    # (which would look damaged); the leftover is a .tmp- directory, cleaned like others.
+    doomed = os.path.join(root, f".tmp-removed-{os.path.basename(path)}-{os.getpid()}")
+    try:
+        os.rename(path, doomed)
+    except OSError:
+        doomed = path
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
 def _commit(root: str, tmp: str, names: list[str], entries: dict[str, dict]) -> str:
     """Write the manifest, then rename ``tmp`` into place as the next checkpoint."""
     _carry_over(tmp, _restore_dir(), names, entries)
@@ -404,7 +434,7 @@ def _commit(root: str, tmp: str, names: list[str], entries: dict[str, dict]) -> 
     keep = _newest_intact(existing)
     for _, old in existing:
         if old != keep:
-            shutil.rmtree(old, ignore_errors=True)
+            _remove_checkpoint(root, old)
     for entry in os.listdir(root):
         if entry.startswith(".tmp-") and os.path.join(root, entry) != tmp:
             shutil.rmtree(os.path.join(root, entry), ignore_errors=True)
