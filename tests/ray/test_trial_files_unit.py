@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import os
 import signal
+import zlib
 
 import pytest
 
 pytest.importorskip("ray.tune")
 import torch  # noqa: E402
 
+from adaptdl_core import checkpoint  # noqa: E402
 from adaptdl_ray.tune import checkpoint_files, model_state_dict, transfer  # noqa: E402
 from adaptdl_ray.tune.interrupts import InterruptRelay  # noqa: E402
 from adaptdl_ray.tune.results import (METRIC_PREFIX, RESIZE_PHASES, STATUS_KEYS,  # noqa: E402
@@ -62,6 +64,12 @@ def _core_checkpoint(tmp_path, weights):
     ckpt = root / "checkpoint-4"
     ckpt.mkdir(parents=True)
     torch.save({"model": weights, "optimizer": {}}, ckpt / "adaptdl-dataparallel")
+    data = (ckpt / "adaptdl-dataparallel").read_bytes()
+    # Every checkpoint carries a manifest (sizes and checksums: adaptdl_core.checkpoint).
+    (ckpt / "MANIFEST.json").write_text(json.dumps({
+        "states": ["adaptdl-dataparallel"],
+        "files": {"adaptdl-dataparallel": {"size": len(data), "crc32": zlib.crc32(data)}}}))
+    assert checkpoint.verify_checkpoint(str(ckpt)) is not None
     return transfer.pack_latest_checkpoint(str(root))
 
 
