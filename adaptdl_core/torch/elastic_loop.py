@@ -49,6 +49,7 @@ class LoopState(checkpoint.State):
         self.loop_start_progress: float | None = None
 
     def save(self, fileobj: IO[bytes]) -> None:
+        """Write the position as JSON."""
         checkpoint.dump_json({"current_index": self.current_index,
                               "last_position": self.last_position,
                               "local_bsz": self.local_bsz,
@@ -56,6 +57,7 @@ class LoopState(checkpoint.State):
                               "loop_start_progress": self.loop_start_progress}, fileobj)
 
     def load(self, fileobj: IO[bytes]) -> None:
+        """Read the position written by :meth:`save`."""
         data = checkpoint.load_json(fileobj)
         self.current_index = int(data["current_index"])
         self.last_position = {str(k): int(v) for k, v in data["last_position"].items()}

@@ -273,6 +273,7 @@ class AdaScale(ScalingRuleBase):
     needs_gns = True
 
     def scale_lr(self, scale: float) -> float:
+        """AdaScale: the gain at ``scale`` (``1 <= gain <= scale``)."""
         return self._require_gns().gain(_check_scale(scale))
 
 
@@ -285,6 +286,7 @@ class AdamScale(ScalingRuleBase):
     needs_gns = True
 
     def scale_lr(self, scale: float) -> float:
+        """AdamScale: the square root of the gain at ``scale``."""
         return math.sqrt(self._require_gns().gain(_check_scale(scale)))
 
 
@@ -293,6 +295,7 @@ class LinearScale(ScalingRuleBase):
     it overshoots when the batch is far above the noise scale."""
 
     def scale_lr(self, scale: float) -> float:
+        """Linear scaling: ``scale`` itself."""
         return _check_scale(scale)
 
 
@@ -300,6 +303,7 @@ class SqrtScale(ScalingRuleBase):
     """``scale_lr(r) = sqrt(r)`` (Krizhevsky's square-root scaling)."""
 
     def scale_lr(self, scale: float) -> float:
+        """Square-root scaling: ``sqrt(scale)``."""
         return math.sqrt(_check_scale(scale))
 
 
@@ -328,6 +332,7 @@ class LEGWScale(ScalingRuleBase):
         self.data_size = size
 
     def scale_lr(self, scale: float) -> float:
+        """LEGW: ``sqrt(scale)`` ramped up over the warm-up (see the class docstring)."""
         r = _check_scale(scale)
         gns = self._require_gns()
         steps_per_epoch = self.data_size / gns.init_batch_size
