@@ -65,6 +65,10 @@ MAX_LOCAL_BSZ: Dict[str, int] = {"yolov3": 8}
 APPLICATION_NAMES: Tuple[str, ...] = tuple(sorted(EPOCHS))
 
 _EPS = 1e-8  # keeps ceil() of an exact quotient from rounding up on float noise
+# Fits shared between jobs with the same profile history (see SimJob._record), oldest
+# dropped first beyond the size.
+_FIT_MEMO: Dict[tuple, PerfParams] = {}
+_FIT_MEMO_SIZE = 200_000
 
 
 def canonical_placement(placement: Sequence[int]) -> Tuple[int, ...]:
@@ -480,10 +484,20 @@ class SimJob:
             self.profile.setdefault(key, (step_time, sync_time))
             return
         self.profile[key] = (step_time, sync_time)
-        arr = np.array([(k[0], k[1], k[2], v[0], v[1]) for k, v in self.profile.items()])
-        self.perf_params = fit_perf_params(arr[:, 0], arr[:, 1], arr[:, 2],
-                                           arr[:, 3] - arr[:, 4], arr[:, 3],
-                                           initial=self.perf_params)
+        # The fit is a deterministic function of (profile in order, warm start), and jobs of
+        # one model often walk the same configurations (1, 2, 4 GPUs at the same batches):
+        # a job repeating another's history reuses its fit instead of refitting.
+        memo_key = (self.app.name, tuple(self.profile.items()), self.perf_params)
+        fitted = _FIT_MEMO.get(memo_key)
+        if fitted is None:
+            arr = np.array([(k[0], k[1], k[2], v[0], v[1]) for k, v in self.profile.items()])
+            fitted = fit_perf_params(arr[:, 0], arr[:, 1], arr[:, 2],
+                                     arr[:, 3] - arr[:, 4], arr[:, 3],
+                                     initial=self.perf_params)
+            if len(_FIT_MEMO) >= _FIT_MEMO_SIZE:
+                _FIT_MEMO.pop(next(iter(_FIT_MEMO)))
+            _FIT_MEMO[memo_key] = fitted
+        self.perf_params = fitted
         self.num_fits += 1
         self._goodput_fn = None
 

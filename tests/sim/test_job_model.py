@@ -112,6 +112,42 @@ def test_adaptive_agent_refits_and_grows_its_batch():
     assert job.hints().max_profiled_replicas == 4
 
 
+def test_jobs_with_the_same_history_share_fits_exactly():
+    from adaptdl_core import goodput
+    from adaptdl_core.sim import job_model
+
+    app = get_application("bert")
+    twins = [SimJob(f"twin{i}", app, 0.0) for i in range(2)]
+    real_fit = goodput.fit_perf_params
+    calls = []
+
+    def counting_fit(*args, **kwargs):
+        calls.append(1)
+        return real_fit(*args, **kwargs)
+
+    job_model._FIT_MEMO.clear()
+    job_model.fit_perf_params = counting_fit
+    try:
+        for job in twins:
+            for placement in ((1,), (2,), (2, 2)):
+                job.reallocate(placement)
+                job.advance(120)
+    finally:
+        job_model.fit_perf_params = real_fit
+    a, b = twins
+    assert a.num_fits == b.num_fits >= 3
+    assert len(calls) == a.num_fits       # the second job refitted nothing
+    assert a.perf_params == b.perf_params and a.profile == b.profile
+    # A memo hit is the fit itself: refitting the profile in the same order, from the
+    # same warm starts, gives the same parameters.
+    job_model._FIT_MEMO.clear()
+    c = SimJob("fresh", app, 0.0)
+    for placement in ((1,), (2,), (2, 2)):
+        c.reallocate(placement)
+        c.advance(120)
+    assert c.perf_params == a.perf_params
+
+
 def test_bad_arguments_are_named():
     app = get_application("cifar10")
     with pytest.raises(ValueError, match="target_batch_size"):
