@@ -289,6 +289,10 @@ def simulate(workload: Union[str, Path, Sequence[WorkloadJob]], policy: str = "p
         allocations = {k: list(v) for k, v in new.items() if v}
         if timeline:
             tl.append({"t": now, "gpus": {k: len(v) for k, v in allocations.items()}})
+        if len(decision_times) % 100 == 0:
+            logger.info("t=%.0f s: %d active, %d/%d done, last decision %.0f ms, wall %.0f s",
+                        now, len(active), sum(j.done for j in jobs), len(jobs),
+                        decision_times[-1] * 1e3, time.perf_counter() - t_wall)
     del pending
     jcts = {j.name: j.completion_time - j.submission_time for j in jobs if j.done}
     vals = np.array(list(jcts.values())) if jcts else np.array([0.0])
