@@ -53,8 +53,7 @@ class _BranchAndBound(_Relaxation):
             nz = np.flatnonzero(counts)
             key = tuple(sorted(zip(ids[nz].tolist(), counts[nz].tolist())))
             if key not in out:
-                z, g = prob.cost(np.array([prob.effective(j, counts)[0]]))
-                out[key] = ((float(z[0]), float(g[0])), counts)
+                out[key] = (prob.cost_one(prob.effective(j, counts)[0]), counts)
 
         # Representatives of each class (first node), for single-node placements.
         reps = {}

@@ -225,5 +225,4 @@ class _Packer(_Relaxation):
                 if counts is None:
                     continue
             self.evals += 1
-            z, g = prob.cost(np.array([prob.effective(j, counts)[0]]))
-            yield (z[0], g[0]), counts
+            yield prob.cost_one(prob.effective(j, counts)[0]), counts

@@ -16,7 +16,7 @@ from typing import Dict, Hashable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .fitness import _KEEP_BONUS, _check_p, _cost_terms, restart_penalty
+from .fitness import _cost_one, _KEEP_BONUS, _check_p, _cost_terms, restart_penalty
 from .records import JobInfo, NodeInfo, _is_real
 
 # Tolerance when flooring capacity / request ratios (float resources such as 0.5 CPU).
@@ -165,7 +165,11 @@ class _Problem:
         if k == 0:
             return 0.0, 0.0
         n = int(np.count_nonzero(counts))
-        raw = float(self.speedup(j, np.array([n]), np.array([k]))[0])
+        # The memo is checked first: building arrays for one cached value costs more than
+        # the lookup, and the searches ask for the same few shapes many times.
+        raw = self._cache[j].get((n, k))
+        if raw is None:
+            raw = float(self.speedup(j, np.array([n]), np.array([k]))[0])
         if not self.base_known[j]:
             return raw, raw
         if np.array_equal(counts, self.base[j]):
@@ -176,6 +180,10 @@ class _Problem:
     def cost(self, s: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
         """Per-job cost pair (idle flag, power term) to minimise, for speedups ``s``."""
         return _cost_terms(s, self.p)
+
+    def cost_one(self, s: float) -> Tuple[float, float]:
+        """:meth:`cost` of a single speedup, as plain floats (the searches' inner loop)."""
+        return _cost_one(s, self.p)
 
     def fits0(self, j: int) -> np.ndarray:
         """``fits(j, free0)``, memoised: replicas of ``j`` each node holds besides pins."""
