@@ -207,6 +207,12 @@ class PolluxPolicy:
             milliseconds to ~0.2 s (256 jobs); one that is not, up to a few 100 ms more.
         time_limit_s: optional wall-clock limit for the local search and branch and bound
             (``None``: only the budgets apply, which keeps results deterministic).
+        fair_share: maximise the power mean of each job's speedup relative to its speedup
+            at its fair share of the cluster (the cluster split evenly among the round's
+            jobs by dominant resource; Pollux's normalisation, see ``ALGORITHMS.md`` 4)
+            instead of relative to one replica. With ``p != 1`` this decides how jobs are
+            weighed against each other: a job that would gain much from its fair share
+            counts for more. Reported speedups keep the speedup functions' own units.
 
     Raises:
         ValueError: for malformed arguments (the message names them).
@@ -214,7 +220,11 @@ class PolluxPolicy:
 
     def __init__(self, p: float = -1.0, *, min_gain: float = 1e-6,
                  max_dp_cells: int = 8_000_000, max_search_evals: int = 2_000,
-                 max_bnb_nodes: int = 2_000, time_limit_s: Optional[float] = None) -> None:
+                 max_bnb_nodes: int = 2_000, time_limit_s: Optional[float] = None,
+                 fair_share: bool = False) -> None:
+        if not isinstance(fair_share, bool):
+            raise ValueError(f"fair_share must be True or False, got {fair_share!r}")
+        self.fair_share = fair_share
         self.p = _check_p(p)
         if not _is_real(min_gain) or not (0 <= float(min_gain) < 1):
             raise ValueError(f"min_gain must be a number in [0, 1), got {min_gain!r}")
@@ -257,7 +267,7 @@ class PolluxPolicy:
                 non-finite values.
         """
         t0 = time.perf_counter()
-        prob = _Problem(jobs, nodes, base_allocations, self.p, now)
+        prob = _Problem(jobs, nodes, base_allocations, self.p, now, fair_share=self.fair_share)
         if prob.J == 0:
             return AllocationResult({}, {}, 0.0, 0, True, 0.0, time.perf_counter() - t0)
         solver = _Solver(prob, self.min_gain, self.max_dp_cells, self.max_search_evals,

@@ -28,7 +28,7 @@ class _Problem:
 
     def __init__(self, jobs: Mapping[Hashable, JobInfo], nodes: Mapping[Hashable, NodeInfo],
                  base_allocations: Optional[Mapping[Hashable, Sequence[Hashable]]],
-                 p: float, now: Optional[float]) -> None:
+                 p: float, now: Optional[float], fair_share: bool = False) -> None:
         if not isinstance(jobs, Mapping):
             raise ValueError(f"jobs must be a dict of key -> JobInfo, got {type(jobs).__name__}")
         if not isinstance(nodes, Mapping):
@@ -132,10 +132,35 @@ class _Problem:
         self._cache: List[Dict[Tuple[int, int], float]] = [dict() for _ in range(J)]
         self._fits0: Dict[int, np.ndarray] = {}
         self.calls = 0
+        # What the optimiser maximises is each job's speedup over its speedup at its fair
+        # share (Pollux: a job's goodput at the fair share counts as 1); see fair_scale().
+        self.scale = np.ones(J)
+        if fair_share and J:
+            for j in range(J):
+                nodes_f, replicas_f = self.fair_share(j)
+                base = float(np.asarray(self.jobs[j].speedup_fn(
+                    np.array([nodes_f]), np.array([replicas_f])), dtype=np.float64)[0])
+                if math.isfinite(base) and base > 0:
+                    self.scale[j] = 1.0 / base
+
+    def fair_share(self, j: int) -> Tuple[int, int]:
+        """``(nodes, replicas)`` of job ``j``'s fair share of the cluster: the cluster
+        divided evenly among the round's jobs by the job's dominant resource (the resource
+        it asks the largest share of), at least one replica, on as few nodes as that
+        share of the cluster spans."""
+        total = self.cap.sum(axis=0)
+        asked = self.req[j] > 0
+        if not asked.any() or np.any(total[asked] <= 0):
+            return 1, 1
+        dominant = float(np.max(self.req[j][asked] / total[asked]))
+        replicas = max(int(math.ceil(1.0 / dominant / self.J - _FIT_EPS)), 1)
+        nodes = min(max(int(math.ceil(self.M * dominant - _FIT_EPS)), 1), replicas)
+        return nodes, replicas
 
     # -- speedups and costs -------------------------------------------------------------
     def speedup(self, j: int, n_nodes: np.ndarray, n_replicas: np.ndarray) -> np.ndarray:
-        """Raw speedups of job ``j`` at the given shapes (memoised per round, validated)."""
+        """Speedups of job ``j`` at the given shapes, over its fair-share speedup when the
+        round normalises (memoised per round, validated)."""
         n_nodes = np.asarray(n_nodes, dtype=np.int64).reshape(-1)
         n_replicas = np.asarray(n_replicas, dtype=np.int64).reshape(-1)
         cache = self._cache[j]
@@ -156,6 +181,8 @@ class _Problem:
         if not np.all(np.isfinite(vals)) or np.any(vals < 0):
             raise ValueError(f"jobs[{self.job_keys[j]!r}].speedup_fn must return finite "
                              f"speedups >= 0, got {vals!r} for replicas {n_replicas!r}")
+        if self.scale[j] != 1.0:
+            vals = vals * self.scale[j]
         cache.update(zip(zip(n_nodes.tolist(), n_replicas.tolist()), vals.tolist()))
         return vals
 
@@ -170,12 +197,14 @@ class _Problem:
         raw = self._cache[j].get((n, k))
         if raw is None:
             raw = float(self.speedup(j, np.array([n]), np.array([k]))[0])
+        # Reported speedups stay in the speedup function's own units.
+        unit = 1.0 / self.scale[j]
         if not self.base_known[j]:
-            return raw, raw
+            return raw, raw * unit
         if np.array_equal(counts, self.base[j]):
-            return raw * (1.0 + _KEEP_BONUS), raw
+            return raw * (1.0 + _KEEP_BONUS), raw * unit
         eff = raw * self.factor[j]
-        return eff, eff
+        return eff, eff * unit
 
     def cost(self, s: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
         """Per-job cost pair (idle flag, power term) to minimise, for speedups ``s``."""

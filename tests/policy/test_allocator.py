@@ -741,3 +741,42 @@ def test_a_huge_node_costs_what_a_node_the_jobs_can_fill_costs():
     assert counts["j1"] == counts["j4"] == 8          # the linear prior's cap
     assert counts["j2"] == counts["j5"] == 4096       # the opaque callable's cap
     assert t_huge < max(5 * t_enough, 2.0)
+
+
+# ----------------------------------------------------------------------------- fair share
+
+def test_fair_share_weighs_jobs_by_their_gain_at_the_fair_share():
+    # A scales linearly, B gains 30% per extra replica; 4 GPUs, fair share 2 each. Over one
+    # replica the harmonic mean prefers 2 + 2 (1/2 + 1/1.3 < 1/3 + 1/1); over the fair
+    # share A counts for 2 and B for 1.3, and 3 + 1 wins (2/3 + 1.3 < 2/2 + 1.3/1.3).
+    def linear(n, k):
+        return np.asarray(k, dtype=float)
+
+    def weak(n, k):
+        k = np.asarray(k, dtype=float)
+        return np.where(k > 0, 1.0 + 0.3 * (k - 1.0), 0.0)
+
+    jobs = {"A": job(linear, ts=0.0), "B": job(weak, ts=1.0)}
+    nodes = gpu_nodes(4)
+    plain = PolluxPolicy(-1).allocate(jobs, nodes, {}, now=100.0)
+    fair = PolluxPolicy(-1, fair_share=True).allocate(jobs, nodes, {}, now=100.0)
+    assert {k: len(v) for k, v in plain.allocations.items()} == {"A": 2, "B": 2}
+    assert {k: len(v) for k, v in fair.allocations.items()} == {"A": 3, "B": 1}
+    assert fair.optimal
+    # Reported speedups stay in the speedup functions' units.
+    assert fair.speedups == {"A": pytest.approx(3.0), "B": pytest.approx(1.0)}
+
+
+def test_fair_share_of_a_round():
+    from adaptdl_core.policy.problem import _Problem
+
+    nodes = gpu_nodes(*([4] * 16))
+    jobs = {f"j{i}": job(flat, ts=float(i)) for i in range(10)}
+    jobs["two"] = job(flat, ts=20.0, resources={"GPU": 2})
+    prob = _Problem(jobs, nodes, {}, -1.0, 0.0)
+    # 64 GPUs over 11 jobs: ceil(64 / 11) = 6 one-GPU replicas on one node; a two-GPU
+    # replica is a share twice as large, so half as many of them.
+    assert prob.fair_share(prob.job_keys.index("j0")) == (1, 6)
+    assert prob.fair_share(prob.job_keys.index("two")) == (1, 3)
+    with pytest.raises(ValueError, match="fair_share"):
+        PolluxPolicy(-1, fair_share=1)
