@@ -17,7 +17,10 @@ Reads are verified: a restore picks the newest checkpoint whose manifest matches
 (:func:`verify_checkpoint`) before any state loads, logs a warning naming each damaged
 newer one it skips, and raises :class:`CheckpointError` naming the damaged files when no
 intact checkpoint is left. Checkpoints written before manifests carried checksums are
-accepted unverified (only their listed files must exist).
+accepted unverified (only their listed files must exist). A module may also have the
+saved values of its states checked (:func:`register_content_check`, e.g. a loader
+position past the end of its epoch): a checkpoint holding an impossible value is damaged
+like one with a wrong checksum, so a restore uses either all of one checkpoint or none.
 
 The files our own states write load under ``torch.load(..., weights_only=True)`` (tensors
 and plain Python containers) or are JSON.
@@ -34,12 +37,12 @@ import shutil
 import tempfile
 import time
 import zlib
-from typing import IO, Any
+from typing import IO, Any, Callable
 
 from adaptdl_core import context, env
 
 __all__ = ["State", "save_state", "load_state", "save_all_states", "latest_checkpoint_dir",
-           "state_names", "verify_checkpoint", "CheckpointError"]
+           "state_names", "verify_checkpoint", "register_content_check", "CheckpointError"]
 
 LOG = logging.getLogger(__name__)
 
@@ -65,6 +68,48 @@ class CheckpointError(RuntimeError):
 
 def _registry() -> context.StateRegistry:
     return context.current().states
+
+
+# State name prefix -> check of a saved file's bytes. Registered at import time by the
+# modules that own such states (like codecs: a property of the code, not of one job), so
+# that a checkpoint is checked whole when it is chosen, before any of its states loads.
+_CONTENT_CHECKS: dict[str, Callable[[bytes], None]] = {}
+
+
+def register_content_check(prefix: str, check: Callable[[bytes], None]) -> None:
+    """Have :func:`verify_checkpoint` check the saved bytes of every state whose name
+    starts with ``prefix``: ``check(data)`` raises ``ValueError`` saying which value is
+    impossible. A checkpoint failing a check is damaged: a restore skips it (with a
+    warning naming the file and the message) for an older intact one, and a save that
+    fails its read-back check raises.
+
+    Registering the same prefix again replaces its check.
+
+    Raises:
+        ValueError: if ``prefix`` is empty or not a string, or ``check`` is not callable.
+    """
+    if not isinstance(prefix, str) or not prefix:
+        raise ValueError(f"register_content_check(prefix={prefix!r}): pass the non-empty "
+                         "start of the state names to check")
+    if not callable(check):
+        raise ValueError(f"register_content_check(check={check!r}): pass a function of the "
+                         "saved bytes that raises ValueError for an impossible value")
+    _CONTENT_CHECKS[prefix] = check
+
+
+def _content_check(name: str) -> Callable[[bytes], None] | None:
+    for prefix, check in _CONTENT_CHECKS.items():
+        if name.startswith(prefix):
+            return check
+    return None
+
+
+def _check_content(path: str, data: bytes, check: Callable[[bytes], None]) -> None:
+    try:
+        check(data)
+    except Exception as exc:
+        raise CheckpointError(f"{path} holds an impossible value ({exc}): the checkpoint is "
+                              "damaged") from None
 
 
 class State:
@@ -180,7 +225,8 @@ def verify_checkpoint(ckpt: str) -> dict:
     every state it lists exists with the listed size and CRC-32 (reads every file once).
 
     A manifest from before checksums were recorded is accepted unverified as long as every
-    file it lists exists.
+    file it lists exists. Files of states with a registered content check
+    (:func:`register_content_check`) must also pass it.
 
     Returns:
         The parsed manifest.
@@ -198,29 +244,27 @@ def verify_checkpoint(ckpt: str) -> dict:
                   "accepted unverified", ckpt)
     for name in manifest["states"]:
         path = os.path.join(ckpt, name)
+        check = _content_check(name)
         try:
             size = os.stat(path).st_size
+            entry = None if files is None else files[name]
+            if entry is not None and size != entry["size"]:
+                raise CheckpointError(f"{path} holds {size} bytes but the manifest says "
+                                      f"{entry['size']}: the file is truncated or damaged")
+            if check is not None:
+                # (Small files: read once, then checksum and check those bytes.)
+                with open(path, "rb") as f:
+                    data = f.read()
+                _check_bytes(path, data, entry)
+                _check_content(path, data, check)
+            elif entry is not None and _file_crc32(path) != entry["crc32"]:
+                raise CheckpointError(f"{path} does not match the CRC-32 in the manifest: "
+                                      "its content is damaged")
         except FileNotFoundError:
             if not os.path.isdir(ckpt):
                 raise  # removed meanwhile (replica 0 saved a newer one): not damage
             raise CheckpointError(f"{path} is missing, but the manifest lists it: the "
                                   "checkpoint is damaged") from None
-        if files is None:
-            continue
-        entry = files[name]
-        if size != entry["size"]:
-            raise CheckpointError(f"{path} holds {size} bytes but the manifest says "
-                                  f"{entry['size']}: the file is truncated or damaged")
-        try:
-            crc = _file_crc32(path)
-        except FileNotFoundError:
-            if not os.path.isdir(ckpt):
-                raise
-            raise CheckpointError(f"{path} is missing, but the manifest lists it: the "
-                                  "checkpoint is damaged") from None
-        if crc != entry["crc32"]:
-            raise CheckpointError(f"{path} does not match the CRC-32 in the manifest: its "
-                                  "content is damaged")
     return manifest
 
 

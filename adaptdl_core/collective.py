@@ -9,6 +9,12 @@ in any way (``os._exit`` included) as soon as its last collective returned. Ever
 has a timeout (``ADAPTDL_TIMEOUT``, 30 s by default) and the error names the replicas
 that did not answer.
 
+Joining is a rendezvous with one deadline: :func:`initialize` returns once every replica
+has connected and registered its rank under its own key, or raises
+:class:`RendezvousTimeoutError` naming the replicas that never joined, on every replica
+that waited, at most ``ADAPTDL_TIMEOUT`` seconds (plus about two seconds for replica 0 to
+hand its verdict to the others) after it was called.
+
 All operations run, in the order they were called, on one background thread; the
 synchronous functions simply wait for their turn. Hence :func:`allreduce_async` overlaps
 with training, and every replica must call the collectives in the same order.
@@ -22,10 +28,13 @@ from __future__ import annotations
 import atexit
 import concurrent.futures
 import functools
+import json
 import math
 import logging
 import pickle
+import socket
 import threading
+import time
 from datetime import timedelta
 from typing import Any, Callable
 
@@ -36,6 +45,8 @@ from adaptdl_core import context, env
 __all__ = [
     "CollectiveError",
     "CollectiveTimeoutError",
+    "RendezvousTimeoutError",
+    "ranks_in_words",
     "initialize",
     "teardown",
     "is_initialized",
@@ -66,11 +77,78 @@ class CollectiveTimeoutError(CollectiveError):
         self.missing_ranks = missing_ranks
 
 
+class RendezvousTimeoutError(CollectiveTimeoutError):
+    """Some replicas did not join the job within the timeout (see :func:`initialize`).
+
+    Attributes:
+        missing_ranks: the ranks that never joined (``[0]`` when replica 0, which hosts
+            the store, could not be reached).
+        joined_ranks: the ranks that had joined when the wait ended (empty when replica 0
+            could not be reached, since only its store knows).
+    """
+
+    def __init__(self, message: str, missing_ranks: list[int], joined_ranks: list[int]):
+        super().__init__(message, missing_ranks)
+        self.joined_ranks = joined_ranks
+
+
+def ranks_in_words(ranks: list[int]) -> str:
+    """``[2]`` -> ``"replica 2"``, ``[1, 2, 5]`` -> ``"replicas 1, 2 and 5"`` (for
+    messages that name replicas)."""
+    ranks = sorted(ranks)
+    if len(ranks) == 1:
+        return f"replica {ranks[0]}"
+    return "replicas " + ", ".join(map(str, ranks[:-1])) + f" and {ranks[-1]}"
+
+
+# Rendezvous keys: each replica registers under its own key; replica 0 publishes its
+# verdict when the wait fails, and the others acknowledge that they read it (so that
+# replica 0, whose process hosts the store, does not take it away before they do).
+_JOINED = "adaptdl/rendezvous/joined/{}"
+_FAILED = "adaptdl/rendezvous/failed"
+_SEEN = "adaptdl/rendezvous/seen/{}"
+# How long replica 0 keeps its store up after a failed rendezvous for the others to read
+# its verdict, and the polling intervals of the rendezvous (first, longest).
+_VERDICT_GRACE_S = 2.0
+_POLL_S = (0.005, 0.1)
+
+
+def _connect_deadline(addr: str, port: int, deadline: float) -> None:
+    """Wait until ``addr:port`` accepts TCP connections or ``deadline`` (monotonic) passes.
+
+    torch's store client retries its own connection for longer than the timeout it is
+    given (about 1.6 times), so the wait for replica 0's store is done here, on the
+    rendezvous deadline; the client then connects to a listening port at once.
+
+    Raises:
+        TimeoutError: at the deadline.
+        OSError: when the address cannot be resolved.
+    """
+    socket.getaddrinfo(addr, port)  # (an unknown host fails here, at once)
+    pause = _POLL_S[0]
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"{addr}:{port} did not accept a connection")
+        try:
+            with socket.create_connection((addr, port), timeout=max(min(left, 1.0), 0.01)):
+                return
+        except OSError:
+            time.sleep(min(pause, max(deadline - time.monotonic(), 0)))
+            pause = min(pause * 2, _POLL_S[1])
+
+
 class _Group:
     """The connection of this replica to the job's store, plus the operation counter."""
 
-    def __init__(self, addr: str, port: int, rank: int, size: int, timeout_s: float):
+    def __init__(self, addr: str, port: int, rank: int, size: int, timeout_s: float,
+                 deadline: float | None = None):
         self.addr, self.rank, self.size, self.timeout_s = addr, rank, size, timeout_s
+        # Replicas known to be gone (a collective timed out waiting for them): teardown
+        # does not wait for them to leave.
+        self.lost: set[int] = set()
+        if rank != 0 and deadline is not None:
+            _connect_deadline(addr, port, deadline)
         self.store = dist.TCPStore(addr, port, size, is_master=(rank == 0),
                                    timeout=timedelta(seconds=timeout_s),
                                    wait_for_workers=False)
@@ -78,6 +156,67 @@ class _Group:
         self.op = 0
         self.executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="adaptdl-collective")
+
+    def rendezvous(self, deadline: float) -> None:
+        """Register this replica and wait until every replica has, or ``deadline``
+        (monotonic seconds) passes.
+
+        Every replica polls the others' keys (a failed wait must be able to say who is
+        missing, and polling ``check`` never leaves torch's timeout warnings behind).
+        Replica 0 publishes its verdict when the deadline passes and keeps the store up
+        for up to :data:`_VERDICT_GRACE_S` until the replicas that joined have read it;
+        the others raise with the verdict they read, or with their own when their
+        deadline comes first.
+
+        Raises:
+            RendezvousTimeoutError: naming the replicas that never joined.
+            CollectiveError: when replica 0's store went away during the wait.
+        """
+        keys = [_JOINED.format(r) for r in range(self.size)]
+        try:
+            self.store.set(keys[self.rank], b"1")
+            pause = _POLL_S[0]
+            while not self.store.check(keys):
+                if self.rank != 0 and self.store.check([_FAILED]):
+                    verdict = json.loads(self.store.get(_FAILED).decode())
+                    self.store.set(_SEEN.format(self.rank), b"1")
+                    raise RendezvousTimeoutError(
+                        verdict["message"].format(
+                            who=f"reported by replica 0 to replica {self.rank}"),
+                        verdict["missing"], verdict["joined"])
+                if time.monotonic() >= deadline:
+                    self._fail_rendezvous(keys)
+                time.sleep(pause)
+                pause = min(pause * 2, _POLL_S[1])
+        except CollectiveError:
+            raise
+        except Exception as exc:
+            raise CollectiveError(
+                f"replica {self.rank}: the store at {self.addr}:{self.port} went away while "
+                f"the replicas joined (replica 0 has likely exited): {exc}") from exc
+
+    def _fail_rendezvous(self, keys: list[str]) -> None:
+        joined = [r for r, k in enumerate(keys) if self.store.check([k])]
+        missing = [r for r in range(self.size) if r not in joined]
+        if not missing:
+            return  # (everyone arrived at the last moment)
+        where = (f"{ranks_in_words(missing)} of {self.size} never joined within "
+                 f"{self.timeout_s:g} s (joined: {', '.join(map(str, joined))}; master "
+                 f"{self.addr}:{self.port}; {{who}}). Check that every replica was started "
+                 "with the same ADAPTDL_MASTER_ADDR and ADAPTDL_MASTER_PORT, or raise "
+                 "ADAPTDL_TIMEOUT if they start slowly")
+        if self.rank == 0:
+            self.store.set(_FAILED, json.dumps(
+                {"message": where, "missing": missing, "joined": joined}).encode())
+            seen = [_SEEN.format(r) for r in joined if r != 0]
+            grace = time.monotonic() + _VERDICT_GRACE_S
+            while seen and not self.store.check(seen) and time.monotonic() < grace:
+                time.sleep(_POLL_S[0] * 4)
+        else:
+            # Gave up first, on its own deadline: replica 0 need not wait for it to read.
+            self.store.set(_SEEN.format(self.rank), b"1")
+        raise RendezvousTimeoutError(where.format(who=f"seen by replica {self.rank}"),
+                                     missing, joined)
 
     def key(self, op: int, rank: int) -> str:
         return f"adaptdl/c/{op}/{rank}"
@@ -136,15 +275,19 @@ class _Group:
                 f"{self.addr}:{self.port} ({who}): {exc}") from exc
         return values
 
-    def close(self) -> None:
-        """Disconnect; pending asynchronous operations finish first (see :func:`teardown`)."""
+    def close(self, wait: bool = True) -> None:
+        """Disconnect; pending asynchronous operations finish first (see :func:`teardown`).
+        Replica 0 waits for the others to leave unless ``wait`` is False, but never for
+        replicas a collective found gone."""
         self.executor.shutdown(wait=True)
         try:
             if self.rank != 0:
                 self.store.set(f"adaptdl/left/{self.rank}", b"1")
-            elif self.size > 1:
-                self.store.wait([f"adaptdl/left/{r}" for r in range(1, self.size)],
-                                timedelta(seconds=self.timeout_s))
+            elif wait:
+                others = [r for r in range(1, self.size) if r not in self.lost]
+                if others:
+                    self.store.wait([f"adaptdl/left/{r}" for r in others],
+                                    timedelta(seconds=self.timeout_s))
         except Exception as exc:  # a replica that died or a store already gone: just leave
             LOG.debug("teardown of replica %d: %s", self.rank, exc)
 
@@ -157,10 +300,12 @@ class _Group:
         ranks = list(range(self.size)) if ranks is None else ranks
         missing = [r for r, k in zip(ranks, keys) if not self.store.check([k])]
         if missing:
+            self.lost.update(missing)
+            they = "it has" if len(missing) == 1 else "they have"
             raise CollectiveTimeoutError(
-                f"replica {self.rank}: replicas {missing} of {self.size} {what} "
-                f"collective #{op} within {self.timeout_s:g} s (ADAPTDL_TIMEOUT); they "
-                "have exited, hang, or run a different sequence of collectives",
+                f"replica {self.rank}: {ranks_in_words(missing)} of {self.size} {what} "
+                f"collective #{op} within {self.timeout_s:g} s (ADAPTDL_TIMEOUT); {they} "
+                "exited, hang, or run a different sequence of collectives",
                 missing) from exc
 
 
@@ -176,7 +321,12 @@ def _group() -> _Group | None:
 def initialize(master_addr: str | None = None, master_port: int | None = None,
                replica_rank: int | None = None, num_replicas: int | None = None,
                timeout: float | None = None) -> None:
-    """Connect this replica to the job's store (replica 0 creates it).
+    """Connect this replica to the job's store (replica 0 creates it) and wait until
+    every replica has joined.
+
+    The whole rendezvous (reaching replica 0's store, then every replica registering its
+    rank) has one deadline, ``timeout`` seconds after the call; replica 0 may take up to
+    two seconds more to hand its verdict to the replicas that joined.
 
     Arguments default to the ``ADAPTDL_*`` environment (see :mod:`adaptdl_core.env`).
 
@@ -190,7 +340,11 @@ def initialize(master_addr: str | None = None, master_port: int | None = None,
 
     Raises:
         ValueError: for an invalid address, rank, size, port or timeout.
-        RuntimeError: if already initialized, or the store cannot be reached in time.
+        RendezvousTimeoutError: if some replicas did not join in time; the message names
+            them in words ("replica 2 of 3 never joined within 30 s (joined: 0, 1; ...)"),
+            or says that replica 0's store could not be reached.
+        RuntimeError: if already initialized, or the store cannot be created or reached
+            (for example an unknown host name).
     """
     addr = master_addr if master_addr is not None else env.master_addr()
     port = master_port if master_port is not None else env.master_port()
@@ -216,34 +370,55 @@ def initialize(master_addr: str | None = None, master_port: int | None = None,
         raise ValueError(f"timeout={timeout_s!r} must be a finite number of seconds in "
                          f"(0, {env.MAX_TIMEOUT_S:g}]")
     ctx = context.current()
+    deadline = time.monotonic() + timeout_s
     with _LOCK:
         if ctx.group is not None:
             raise RuntimeError("adaptdl_core.collective is already initialized; "
                                "call teardown() first")
         try:
-            ctx.group = group = _Group(addr, port, rank, size, float(timeout_s))
+            group = _Group(addr, port, rank, size, float(timeout_s), deadline)
+        except TimeoutError as exc:
+            raise RendezvousTimeoutError(
+                f"replica 0 of {size} (the master, hosting the store at {addr}:{port}) could "
+                f"not be reached by replica {rank} within {timeout_s:g} s: it never started, "
+                "exited, or ADAPTDL_MASTER_ADDR/ADAPTDL_MASTER_PORT do not point at it",
+                [0], []) from exc
         except Exception as exc:
             raise RuntimeError(
                 f"replica {rank}: could not {'create' if rank == 0 else 'reach'} the store at "
                 f"{addr}:{port} within {timeout_s:g} s: {exc}") from exc
+        if size > 1:
+            try:
+                group.rendezvous(deadline)
+            except BaseException:
+                # Nobody to say goodbye to: a waiting teardown would stack a second
+                # timeout onto the first.
+                group.close(wait=False)
+                raise
+        ctx.group = group
     atexit.register(teardown)
     LOG.debug("collective initialized: rank %d of %d, store %s:%d", rank, size, addr, group.port)
 
 
-def teardown() -> None:
+def teardown(wait: bool = True) -> None:
     """Disconnect from the store; pending asynchronous operations finish first.
 
     Replica 0 hosts the store, so before closing it waits (at most the timeout) until
     every other replica has torn down too: the collectives themselves never need this
     (replica 0 returns from one only after every replica read it), but the torch process
-    group's own connection to the store may still be in use on the others. Runs
-    automatically at interpreter exit.
+    group's own connection to the store may still be in use on the others. Replicas that
+    a collective already found gone are not waited for. Runs automatically at
+    interpreter exit.
+
+    Arguments:
+        wait: False to leave at once (after a failed start, when the others are failing
+            too and nobody would come to say goodbye).
     """
     ctx = context.current()
     with _LOCK:
         group, ctx.group = ctx.group, None
     if group is not None:
-        group.close()
+        group.close(wait)
 
 
 def is_initialized() -> bool:

@@ -16,9 +16,12 @@ replicas agree on stop and checkpoint requests and on the batch size
 
 from __future__ import annotations
 
+import io
+import json
 import logging
+import math
 import time
-from typing import Any, Iterator
+from typing import IO, Any, Iterator
 
 from torch.utils.data import DataLoader, IterableDataset
 
@@ -37,6 +40,88 @@ __all__ = ["ElasticSampler", "AdaptiveDataLoader", "current_dataloader",
            "preferred_local_sizes", "training_loader"]
 
 LOG = logging.getLogger(__name__)
+
+_STATE_PREFIX = "adaptdl-dataloader-"
+
+
+def _position_limit(dataset_len: int, batch_size: int, max_batch_size: int | None) -> int:
+    """The largest global position (samples consumed in one loop) a loader can reach.
+
+    A loop with a fixed batch size makes one pass: at most ``dataset_len``. An autoscaled
+    training loop lasts one pass's statistical progress, and each optimizer step of
+    ``M`` samples makes at least ``min(M, M0) / M0`` steps of progress (``M0`` =
+    ``batch_size``; AdaScale's gain is at least 1 for ``M >= M0``), so it consumes at most
+    ``dataset_len * max_batch_size / M0`` samples plus the step that crosses the target;
+    the limit doubles that, plus one pass, for the passes that end on a partial batch.
+
+    Raises:
+        ValueError: for a dataset length < 0 or batch sizes < 1.
+    """
+    if dataset_len < 0 or batch_size < 1 or (max_batch_size is not None and max_batch_size < 1):
+        raise ValueError(f"_position_limit(dataset_len={dataset_len}, batch_size={batch_size}, "
+                         f"max_batch_size={max_batch_size}): need a length >= 0 and batch "
+                         "sizes >= 1")
+    if max_batch_size is None:
+        return dataset_len
+    ratio = math.ceil(max(max_batch_size, batch_size) / batch_size)
+    return 2 * (dataset_len * ratio + max_batch_size) + dataset_len
+
+
+def _is_count(value: Any, least: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def _check_saved_position(data: bytes) -> None:
+    """Content check of a saved loader state (see checkpoint.register_content_check):
+    the position must be one the loader could have reached."""
+    saved = json.loads(data.decode("utf-8"))
+    index = saved.get("current_index")
+    if not _is_count(index, 0):
+        raise ValueError(f"current_index={index!r} is not a position (an integer >= 0)")
+    if saved.get("local_bsz") is not None and not _is_count(saved["local_bsz"], 1):
+        raise ValueError(f"local_bsz={saved['local_bsz']!r} is not a batch size (>= 1)")
+    if not _is_count(saved.get("accum_steps", 0), 0):
+        raise ValueError(f"accum_steps={saved.get('accum_steps')!r} is not a count (>= 0)")
+    limits = saved.get("limits")
+    if limits is None:
+        return  # (saved before the limits were recorded: position unchecked)
+    n, bsz, max_bsz = limits.get("dataset_len"), limits.get("batch_size"), \
+        limits.get("max_batch_size")
+    if not (_is_count(n, 0) and _is_count(bsz, 1)
+            and (max_bsz is None or _is_count(max_bsz, 1))):
+        raise ValueError(f"limits={limits!r} are not a dataset length and batch sizes")
+    limit = _position_limit(n, bsz, max_bsz)
+    if index > limit:
+        scope = "one pass" if max_bsz is None else \
+            f"an autoscaled epoch with batches up to {max_bsz}"
+        raise ValueError(f"current_index={index} is past the end of the epoch: {scope} over "
+                         f"{n} samples reaches at most {limit}")
+
+
+checkpoint.register_content_check(_STATE_PREFIX, _check_saved_position)
+
+
+class _LoaderState(LoopState):
+    """The loader's position (a :class:`LoopState`) saved together with what bounds it:
+    the dataset length and the batch sizes, so that a restore can tell an impossible
+    position from a real one before it uses the checkpoint."""
+
+    def __init__(self, name: str, dataset_len: int, batch_size: int):
+        super().__init__(name)
+        self.dataset_len = dataset_len
+        self.batch_size = batch_size
+        self.max_batch_size: int | None = None
+
+    def save(self, fileobj: IO[bytes]) -> None:
+        """Write the position and its limits as JSON."""
+        buf = io.BytesIO()
+        super().save(buf)
+        saved = json.loads(buf.getvalue().decode("utf-8"))
+        saved["limits"] = {"dataset_len": self.dataset_len, "batch_size": self.batch_size,
+                           "max_batch_size": self.max_batch_size}
+        checkpoint.dump_json(saved, fileobj)
+
+    # (load: LoopState's; the limits are this run's, set by the loader, not the saved ones.)
 
 
 class AdaptiveDataLoader(LoopSteps, DataLoader):
@@ -110,8 +195,8 @@ class AdaptiveDataLoader(LoopSteps, DataLoader):
         # choice waiting for the next step's side values.
         self._control = BatchSizeController(batch_size, *self._world[:2])
         self._proposal: tuple[int, int] | None = None
-        existing = context.current().states.count_prefix("adaptdl-dataloader-")
-        self._state = LoopState(f"adaptdl-dataloader-{existing}")
+        existing = context.current().states.count_prefix(_STATE_PREFIX)
+        self._state = _LoaderState(f"{_STATE_PREFIX}{existing}", len(dataset), batch_size)
         checkpoint.load_state(self._state)
         self._decide_batch_size(initial=True)
 
@@ -207,6 +292,7 @@ class AdaptiveDataLoader(LoopSteps, DataLoader):
                                  "and min <= max_batch_size")
             local_bsz_bounds = (lo, hi)
         self._max_batch_size = max_batch_size
+        self._state.max_batch_size = max_batch_size
         self._local_bsz_bounds = local_bsz_bounds
         self._gradient_accumulation = bool(gradient_accumulation)
         self._control = BatchSizeController(self._target_batch_size, *self._world[:2],

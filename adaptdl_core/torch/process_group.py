@@ -47,8 +47,12 @@ def init_process_group(backend: str, init_method: str | None = None,
 
     Raises:
         ValueError: for an invalid backend, init method, rank or world size.
-        RuntimeError: if already initialised, or if the other replicas cannot be reached
-            within ``ADAPTDL_TIMEOUT`` seconds.
+        RuntimeError: if already initialised, or if torch.distributed fails to connect
+            the replicas after they all joined.
+        adaptdl_core.collective.RendezvousTimeoutError: if some replicas do not join
+            within ``ADAPTDL_TIMEOUT`` seconds (the message names them: "replica 2 of 3
+            never joined within 30 s (joined: 0, 1; ...)"); every replica that waited
+            raises it, within the timeout plus about two seconds.
     """
     if not isinstance(backend, str) or not backend:
         raise ValueError(f"init_process_group(backend={backend!r}): pass 'gloo' or 'nccl'")
@@ -78,6 +82,20 @@ def init_process_group(backend: str, init_method: str | None = None,
     if backend == "nccl" and torch.cuda.is_available():
         local_rank = int(os.environ.get("LOCAL_RANK", rank % max(torch.cuda.device_count(), 1)))
         torch.cuda.set_device(local_rank)
-    dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=timeout)
+    try:
+        dist.init_process_group(backend, store=store, rank=rank, world_size=size,
+                                timeout=timeout)
+    except Exception as exc:
+        if size == 1:
+            raise
+        # Every replica had joined the collective rendezvous, so one left (or hangs)
+        # in the short window since; replica 0 must not then wait another timeout at
+        # exit for the others to leave.
+        collective.teardown(wait=False)
+        raise RuntimeError(
+            f"replica {rank} of {size}: torch.distributed ({backend}) could not connect the "
+            f"replicas although all {size} had joined: a peer likely exited or hangs. "
+            f"torch said: {str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r}"
+        ) from exc
     LOG.info("replica %d of %d joined (backend %s, restart %d)", rank, size, backend,
              env.num_restarts())

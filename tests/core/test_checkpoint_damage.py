@@ -262,18 +262,49 @@ def test_verify_checkpoint_reports_a_vanished_directory_as_not_found(tmp_path):
         checkpoint.verify_checkpoint(str(tmp_path / "checkpoint-3"))
 
 
-@pytest.mark.xfail(strict=True, reason="issue 20: the loader position is not validated where "
-                   "it loads (adaptdl_core/torch/data.py); the rest of the epoch is skipped")
-def test_a_loader_position_past_the_epoch_end_is_damage(reference, ckpt_dir):
-    ckpt = ckpt_dir / "checkpoint-1"
+def _set_loader_position(ckpt, index):
+    """Rewrite the loader's saved position and re-sign the manifest, as a bug or a hand
+    edit would (the checksums then match: only the value can tell)."""
+    import zlib
     state = json.loads((ckpt / LOADER).read_text())
-    state["current_index"] = 10 * SIZE
-    (ckpt / LOADER).write_text(json.dumps(state))
-    data = (ckpt / LOADER).read_bytes()
+    state["current_index"] = index
+    data = json.dumps(state).encode()
+    (ckpt / LOADER).write_bytes(data)
 
     def resign(manifest):
-        import zlib
         manifest["files"][LOADER] = {"size": len(data), "crc32": zlib.crc32(data)}
     _rewrite_manifest(ckpt, resign)
-    with pytest.raises(Exception, match=LOADER):
-        _train()
+
+
+def test_a_loader_position_past_the_epoch_end_is_damage(reference, ckpt_dir, caplog):
+    # The issue: restored there, the rest of the epoch was silently skipped.
+    _set_loader_position(ckpt_dir / "checkpoint-1", 10 * SIZE)
+    with caplog.at_level(logging.WARNING, logger="adaptdl_core.checkpoint"):
+        _resume_and_check(reference, "checkpoint-0")
+    damaged = str(ckpt_dir / "checkpoint-1" / LOADER)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any(damaged in w and f"current_index={10 * SIZE} is past the end of the epoch"
+               in w for w in warnings), warnings
+
+
+def test_a_negative_loader_position_is_damage(reference, ckpt_dir):
+    _set_loader_position(ckpt_dir / "checkpoint-1", -1)
+    _resume_and_check(reference, "checkpoint-0")
+
+
+def test_impossible_positions_everywhere_fail_naming_the_files(reference, ckpt_dir):
+    for ckpt in ("checkpoint-0", "checkpoint-1"):
+        _set_loader_position(ckpt_dir / ckpt, SIZE + 1)
+    with pytest.raises(checkpoint.CheckpointError) as info:
+        _job()
+    for ckpt in ("checkpoint-0", "checkpoint-1"):
+        assert str(ckpt_dir / ckpt / LOADER) in str(info.value)
+    assert f"current_index={SIZE + 1}" in str(info.value)
+
+
+def test_the_last_position_of_an_epoch_is_no_damage(reference, ckpt_dir):
+    # A loop checkpointed at its very end (position == dataset length) is legitimate.
+    state = json.loads((ckpt_dir / "checkpoint-1" / LOADER).read_text())
+    assert state["limits"] == {"dataset_len": SIZE, "batch_size": BATCH, "max_batch_size": None}
+    _set_loader_position(ckpt_dir / "checkpoint-1", SIZE)
+    assert checkpoint.latest_checkpoint_dir() == str(ckpt_dir / "checkpoint-1")

@@ -1,0 +1,93 @@
+"""Joining a job with replicas missing: every replica that waits fails on one deadline,
+with a message naming the missing replicas in words (issue 20).
+
+Real processes (``tests/core/jobs/join_job.py``) of two 3-replica jobs run at once: one
+without replica 2, one without replica 0 (the master, which hosts the store). Each
+replica records when it began to join and what it raised; the test times its exit.
+"""
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from adaptdl_core import collective, launch
+from tests.core.harness import JOBS
+
+JOB = JOBS / "join_job.py"
+TIMEOUT_S = 5.0
+# Replica 0 may keep its store up to 2 s for the others to read its verdict; the rest
+# is the interpreter's exit on a small shared machine.
+MARGIN_S = 5.0
+
+
+def test_ranks_in_words():
+    assert collective.ranks_in_words([2]) == "replica 2"
+    assert collective.ranks_in_words([3, 2]) == "replicas 2 and 3"
+    assert collective.ranks_in_words([5, 1, 2]) == "replicas 1, 2 and 5"
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    """Start both jobs' replicas; returns {job: {rank: report with "exited"}}."""
+    root = tmp_path_factory.mktemp("rendezvous")
+    started = {}
+    for job, ranks in {"no2": (0, 1), "no0": (1, 2)}.items():
+        out = root / job
+        out.mkdir()
+        port = launch.free_port()
+        for rank in ranks:
+            env = launch.replica_env(rank, 3, port, extra_env={
+                "ADAPTDL_TIMEOUT": str(TIMEOUT_S), "OMP_NUM_THREADS": "1"})
+            started[job, rank] = subprocess.Popen(
+                [sys.executable, str(JOB), "--out", str(out)], env=env,
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    outputs, exited = {}, {}
+    pending = dict(started)
+    deadline = time.time() + 120
+    while pending and time.time() < deadline:
+        for key, proc in list(pending.items()):
+            if proc.poll() is not None:
+                exited[key] = time.time()
+                outputs[key] = proc.stdout.read()
+                del pending[key]
+        time.sleep(0.02)
+    for proc in pending.values():
+        proc.kill()
+    reports = {}
+    for (job, rank), proc in started.items():
+        path = root / job / f"rank{rank}.json"
+        assert path.exists(), f"{job} rank {rank} wrote no report:\n{outputs.get((job, rank))}"
+        report = json.loads(path.read_text())
+        report["exited"] = exited.get((job, rank), float("inf"))
+        report["status"] = proc.returncode
+        reports.setdefault(job, {})[rank] = report
+    return reports
+
+
+def test_a_replica_that_never_started_is_named_on_every_replica(jobs):
+    for rank, r in jobs["no2"].items():
+        assert r["type"] == "RendezvousTimeoutError", r
+        assert r["message"].startswith(f"replica 2 of 3 never joined within {TIMEOUT_S:g} s "
+                                       "(joined: 0, 1; master 127.0.0.1:"), r["message"]
+        assert (r["missing"], r["joined"]) == ([2], [0, 1])
+        assert r["status"] == 1
+
+
+def test_nobody_waits_past_the_timeout_plus_a_margin(jobs):
+    for job in ("no2", "no0"):
+        for rank, r in jobs[job].items():
+            assert TIMEOUT_S * 0.9 <= r["raised"] - r["began"], (job, rank, r)
+            # Until the process is gone: no second wait at exit.
+            assert r["exited"] - r["began"] < TIMEOUT_S + MARGIN_S, (job, rank, r)
+
+
+def test_an_unreachable_master_is_named(jobs):
+    for rank, r in jobs["no0"].items():
+        assert r["type"] == "RendezvousTimeoutError", r
+        assert r["message"].startswith("replica 0 of 3 (the master, hosting the store at "
+                                       "127.0.0.1:"), r["message"]
+        assert f"could not be reached by replica {rank} within {TIMEOUT_S:g} s" in r["message"]
+        assert r["missing"] == [0]
