@@ -1,8 +1,10 @@
 """AdaptDLTrainableCreator: one Tune trial = N data-parallel replicas of a training function.
 
-The trial actor itself does no training. It starts one worker actor per bundle of its
-placement group (see :mod:`.worker_group`), runs the user's function on all of them and
-hands rank 0's reports to Tune, one result per ``step``, as any Tune function trial would:
+The trial actor starts one worker actor per bundle of its placement group (see
+:mod:`.worker_group`), runs the user's function on all of them and hands rank 0's reports
+to Tune, one result per ``step``, as any Tune function trial would. A trial of one CPU
+replica runs that replica in the trial actor itself (no second process; see
+``single_replica_in_process``).
 
 * **Checkpoints are the user's.** A report with ``checkpoint=`` becomes a Tune checkpoint
   holding the user's files, governed by ``CheckpointConfig``. Every checkpoint the trial
@@ -42,15 +44,17 @@ from adaptdl_ray.tune import _ray_private, checkpoint_files, control
 from adaptdl_ray.tune.resources import ReplicaSpec, num_replicas_of, placement_group_factory
 from adaptdl_ray.tune.results import order_like, result_row
 from adaptdl_ray.tune.trial_progress import PendingReport, TrialProgress
-from adaptdl_ray.tune.worker_group import WorkerFailed, WorkerGroup
+from adaptdl_ray.tune.worker_group import InProcessReplica, WorkerFailed, WorkerGroup
 
 LOG = logging.getLogger(__name__)
 
 __all__ = ["AdaptDLTrainableCreator", "AdaptDLTrainable", "is_adaptdl_trainable",
            "replica_spec_of", "stop_timeout_of", "resize_phases", "WorkerFailed"]
 
+# Longest wait for rank 0's next report or end before the trial looks for an interrupt.
 _POLL_S = 1.0
-# After a report, how long to wait for the function to end (to mark the report final).
+# After a report, how long to wait for the function to end (the report is then the final
+# one, which carries the final state to Tune); a next report or the end cut it short.
 _FINISH_GRACE_S = 0.3
 # After saving on an interrupt, how long to wait for Tune to stop the trial.
 _INTERRUPTED_WAIT_S = 120.0
@@ -71,11 +75,15 @@ class AdaptDLTrainable(tune.Trainable):
         adaptdl_replica_spec: the trial's replicas (resources each, min/max count), set by
             the creator; read it through :func:`replica_spec_of`.
         adaptdl_stop_timeout_s: seconds the replicas get to reach a batch boundary when
-            asked to save or stop, set by the creator."""
+            asked to save or stop, set by the creator.
+        adaptdl_single_replica_in_process: whether a one-replica launch runs its replica
+            in the trial actor (when it needs no GPU and no custom resource), set by the
+            creator."""
 
     _adaptdl_fn: Callable[..., Any] | None = None
     adaptdl_replica_spec: ReplicaSpec | None = None
     adaptdl_stop_timeout_s: float = 120.0
+    adaptdl_single_replica_in_process: bool = True
     _adaptdl_collective_timeout_s: float | None = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -113,6 +121,7 @@ class AdaptDLTrainable(tune.Trainable):
         self._error: WorkerFailed | None = None  # raised once the queued reports are out
         self._measure_from: dict[str, float] | None = None  # pause record of a relaunch
         self._first_step = True
+        self._ended = False  # rank 0's function of the current launch has returned
         self._posted_hints: str | None = None
         self._storage_info = _ray_private.trial_storage(self)
         self._launch_at = time.time()
@@ -139,9 +148,14 @@ class AdaptDLTrainable(tune.Trainable):
             outcomes = None
             if self._error is None:
                 try:
-                    self._fetch(0.0 if self._queue else _POLL_S)
-                    grace = _FINISH_GRACE_S if len(self._queue) == 1 else 0.0
-                    outcomes = self._group.finished(grace if self._queue else 0.0)
+                    if not self._ended:
+                        # Block on the next report or the end. With one report queued,
+                        # wait only briefly: if the function ends right after it, that
+                        # report is the final one.
+                        self._fetch(_POLL_S if not self._queue else
+                                    _FINISH_GRACE_S if len(self._queue) == 1 else 0.0)
+                    if self._ended:  # the other replicas end with rank 0
+                        outcomes = self._group.finished(_POLL_S)
                 except (WorkerFailed, ray.exceptions.RayActorError) as exc:
                     self._error = exc if isinstance(exc, WorkerFailed) else WorkerFailed(
                         f"replica 0 died: {exc}")
@@ -212,9 +226,10 @@ class AdaptDLTrainable(tune.Trainable):
         """Serve a new trial with this actor (Tune's ``reuse_actors=True``; Tune reuses an
         actor only for a trial that asks for the same resources).
 
-        The replica actors are kept (torch stays imported) when the new trial has the same
-        number of replicas and their previous function has ended: each forgets the previous
-        job as a new process would. Otherwise they are replaced by fresh ones.
+        The replicas are kept (torch stays imported) when the new trial has the same
+        number of replicas and their previous function has ended (an in-process replica's
+        function that Tune stopped early is asked to stop first): each forgets the
+        previous job as a new process would. Otherwise they are replaced by fresh ones.
 
         Returns:
             True (the actor is always reusable; only its replicas may be replaced).
@@ -231,7 +246,7 @@ class AdaptDLTrainable(tune.Trainable):
         if group is None:
             group = self._new_group()
         else:
-            LOG.info("trial %s reuses %d warm replica actors", self.trial_id, n)
+            LOG.info("trial %s reuses %d warm replica(s)", self.trial_id, n)
         self._group = group
         return True
 
@@ -259,8 +274,21 @@ class AdaptDLTrainable(tune.Trainable):
                 "trial_resources": self.trial_resources,
                 "trial_dir": (storage.trial_dir if storage else None) or self.logdir}
 
-    def _new_group(self) -> WorkerGroup:
-        return WorkerGroup(self._replicas_wanted(), self.adaptdl_replica_spec.resources,
+    def _in_process_allowed(self) -> bool:
+        """Whether a one-replica launch may run its replica in this actor: enabled, the
+        replica needs only CPUs (the trial actor holds no GPU or custom resource; its
+        node is the bundle's), and no earlier in-process function still runs here."""
+        resources = self.adaptdl_replica_spec.resources
+        only_cpu = all(v == 0 for k, v in resources.items() if k not in ("CPU", "memory"))
+        return self.adaptdl_single_replica_in_process and only_cpu and \
+            not InProcessReplica.busy()
+
+    def _new_group(self) -> WorkerGroup | InProcessReplica:
+        n = self._replicas_wanted()
+        if n == 1 and self._in_process_allowed():
+            return InProcessReplica(self.adaptdl_replica_spec.resources,
+                                    self._replica_trial_info())
+        return WorkerGroup(n, self.adaptdl_replica_spec.resources,
                            ray.util.get_current_placement_group(), self._replica_trial_info())
 
     def _ensure_started(self) -> None:
@@ -269,15 +297,22 @@ class AdaptDLTrainable(tune.Trainable):
             self._launch_at, self._launch_s = time.time(), 0.0
             self._group = self._new_group()
         if not self._group.started:
+            self._ended = False
             self._group.start(self._adaptdl_fn, self._config, fn_kwargs=self._fn_kwargs,
                               archive=self._archive, user_files=self._user_files,
                               num_restarts=self._progress.restarts, job_id=self.trial_id,
                               timeout_s=self._adaptdl_collective_timeout_s)
 
     def _relaunch_from_checkpoint(self) -> None:
+        """Continue a job that stopped itself at a checkpoint, in the same (recycled)
+        replicas if they can serve again, else in fresh ones; a restart either way."""
         self._archive = self._group.checkpoint_archive() or self._archive
-        self._group.shutdown()
-        self._group = None
+        if self._group.recycle(self._replica_trial_info()):
+            self._progress.restarts += 1
+            self._launch_at, self._launch_s = time.time(), 0.0
+        else:
+            self._group.shutdown()
+            self._group = None
         self._ensure_started()
 
     def _adopt(self, progress: TrialProgress, archive: bytes | None,
@@ -316,7 +351,9 @@ class AdaptDLTrainable(tune.Trainable):
     # -- reports -----------------------------------------------------------------------
     def _fetch(self, timeout_s: float) -> None:
         """Queue rank 0's new reports as result rows."""
-        for item in self._group.next_results(timeout_s):
+        items, ended = self._group.next_results(timeout_s)
+        self._ended = self._ended or ended
+        for item in items:
             hints = item.get("hints")
             if hints and hints != self._posted_hints and self._control is not None:
                 self._control.put_hints.remote(self.trial_id, hints)
@@ -504,6 +541,7 @@ def AdaptDLTrainableCreator(train_fn: Callable[..., Any], *,  # noqa: N802 (Adap
                             min_replicas: int = 1, max_replicas: int | None = None,
                             stop_timeout_s: float = 120.0,
                             collective_timeout_s: float | None = None,
+                            single_replica_in_process: bool = True,
                             name: str | None = None) -> type[AdaptDLTrainable]:
     """Make a Tune trainable that runs ``train_fn(config)`` on N data-parallel replicas.
 
@@ -526,6 +564,11 @@ def AdaptDLTrainableCreator(train_fn: Callable[..., Any], *,  # noqa: N802 (Adap
         stop_timeout_s: how long a checkpoint may wait for the replicas to reach a batch
             boundary (also bounds the save on an interrupt of the driver).
         collective_timeout_s: ``ADAPTDL_TIMEOUT`` for the replicas (default: the core's 30 s).
+        single_replica_in_process: run the replica of a one-replica launch inside the trial
+            actor (saves starting a second process and importing torch twice) when it needs
+            only CPUs. The function then runs in a thread of the trial actor: set False if
+            it must have a process of its own (e.g. it changes process-wide settings that
+            must not outlive the trial, or may kill its process on purpose).
         name: the trainable's name in Tune (trial names start with it); default
             ``AdaptDL_<function name>``.
 
@@ -554,6 +597,9 @@ def AdaptDLTrainableCreator(train_fn: Callable[..., Any], *,  # noqa: N802 (Adap
             raise ValueError(f"{arg} must be a finite number >= 0, got {value!r}")
     _check_seconds("stop_timeout_s", stop_timeout_s)
     _check_seconds("collective_timeout_s", collective_timeout_s, optional=True)
+    if not isinstance(single_replica_in_process, bool):
+        raise ValueError(f"single_replica_in_process must be True or False, got "
+                         f"{single_replica_in_process!r}")
     if name is not None and (not isinstance(name, str) or not name):
         raise ValueError(f"name must be a non-empty string or None, got {name!r}")
     resources = {"CPU": float(num_cpus_per_worker), "GPU": float(num_gpus_per_worker)}
@@ -565,5 +611,6 @@ def AdaptDLTrainableCreator(train_fn: Callable[..., Any], *,  # noqa: N802 (Adap
         "adaptdl_replica_spec": spec,
         "adaptdl_stop_timeout_s": float(stop_timeout_s),
         "_adaptdl_collective_timeout_s": collective_timeout_s,
+        "adaptdl_single_replica_in_process": bool(single_replica_in_process),
         "__doc__": f"AdaptDL trainable running {cls_name} on N data-parallel replicas.",
     })

@@ -71,6 +71,7 @@ class ReplicaWorker:
         self._saves_taken = 0
         self._saves_lock = threading.Lock()
         self._running = False
+        self._ended = False  # the function returned (its end was queued after its reports)
         # The ADAPTDL_* variables the process started with: a recycled worker returns to them.
         self._base_env = {k: v for k, v in os.environ.items() if k.startswith("ADAPTDL_")}
         # Importing torch takes seconds: start now, while the trial sets up, so that
@@ -119,6 +120,7 @@ class ReplicaWorker:
         os.environ.update(self._base_env)
         self._trial_info = trial_info
         self._results = queue.Queue()
+        self._ended = False
         self._timeline = {}
         self._last_report = None
         with self._saves_lock:
@@ -147,6 +149,7 @@ class ReplicaWorker:
             replica takes part), so the final state can be handed to Tune.
         """
         self._timeline["run_called"] = time.time()
+        self._ended = False
         import torch
         from ray import tune
 
@@ -213,21 +216,29 @@ class ReplicaWorker:
         })
         self._last_report = now
 
-    def next_results(self, timeout_s: float) -> list[dict]:
-        """Reports of rank 0 not yet handed out: waits up to ``timeout_s`` for the first,
-        then returns everything queued (possibly nothing)."""
+    def next_results(self, timeout_s: float) -> tuple[list[dict], bool]:
+        """Reports of rank 0 not yet handed out, and whether the function has returned.
+
+        Waits up to ``timeout_s`` for a report or the function's end, then returns
+        everything queued (possibly nothing); once the function has returned, it never
+        waits again (until the next :meth:`run`)."""
         out: list[dict] = []
+        if self._ended:
+            timeout_s = 0.0
         try:
-            item = self._results.get(timeout=timeout_s)
+            item = self._results.get(timeout=timeout_s) if timeout_s > 0 else \
+                self._results.get_nowait()
         except queue.Empty:
-            return out
+            return out, self._ended
         while True:
-            if item is not None:
+            if item is None:
+                self._ended = True
+            else:
                 out.append(item)
             try:
                 item = self._results.get_nowait()
             except queue.Empty:
-                return out
+                return out, self._ended
 
     # -- checkpoints ---------------------------------------------------------------
     def save(self, timeout_s: float) -> dict[str, Any]:

@@ -91,10 +91,12 @@ def test_recycled_worker_forgets_the_previous_job(free_port):
         assert worker.recycle({"trial_id": "b"}) is True
         assert not dist.is_initialized() and not os.path.exists(old_root)
         assert not [k for k in os.environ if k.startswith("ADAPTDL_")]
-        assert worker.next_results(0.0) == []  # the first job's reports are gone
+        assert worker.next_results(0.0) == ([], False)  # the first job's reports are gone
         second = worker.run(_stateful_job, {}, {}, _job_env(free_port), None, None, 1, world)
         assert second["status"] == "finished", second
-        [report] = worker.next_results(1.0)
+        [report], ended = worker.next_results(1.0)
+        assert ended  # the function returned: its end came after its report
+        assert worker.next_results(5.0) == ([], True)  # and no later call waits
         assert report["metrics"] == {"states": [], "stray": None, "dist": False}
         assert tune.get_context().get_trial_id() == "b"
     finally:

@@ -149,7 +149,9 @@ def seeded_job(config: dict) -> None:
     """A small MLP (``config["hidden"]`` units, seed ``config["seed"]``) trained for
     ``config["epochs"]`` epochs on ``config["size"]`` items; each epoch reports the loss and
     the model's parameters, with what the process carried in from before the job: its pid,
-    the States already registered and the ``ADAPTDL_*`` variables other than the job's.
+    the States already registered and the ``ADAPTDL_*`` variables other than the job's
+    (``pid``, which Tune overwrites with the trial actor's, is also sent as ``fn_pid``).
+    ``fail_at_epoch``: raise at the start of that epoch.
     Keys under ``config["case"]`` override the others."""
     from adaptdl_core import context
 
@@ -169,6 +171,8 @@ def seeded_job(config: dict) -> None:
     opt = torch.optim.SGD(net.parameters(), lr=0.05)
     model = adl.AdaptiveDataParallel(net, opt)
     for epoch in adl.remaining_epochs_until(config["epochs"]):
+        if epoch == config.get("fail_at_epoch"):
+            raise RuntimeError(f"planned failure at epoch {epoch}")
         loss = torch.tensor(float("nan"))
         for _, x, y in loader:
             opt.zero_grad()
@@ -177,5 +181,6 @@ def seeded_job(config: dict) -> None:
             opt.step()
         tune.report({"epoch": epoch, "loss": loss.item(),
                      "weights": [v.item() for p in net.parameters() for v in p.flatten()],
-                     "pid": os.getpid(), "inherited_states": inherited_states,
+                     "pid": os.getpid(), "fn_pid": os.getpid(),
+                     "inherited_states": inherited_states,
                      "stray_vars": stray_vars})
