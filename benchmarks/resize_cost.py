@@ -15,8 +15,13 @@ resize (read by a Tune callback), mapped to:
 | state load | ``restore_s`` (checkpoint handed over, torch imported, files unpacked) |
 | first step | ``first_step_s`` (process group, states loaded, first optimizer step) |
 
-Next to it, in the same run (before and after the trial): the floor of starting a fresh
-Python process that imports torch and ray (``python -c "import torch, ray"``).
+Next to it, in the same run: the floor of starting a fresh Python process that imports
+torch and ray (``python -c "import torch, ray"``, before and after the trial), and Tune's
+own floor for the same cycle (after the trial, unless ``--tune-floor 0``): a trivial class
+trainable (no torch; each step sleeps 50 ms, a checkpoint is a few bytes) paused by a
+scripted scheduler and relaunched with the other bundle count (1 <-> 2 CPU bundles after an
+empty head bundle, as an AdaptDL trial's), timed from the scheduler's PAUSE decision to
+the driver receiving the first result after the relaunch.
 
     python benchmarks/resize_cost.py              # 6 resizes, 5 floor samples
     python benchmarks/resize_cost.py --resizes 4 --floor 3
@@ -72,6 +77,81 @@ class AlternatingPolicy:
                                 1.0, 0, True, 0.0)
 
 
+def _trivial_trainable() -> type:
+    from ray import tune
+
+    class Trivial(tune.Trainable):
+        """No torch, no work: what Tune's pause-relaunch costs by itself."""
+
+        def step(self) -> dict:
+            time.sleep(0.05)
+            return {"x": 1.0}
+
+        def save_checkpoint(self, checkpoint_dir: str) -> None:
+            with open(os.path.join(checkpoint_dir, "state.json"), "w") as f:
+                json.dump({"iteration": self.iteration}, f)
+
+        def load_checkpoint(self, checkpoint_dir: str) -> None:
+            with open(os.path.join(checkpoint_dir, "state.json")) as f:
+                json.load(f)
+
+    return Trivial
+
+
+def _flip_scheduler(resizes: int) -> object:
+    """A FIFO scheduler that pauses a trial on its 3rd result after each (re)start and
+    relaunches it with the other bundle count, ``resizes`` times; ``samples`` holds
+    seconds from each PAUSE decision to the first result after the relaunch."""
+    from ray.tune.execution.placement_groups import PlacementGroupFactory
+    from ray.tune.schedulers import FIFOScheduler, TrialScheduler
+
+    class Flip(FIFOScheduler):
+        def __init__(self) -> None:
+            super().__init__()
+            self.left, self.samples, self.paused_at, self.since = resizes, [], {}, {}
+            self.bundles: dict[str, int] = {}
+
+        def on_trial_result(self, tc, trial, result):
+            key = trial.trial_id
+            if key in self.paused_at:
+                self.samples.append(time.time() - self.paused_at.pop(key))
+            self.since[key] = self.since.get(key, 0) + 1
+            if self.left > 0 and self.since[key] >= 3:
+                self.left -= 1
+                self.since[key] = 0
+                self.paused_at[key] = time.time()
+                return TrialScheduler.PAUSE
+            if self.left == 0 and not self.paused_at:
+                return TrialScheduler.STOP
+            return TrialScheduler.CONTINUE
+
+        def choose_trial_to_run(self, tc):
+            for trial in tc.get_trials():
+                if trial.status == "PAUSED":
+                    n = 3 - self.bundles.get(trial.trial_id, 1)
+                    self.bundles[trial.trial_id] = n
+                    trial.update_resources(PlacementGroupFactory(
+                        [{}] + [{"CPU": 1}] * n, strategy="PACK"))
+                    return trial
+            return super().choose_trial_to_run(tc)
+
+    return Flip()
+
+
+def tune_floor(resizes: int, storage: str) -> list[float]:
+    """Seconds of Tune's own pause-relaunch cycles of a trivial trainable (see the module
+    docstring), on the running Ray instance."""
+    from ray import tune
+    from ray.tune.execution.placement_groups import PlacementGroupFactory
+    scheduler = _flip_scheduler(resizes)
+    trainable = tune.with_resources(_trivial_trainable(), PlacementGroupFactory(
+        [{}, {"CPU": 1}], strategy="PACK"))
+    tune.run(trainable, name="tune_floor", scheduler=scheduler, storage_path=storage,
+             verbose=0, reuse_actors=False, raise_on_failed_trial=False,
+             stop={"training_iteration": 10 * (resizes + 2)})
+    return scheduler.samples
+
+
 def floor_once() -> float:
     """Seconds to start ``python -c "import torch, ray"`` and let it exit."""
     t0 = time.perf_counter()
@@ -103,13 +183,14 @@ def run(args: argparse.Namespace) -> dict:
         scheduler=scheduler, storage_path=storage, verbose=0, reuse_actors=False,
         raise_on_failed_trial=False, callbacks=[recorder])
     wall = time.time() - t0
+    tune_floor_s = tune_floor(args.tune_floor, storage) if args.tune_floor else []
     import ray
     ray.shutdown()
     floor += [floor_once() for _ in range(args.floor)]
     trial = next(iter(recorder.trials.values()))
     return {"machine": machine_description(), "floor_s": floor, "wall_s": wall,
             "status": analysis.trials[0].status, "resizes": trial["resizes"],
-            "timeline": trial["timeline"], "epochs": args.epochs}
+            "timeline": trial["timeline"], "epochs": args.epochs, "tune_floor_s": tune_floor_s}
 
 
 def report(data: dict) -> str:
@@ -126,6 +207,12 @@ def report(data: dict) -> str:
     rows.append(["**total**"] + [iqr_text([sum(r[k] for k in tc.RESIZE_PHASES) for r in rs],
                                           "{:.2f}") if rs else "-" for _, rs in groups])
     floor = data["floor_s"]
+    tune_s = data.get("tune_floor_s") or []
+    tune_lines = [
+        f"Tune's own pause -> relaunch -> first result, trivial trainable, 1 <-> 2 bundles "
+        f"(n={len(tune_s)}): {iqr_text(tune_s, '{:.2f}')} s = "
+        f"{statistics.median(tune_s) / statistics.median(floor):.1f}x the floor"] \
+        if tune_s else []
     total = statistics.median(sum(r[k] for k in tc.RESIZE_PHASES) for r in resizes) \
         if resizes else float("nan")
     return "\n".join([
@@ -135,7 +222,7 @@ def report(data: dict) -> str:
         markdown_table(header, rows), "",
         f"floor, fresh `python -c \"import torch, ray\"` (n={len(floor)}, before and after "
         f"the trial): {iqr_text(floor, '{:.2f}')} s; median resize / floor = "
-        f"{total / statistics.median(floor):.1f}x"])
+        f"{total / statistics.median(floor):.1f}x"] + tune_lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,6 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--interval", type=float, default=2.0,
                    help="AdaptDLScheduler allocation interval (default 2 s)")
     p.add_argument("--cpus", type=int, default=None, help="Ray CPUs (default 2: 2 replicas)")
+    p.add_argument("--tune-floor", type=int, default=4,
+                   help="pause-relaunch cycles of a trivial trainable to time after the "
+                        "trial (Tune's own floor; 0 skips; default 4)")
     tc.add_output_arguments(p, "resize_cost.json")
     args = p.parse_args(argv)
     if tc.start_cli(args, report):
