@@ -14,11 +14,18 @@ as ``tests/ray/test_scheduler_unit.py`` does) through a sweep on a simulated clo
 
 Every hook call is timed with the real clock (``time.perf_counter``); the scheduler's own
 clocks (``time.time``, ``time.monotonic`` in its module) follow the simulated one, so its
-interval (30 s) and throttles behave as in a run of that length. Printed per N: p50, p99
-and max milliseconds per hook, policy solves and their total time, state writes and the
-state file's final size.
+interval (30 s) and throttles behave as in a run of that length. Simulated time runs as
+fast as the hooks answer, except while the policy is solving (in the scheduler's worker
+thread): then it runs no faster than real time (the script sleeps, untimed, for the
+simulated gap between two events or until the solve ends), as a real sweep's results keep
+arriving at their own pace while a solve runs. Without this pacing (``--no-pace``) a whole
+run takes about as long as its solves, so that the solve thread is busy during nearly
+every hook, and a scheduler that does not wait for its solves sees them finish many
+simulated minutes late. Printed per N: p50, p99 and max milliseconds per hook, policy
+solves and their total time, state writes and the state file's final size.
 
-Usage: ``python benchmarks/scheduler_hooks.py [--trials 100 500] [--seed 0]``. To measure
+Usage: ``python benchmarks/scheduler_hooks.py [--trials 100 500] [--seed 0] [--no-pace]``.
+To measure
 another version of the scheduler, put its tree first on ``PYTHONPATH`` (for example an
 older commit unpacked with ``git archive COMMIT adaptdl_core adaptdl_ray | tar -x -C DIR``);
 the script imports only the public ``adaptdl_ray.tune`` and ``adaptdl_core.policy`` names.
@@ -33,6 +40,7 @@ import random
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import types
 
@@ -112,15 +120,19 @@ class CountingPolicy(PolluxPolicy):
         super().__init__()
         self.calls = 0
         self.seconds = 0.0
+        self.idle = threading.Event()  # set while no solve runs
+        self.idle.set()
 
     def allocate(self, *args, **kwargs):
         """Solve, counted."""
+        self.idle.clear()
         t0 = time.perf_counter()
         try:
             return super().allocate(*args, **kwargs)
         finally:
             self.calls += 1
             self.seconds += time.perf_counter() - t0
+            self.idle.set()
 
 
 def hints_for(rng: random.Random, replicas_seen: int) -> dict:
@@ -138,23 +150,31 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, int(round(q / 100 * len(ordered))) - 1))]
 
 
-def run(num_trials: int, seed: int) -> dict:
-    """One simulated sweep of ``num_trials`` trials; returns the timings and counts."""
+def run(num_trials: int, seed: int, pace: bool = True) -> dict:
+    """One simulated sweep of ``num_trials`` trials; returns the timings and counts.
+
+    ``pace``: while a solve runs, simulated time passes no faster than real time."""
     rng = random.Random(seed)
     clock = SimClock()
     scheduler_module.time = types.SimpleNamespace(time=clock, monotonic=clock,
                                                   perf_counter=time.perf_counter)
     writes = {"count": 0, "bytes": 0}
-    state_cls = scheduler_module.SchedulerState
-    original_save = state_cls.save
+    # Count the state files written: through the decision core's atomic writer where the
+    # scheduler has one (it may write from a background thread), else SchedulerState.save.
+    state_module = sys.modules.get("adaptdl_core.decision.state")
+    if state_module is not None and hasattr(state_module, "write_atomic"):
+        owner, attr = state_module, "write_atomic"
+    else:
+        owner, attr = scheduler_module.SchedulerState, "save"
+    original_write = getattr(owner, attr)
 
-    def counting_save(self, directory):
-        path = original_save(self, directory)
+    def counting_write(*args, **kwargs):
+        path = original_write(*args, **kwargs)
         writes["count"] += 1
         writes["bytes"] = os.path.getsize(path)
         return path
 
-    state_cls.save = counting_save
+    setattr(owner, attr, counting_write)
     nodes = {f"n{i}": NodeInfo({"CPU": float(CPUS_PER_NODE)}) for i in range(NODES)}
     hints: dict[str, dict] = {}
     policy = CountingPolicy()
@@ -178,6 +198,13 @@ def run(num_trials: int, seed: int) -> dict:
             out = None
         lat[name].append(time.perf_counter() - t0)
         return out
+
+    def advance(to: float) -> None:
+        """Move the simulated clock to ``to`` (paced while the policy solves)."""
+        gap = to - clock.now
+        if pace and gap > 0:
+            policy.idle.wait(gap)
+        clock.now = max(clock.now, to)
 
     length = {}
     progress = {}  # trial id -> [results so far, restarts, replicas seen]
@@ -218,13 +245,13 @@ def run(num_trials: int, seed: int) -> dict:
             tc.trials.append(trial)
             timed("on_trial_add", sched.on_trial_add, tc, trial)
             timed("choose_trial_to_run", sched.choose_trial_to_run, tc)
-            clock.now += ADD_STEP_S
+            advance(clock.now + ADD_STEP_S)
         loop_step()
         by_id = {t.trial_id: t for t in tc.trials}
         finished = 0
         while events:
             when, _, trial_id = heapq.heappop(events)
-            clock.now = max(clock.now, when)
+            advance(when)
             trial = by_id[trial_id]
             if trial.status != Trial.RUNNING:
                 continue  # paused since: its next result comes after its relaunch
@@ -253,11 +280,13 @@ def run(num_trials: int, seed: int) -> dict:
             loop_step()
             if not events and finished < num_trials:
                 # Paused trials wait for room: let simulated time pass.
-                clock.now += 1.0
+                advance(clock.now + 1.0)
                 loop_step()
                 if not events:
                     break
-        state_cls.save = original_save
+        if hasattr(sched, "flush_state"):
+            sched.flush_state()
+        setattr(owner, attr, original_write)
         resizes = sum(r.resizes for r in sched.state.trials.values())
         return {"trials": num_trials, "finished": finished, "sim_s": clock.now - 1_000_000.0,
                 "latency": lat, "solves": policy.calls, "solve_s": policy.seconds,
@@ -270,11 +299,15 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, nargs="+", default=[100, 500])
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-pace", action="store_true",
+                        help="let simulated time run as fast as the hooks answer, also "
+                             "while the policy solves (the script's behaviour before pacing)")
     args = parser.parse_args(argv)
-    print(f"scheduler: {scheduler_module.__file__}")
+    print(f"scheduler: {scheduler_module.__file__}; "
+          f"{'unpaced' if args.no_pace else 'paced while solving'}")
     for n in args.trials:
         t0 = time.perf_counter()
-        out = run(n, args.seed)
+        out = run(n, args.seed, pace=not args.no_pace)
         wall = time.perf_counter() - t0
         print(f"\n## {n} trials ({out['finished']} finished, {out['resizes']} resizes, "
               f"{out['sim_s']:.0f} simulated s, {wall:.1f} s wall)")

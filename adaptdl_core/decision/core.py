@@ -22,6 +22,11 @@ The rules, each applied here and nowhere else:
   from the job's hints (the linear prior before it has a fit; built once per hints and
   reused), bounded exploration, min/max replicas, and the restart penalty with the job's
   resize cost: its last measured resize, else its launch time, else the policy's prior.
+* **Shared profiles**: jobs of one ``JobSpec.profile_group`` (e.g. the trials of a sweep,
+  which train the same model) are modelled with the throughput profile of the group's
+  most widely profiled job until their own covers as many replicas
+  (:func:`~adaptdl_core.decision.group_hints`), so a new trial starts at the size the
+  group's profile supports instead of one replica.
 * **Finishing jobs** (less training left than ``MIN_COST_MULTIPLES`` resize costs) are
   pinned where they are (non-preemptible for that solve).
 * **Placement of a running job** is what the front-end reported, else the policy's last
@@ -45,7 +50,8 @@ import numpy as np
 from adaptdl_core.policy import (DEFAULT_RESTART_COST_S, MIN_COST_MULTIPLES, NodeInfo,
                                  PolluxPolicy, ResizeVerdict, resize_verdict)
 
-from .jobs import JobSpec, cluster_capacity, job_info, pack_guess, speedup_from_hints
+from .jobs import (JobSpec, cluster_capacity, group_hints, job_info, pack_guess,
+                   profiled_extent, speedup_from_hints)
 from .state import CoreState, JobRecord
 
 LOG = logging.getLogger(__name__)
@@ -139,15 +145,21 @@ class DecisionCore:
             every :meth:`decide` after an event re-solves.
         state: a :class:`CoreState` to continue from (e.g. loaded from a file); its
             records stay not live until their jobs are added again.
+        profile_group: the profile group of jobs added with ``JobSpec.profile_group``
+            ``None`` (see :class:`JobSpec`); ``None``: such jobs share no profile. Also
+            the attribute :attr:`default_profile_group`, which applies to jobs added
+            after it is set.
 
     Raises:
         TypeError: a policy without ``allocate``, or a clock or rule that is not callable.
-        ValueError: a non-finite or non-positive interval, or a negative gap.
+        ValueError: a non-finite or non-positive interval, a negative gap, or an empty or
+            non-string ``profile_group``.
     """
 
     def __init__(self, policy: Any = None, clock: Callable[[], float] = time.time,
                  interval_s: float = 60.0, resize_rule: Callable[..., Any] | None = None, *,
-                 min_event_gap_s: float = 0.0, state: CoreState | None = None) -> None:
+                 min_event_gap_s: float = 0.0, state: CoreState | None = None,
+                 profile_group: str | None = None) -> None:
         if policy is not None and not callable(getattr(policy, "allocate", None)):
             raise TypeError(f"policy must be an allocation policy such as PolluxPolicy() "
                             f"(with an allocate() method), got {policy!r}")
@@ -160,6 +172,12 @@ class DecisionCore:
             raise ValueError(f"interval_s must be a finite number of seconds > 0, "
                              f"got {interval_s!r}")
         _check_number("min_event_gap_s", min_event_gap_s, minimum=0.0, allow_none=False)
+        if profile_group is not None and (not isinstance(profile_group, str)
+                                          or not profile_group):
+            raise ValueError(f"profile_group must be a non-empty string or None, got "
+                             f"{profile_group!r}")
+        #: Profile group of jobs added without one of their own (``None``: no sharing).
+        self.default_profile_group = profile_group
         self.policy = policy if policy is not None else PolluxPolicy(-1.0)
         self.clock = clock
         self.interval_s = float(interval_s)
@@ -172,6 +190,12 @@ class DecisionCore:
         self._specs: dict[Hashable, JobSpec] = {}
         self._speedups: dict[Hashable, tuple[Any, Any]] = {}
         self._unfit: set = set()
+        # Profile group -> (job id, hints) of its most widely profiled job so far (kept
+        # after that job ends: its profile stays true of the model).
+        self._group_best: dict[str, tuple[Hashable, dict]] = {}
+        # Job id -> (own hints, donor hints, hints the policy sees), reused while both
+        # inputs are the same objects (so that the speedup cache keeps hitting).
+        self._effective: dict[Hashable, tuple[Any, Any, Any]] = {}
         #: Seconds each policy solve took (most recent last; at most 1000 kept).
         self.solve_times_s: list[float] = []
         if state is not None:
@@ -203,6 +227,11 @@ class DecisionCore:
         self._state = state
         self._specs.clear()
         self._speedups.clear()
+        self._effective.clear()
+        self._group_best.clear()
+        for job_id, record in state.trials.items():
+            if record.spec is not None:
+                self._offer(job_id, record)
         self._dirty = True
 
     def record(self, job_id: Hashable) -> JobRecord:
@@ -261,6 +290,8 @@ class DecisionCore:
         """
         if not isinstance(spec, JobSpec):
             raise TypeError(f"spec must be a JobSpec, got {spec!r}")
+        if spec.profile_group is None and self.default_profile_group is not None:
+            spec = dataclasses.replace(spec, profile_group=self.default_profile_group)
         now = float(self.clock())
         submitted = _check_number("submitted", submitted)
         if submitted is not None and submitted > now + 1e-9:
@@ -280,6 +311,8 @@ class DecisionCore:
         record.current = 0
         record.placed_known = False
         self._specs[job_id] = spec
+        self._effective.pop(job_id, None)
+        self._offer(job_id, record)
         self._unfit.discard(job_id)
         if replicas is not None and replicas != record.target:
             record.history.append([float(self.clock()), replicas])
@@ -308,6 +341,7 @@ class DecisionCore:
                 raise ValueError(f"hints must be a dict (SchedHints.to_dict()), got {hints!r}")
             if hints and hints != record.hints:
                 record.hints = dict(hints)
+                self._offer(job_id, record)
         if progress is None:
             return False
         if not isinstance(progress, JobProgress):
@@ -384,6 +418,7 @@ class DecisionCore:
             record.live = False
             self._dirty = True
         self._speedups.pop(job_id, None)
+        self._effective.pop(job_id, None)
         self._unfit.discard(job_id)
 
     def begin_resize(self, job_id: Hashable, decision: Decision | None = None, *,
@@ -437,6 +472,20 @@ class DecisionCore:
             KeyError: the job is not live."""
         return self._decision(job_id, self._live(job_id), log=log)
 
+    def hints_for(self, job_id: Hashable) -> Mapping[str, Any] | None:
+        """The hints the policy models a job with: its own, or, in a profile group whose
+        best-profiled job covers more replicas, those merged with that job's profile
+        (see :func:`~adaptdl_core.decision.group_hints`).
+
+        Raises:
+            KeyError: unknown job."""
+        return self._effective_hints(job_id, self.record(job_id))
+
+    def group_profile(self, group: str) -> tuple[Hashable, dict] | None:
+        """``(job id, hints)`` of the most widely profiled job of profile group ``group``
+        seen so far (also after it ended), or ``None``."""
+        return self._group_best.get(group)
+
     def resize_cost(self, job_id: Hashable) -> float:
         """Seconds a resize of the job costs: its last measured resize, else its launch's
         start-up time (a relaunch costs at least that), else the policy's prior.
@@ -479,7 +528,8 @@ class DecisionCore:
         entries = []
         for job_id, record in live.items():
             entries.append(_Entry(job_id, self._spec(job_id, record), record.created,
-                                  record.hints, record.restarts, self.resize_cost(job_id),
+                                  self._effective_hints(job_id, record), record.restarts,
+                                  self.resize_cost(job_id),
                                   record.current,
                                   bool(record.current) and self.finishing(job_id)))
         base = self._bases(live)
@@ -531,7 +581,36 @@ class DecisionCore:
 
     def _speedup_fn(self, job_id: Hashable, record: JobRecord) -> Any:
         """The job's speedup function for its current hints (see :meth:`_speedup_for`)."""
-        return self._speedup_for(job_id, record.hints)
+        return self._speedup_for(job_id, self._effective_hints(job_id, record))
+
+    def _offer(self, job_id: Hashable, record: JobRecord) -> None:
+        """Make the job's hints its group's profile if they cover more replicas than the
+        group's best so far (or are a newer fit of the best job itself)."""
+        group = self._spec(job_id, record).profile_group
+        extent = profiled_extent(record.hints)
+        if group is None or not extent:
+            return
+        best = self._group_best.get(group)
+        if best is None or extent > profiled_extent(best[1]) or best[0] == job_id:
+            if best is None or best[0] != job_id:
+                LOG.info("profile group %r: job %s's throughput profile (%d replicas) now "
+                         "models the group's less profiled jobs", group, job_id, extent)
+            self._group_best[group] = (job_id, record.hints)
+
+    def _effective_hints(self, job_id: Hashable, record: JobRecord) -> Any:
+        """See :meth:`hints_for` (cached per job while its inputs are unchanged)."""
+        group = self._spec(job_id, record).profile_group if record.spec is not None or \
+            job_id in self._specs else None
+        best = self._group_best.get(group) if group is not None else None
+        donor = best[1] if best is not None and best[0] != job_id else None
+        if donor is None:
+            return record.hints
+        cached = self._effective.get(job_id)
+        if cached is not None and cached[0] is record.hints and cached[1] is donor:
+            return cached[2]
+        merged = group_hints(record.hints, donor)
+        self._effective[job_id] = (record.hints, donor, merged)
+        return merged
 
     def _speedup_for(self, job_id: Hashable, hints: Any) -> Any:
         """The speedup function of ``hints``, built once per hints object (its goodput

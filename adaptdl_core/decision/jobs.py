@@ -22,7 +22,8 @@ from adaptdl_core.sched_hints import SchedHints
 LOG = logging.getLogger(__name__)
 
 __all__ = ["JobSpec", "replicas_fitting", "cluster_capacity", "pack_guess",
-           "speedup_from_hints", "exploration_cap", "job_info"]
+           "speedup_from_hints", "exploration_cap", "job_info", "profiled_extent",
+           "group_hints"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +35,11 @@ class JobSpec:
             (amounts >= 0, at least one > 0; zero amounts are dropped).
         min_replicas: fewest replicas the job runs with (``>= 1``).
         max_replicas: most replicas it may get (``None``: only the cluster limits it).
+        profile_group: jobs that train the same model on the same kind of replica (e.g.
+            the trials of one sweep) name the same group; a job whose own throughput
+            profile covers fewer replicas than the group's best-profiled job is modelled
+            with that job's profile (see :func:`group_hints`) instead of starting from one
+            replica and growing by bounded exploration. ``None`` (default): no sharing.
 
     Raises:
         ValueError: for a malformed field (the message names the argument and the fix).
@@ -42,6 +48,7 @@ class JobSpec:
     resources: Mapping[str, float]
     min_replicas: int = 1
     max_replicas: int | None = None
+    profile_group: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.resources, Mapping):
@@ -68,6 +75,10 @@ class JobSpec:
                 raise ValueError(f"min_replicas ({self.min_replicas}) must be <= max_replicas "
                                  f"({self.max_replicas}): lower min_replicas or raise "
                                  "max_replicas")
+        if self.profile_group is not None and (not isinstance(self.profile_group, str)
+                                               or not self.profile_group):
+            raise ValueError(f"profile_group must be a non-empty string or None, got "
+                             f"{self.profile_group!r}")
 
     def clamp(self, n: int) -> int:
         """``n`` limited to ``[min_replicas, max_replicas]``."""
@@ -77,7 +88,7 @@ class JobSpec:
     def to_dict(self) -> dict:
         """Plain JSON-able form (see :meth:`from_dict`)."""
         return {"resources": dict(self.resources), "min_replicas": self.min_replicas,
-                "max_replicas": self.max_replicas}
+                "max_replicas": self.max_replicas, "profile_group": self.profile_group}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "JobSpec":
@@ -86,7 +97,8 @@ class JobSpec:
         Raises:
             ValueError: malformed fields."""
         return cls(dict(d["resources"]), int(d.get("min_replicas", 1)),
-                   None if d.get("max_replicas") is None else int(d["max_replicas"]))
+                   None if d.get("max_replicas") is None else int(d["max_replicas"]),
+                   d.get("profile_group"))
 
 
 def replicas_fitting(resources: Mapping[str, float], node: NodeInfo) -> int:
@@ -145,6 +157,40 @@ def _exploring(hints: SchedHints) -> GoodputFunction:
     p = hints.perf_params
     optimistic = PerfParams(p.alpha_c, p.beta_c, p.alpha_n, p.beta_n, 0.0, 0.0, p.gamma)
     return GoodputFunction(optimistic, hints.grad_params, hints.init_batch_size)
+
+
+def profiled_extent(hints: Mapping[str, Any] | None) -> int:
+    """The largest replica count that ``hints`` hold a throughput fit for (0: no fit)."""
+    if not hints or not hints.get("perf_params"):
+        return 0
+    value = hints.get("max_profiled_replicas")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 \
+        else 0
+
+
+def group_hints(own: Mapping[str, Any] | None,
+                donor: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """The hints a job of a profile group is modelled with (pure).
+
+    While ``donor`` (the group's best-profiled job's hints) holds a throughput fit over
+    more replicas than ``own``: ``own`` with the donor's ``perf_params`` and profiled
+    extent (``max_profiled_replicas``, ``max_profiled_nodes``), and the donor's
+    ``grad_params`` only while ``own`` has none; the job's own batch limits and restart
+    cost stay. A job with no hints of its own takes the donor's whole. Otherwise ``own``
+    itself (the same object).
+    """
+    if donor is None or profiled_extent(donor) <= profiled_extent(own):
+        return own
+    if not own:
+        return donor
+    merged = dict(own)
+    merged["perf_params"] = donor["perf_params"]
+    merged["max_profiled_replicas"] = donor["max_profiled_replicas"]
+    merged["max_profiled_nodes"] = min(int(donor.get("max_profiled_nodes") or 0),
+                                       donor["max_profiled_replicas"])
+    if not own.get("grad_params"):
+        merged["grad_params"] = donor.get("grad_params")
+    return merged
 
 
 def exploration_cap(hints: Mapping[str, Any] | None) -> int:

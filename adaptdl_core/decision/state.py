@@ -3,17 +3,45 @@
 :class:`CoreState` maps job ids to :class:`JobRecord` (under the JSON key ``"trials"``,
 the layout the Tune scheduler has always written, so an existing state file still loads;
 fields a file lacks take their defaults, fields this version does not know are ignored).
+:class:`StateWriter` writes snapshots of it from a background thread, so that a front-end's
+event loop never waits for the disk.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import json
+import logging
 import os
 import tempfile
+import threading
 from typing import Any
 
-__all__ = ["JobRecord", "CoreState"]
+LOG = logging.getLogger(__name__)
+
+__all__ = ["JobRecord", "CoreState", "StateWriter", "write_atomic"]
+
+
+def write_atomic(directory: str, name: str, text: str) -> str:
+    """Write ``text`` to ``directory/name`` atomically (a temporary file in the same
+    directory, then a rename): a reader, or a crash, sees the old file or the new one,
+    never half of one. Returns the path.
+
+    Raises:
+        OSError: the directory cannot be created or written."""
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, name)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".adaptdl-state-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
 
 
 @dataclasses.dataclass
@@ -118,18 +146,7 @@ class CoreState:
 
         Raises:
             OSError: the directory cannot be written."""
-        os.makedirs(directory, exist_ok=True)
-        path = os.path.join(directory, self.FILE)
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".adaptdl-state-", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(self.to_json())
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
-        return path
+        return write_atomic(directory, self.FILE, self.to_json())
 
     @classmethod
     def load(cls, directory: str) -> "CoreState | None":
@@ -142,3 +159,93 @@ class CoreState:
             return None
         with open(path) as f:
             return cls.from_json(f.read())
+
+
+class StateWriter:
+    """Writes :class:`CoreState` snapshots to ``directory/CoreState.FILE`` in a background
+    thread, newest first: a snapshot submitted while an older one is being written
+    replaces any snapshot still waiting, so a burst of submissions costs at most two
+    writes and the file always ends at the newest one.
+
+    The caller serialises (:meth:`CoreState.to_json`, a few milliseconds for hundreds of
+    jobs) in its own thread, so each snapshot is consistent; only the file work (which
+    releases the interpreter lock and, beside a busy solve thread, may take a hundred
+    times longer) moves to the writer thread. Each write is atomic (:func:`write_atomic`):
+    a crash of the process loses at most the snapshots not yet written, never the file.
+    The thread is started on the first submission and finishes its pending write before
+    the interpreter exits.
+
+    Args:
+        sync: write in the submitting thread instead (deterministic; for tests).
+    """
+
+    def __init__(self, sync: bool = False) -> None:
+        self.sync = bool(sync)
+        self._cond = threading.Condition()
+        self._pending: tuple[str, str] | None = None
+        self._busy = False
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        #: Snapshots written so far, and writes that failed (each failure is logged).
+        self.writes = 0
+        self.failures = 0
+
+    def __getstate__(self) -> dict:
+        # Front-ends are pickled with their configuration; threads and locks stay behind.
+        return {"sync": self.sync, "writes": self.writes, "failures": self.failures}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state.get("sync", False))
+        self.writes, self.failures = state.get("writes", 0), state.get("failures", 0)
+
+    @property
+    def busy(self) -> bool:
+        """Whether a snapshot is being written or waits to be."""
+        return self._busy
+
+    def submit(self, directory: str, text: str) -> None:
+        """Write ``text`` (a :meth:`CoreState.to_json` snapshot) to ``directory`` soon; with
+        ``sync``, now. A failure is logged, not raised (the next snapshot tries again).
+
+        Raises:
+            TypeError: ``directory`` or ``text`` is not a string."""
+        if not isinstance(directory, str) or not isinstance(text, str):
+            raise TypeError(f"submit(directory, text) takes two strings, got "
+                            f"{type(directory).__name__} and {type(text).__name__}")
+        with self._cond:
+            self._pending = (directory, text)
+            if self._busy:
+                return  # the running drain picks it up
+            self._busy = True
+            if not self.sync:
+                if self._executor is None:
+                    self._executor = concurrent.futures.ThreadPoolExecutor(
+                        1, thread_name_prefix="adaptdl-state-writer")
+                self._executor.submit(self._drain)
+                return
+        self._drain()
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every submitted snapshot is written (at most ``timeout`` seconds;
+        ``None``: as long as it takes). Returns ``True`` if nothing is left to write."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._busy, timeout)
+
+    def _drain(self) -> None:
+        while True:
+            with self._cond:
+                item, self._pending = self._pending, None
+                if item is None:
+                    self._busy = False
+                    self._cond.notify_all()
+                    return
+            try:
+                write_atomic(item[0], CoreState.FILE, item[1])
+                self.writes += 1
+            except Exception as exc:  # noqa: BLE001 - logged; the next snapshot retries
+                self.failures += 1
+                LOG.warning("could not save the scheduler state to %s: %s", item[0], exc)
+            except BaseException:
+                with self._cond:  # e.g. Ctrl-C during a sync write: do not stay busy
+                    self._busy = False
+                    self._cond.notify_all()
+                raise

@@ -14,7 +14,9 @@ same seeded trial draws:
   ``PolluxPolicy`` p = -1, the resize rule and the restart penalty, the path of the cluster
   mode and of ``AdaptDLScheduler``) re-divides the GPUs among the running trials every
   ``interval`` seconds and whenever a trial starts or ends; each trial's agent chooses its
-  batch by goodput (the job model's adaptive mode).
+  batch by goodput (the job model's adaptive mode). The trials form one profile group of
+  the core (``AdaptDLScheduler``'s default): a new trial is modelled with the throughput
+  profile of the most widely profiled earlier trial until its own reaches as far.
 * ``c`` = ``b`` under asynchronous successive halving (:class:`AshaRule`, Tune's
   ``ASHAScheduler`` defaults: reduction factor 4, grace period 1 epoch, rungs on epochs).
 
@@ -38,7 +40,6 @@ in this model: the arms differ in time and GPUs, not in accuracy.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import statistics
@@ -50,11 +51,9 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from .baselines import pack
-from ..sched_hints import SchedHints
 from .job_model import TRACES_DIR, Application, SimJob
 
-__all__ = ["ARMS", "AshaRule", "QualityModel", "TrialRecord", "SiblingProfileJob",
-           "simulate_arm", "run_sweep",
+__all__ = ["ARMS", "AshaRule", "QualityModel", "TrialRecord", "simulate_arm", "run_sweep",
            "add_sweep_parser", "run_sweep_cli"]
 
 logger = logging.getLogger(__name__)
@@ -239,35 +238,6 @@ class TrialRecord:
                 "timeline": self.timeline}
 
 
-class SiblingProfileJob(SimJob):
-    """A trial that reports the throughput model of an earlier trial of the same sweep
-    (its ``donor``) until its own profile reaches as many replicas: a diagnostic of what
-    sharing profiles between the trials of one sweep would save (every trial here trains
-    the same model). Its own gradient statistics are reported once it has any.
-
-    Args:
-        donor: the earlier trial (``None``: behaves as :class:`SimJob`); other arguments as
-            :class:`SimJob`.
-    """
-
-    def __init__(self, *args, donor: Optional[SimJob] = None, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.donor = donor
-
-    def hints(self) -> SchedHints:
-        """The job's own hints, with the donor's throughput model and profiled extent while
-        the donor has run on more replicas than this job."""
-        own = super().hints()
-        d = self.donor
-        if d is None or d.perf_params is None \
-                or d.max_profiled_replicas <= self.max_profiled_replicas:
-            return own
-        return dataclasses.replace(own, perf_params=d.perf_params,
-                                   grad_params=own.grad_params or d.grad_params,
-                                   max_profiled_replicas=d.max_profiled_replicas,
-                                   max_profiled_nodes=d.max_profiled_nodes)
-
-
 def _counts(nodes: Sequence[int]) -> Tuple[int, ...]:
     out: Dict[int, int] = {}
     for n in nodes:
@@ -295,7 +265,7 @@ def simulate_arm(arm: str, *, trials: int = 100, concurrent: int = 4, nodes: int
                  grace_period: int = 1, reduction_factor: float = 4,
                  quality: Optional[QualityModel] = None,
                  traces: Optional[Union[str, Path]] = None,
-                 max_time: Optional[float] = None, inherit_profile: bool = False) -> dict:
+                 max_time: Optional[float] = None, share_profiles: bool = True) -> dict:
     """Run one arm of the sweep (see the module doc) until every trial has ended.
 
     Args:
@@ -315,9 +285,10 @@ def simulate_arm(arm: str, *, trials: int = 100, concurrent: int = 4, nodes: int
             ``seed``); pass the same object to every arm.
         traces: traces folder (default: the vendored traces).
         max_time: stop after this many simulated seconds (unfinished trials stay so).
-        inherit_profile: arms ``b``/``c`` only, a diagnostic: each new trial reports the
-            throughput model of the most widely profiled earlier trial until its own
-            profile reaches as far (:class:`SiblingProfileJob`).
+        share_profiles: arms ``b``/``c``: the trials form one profile group of the
+            decision core (as under ``AdaptDLScheduler``'s default), so that a new trial
+            is modelled with the most widely profiled earlier trial's throughput profile
+            until its own reaches as far; ``False``: each trial explores from one GPU.
 
     Returns:
         A JSON-able dict: ``arm``, ``name``, ``makespan`` (first admission to last end, s),
@@ -366,6 +337,10 @@ def simulate_arm(arm: str, *, trials: int = 100, concurrent: int = 4, nodes: int
         from .pollux import CorePollux  # the cluster mode's path through the decision core
 
         policy = CorePollux(interval=interval)
+        if share_profiles:
+            # Every trial trains the same model: one profile group (as AdaptDLScheduler's
+            # default), so a new trial starts from the earlier trials' throughput profile.
+            policy.core.default_profile_group = APPLICATION
     node_gpus = {n: gpus_per_node for n in range(nodes)}
 
     t_wall = time.perf_counter()
@@ -378,7 +353,6 @@ def simulate_arm(arm: str, *, trials: int = 100, concurrent: int = 4, nodes: int
     jobs: Dict[str, SimJob] = {}
     alloc: Dict[str, List[int]] = {}
     decision_times: List[float] = []
-    donors: List[SimJob] = []
     max_held = 0
     event = True
     while queue or jobs:
@@ -386,14 +360,8 @@ def simulate_arm(arm: str, *, trials: int = 100, concurrent: int = 4, nodes: int
             break
         while queue and len(jobs) < concurrent:
             name = queue.pop(0)
-            if arm == "a":
-                job = SimJob(name, app, now, restart_s=restart_s,
-                             target_batch_size=static_batch)
-            else:
-                donor = max(donors, key=lambda j: j.max_profiled_replicas, default=None) \
-                    if inherit_profile else None
-                job = SiblingProfileJob(name, app, now, restart_s=restart_s, donor=donor)
-                donors.append(job)
+            job = SimJob(name, app, now, restart_s=restart_s,
+                         target_batch_size=static_batch if arm == "a" else None)
             job.advance(now)  # the job's own clock starts at the sweep's
             jobs[name] = job
             records[name] = TrialRecord(name, now)
@@ -498,7 +466,7 @@ def simulate_arm(arm: str, *, trials: int = 100, concurrent: int = 4, nodes: int
                      "gpus_per_node": gpus_per_node, "epochs": app.max_epochs,
                      "seed": seed, "restart_s": restart_s, "interval": interval,
                      "tick_s": tick_s, "gpus_per_trial": gpus_per_trial,
-                     "static_batch": static_batch, "inherit_profile": bool(inherit_profile),
+                     "static_batch": static_batch, "share_profiles": bool(share_profiles),
                      "asha": None if asha is None else
                      {"grace_period": grace_period, "reduction_factor": reduction_factor,
                       "rungs": list(asha.rungs)}},
@@ -566,9 +534,9 @@ def add_sweep_parser(sub) -> None:
     p.add_argument("--static-batch", type=int, default=2048,
                    help="arm a's total batch (default: the cifar10 TunedJobs 2048)")
     p.add_argument("--tick-s", type=float, default=5.0, help="simulation step (s)")
-    p.add_argument("--inherit-profile", action="store_true",
-                   help="diagnostic: new adaptive trials start from the throughput model of "
-                   "the most widely profiled earlier trial")
+    p.add_argument("--no-share-profiles", action="store_true",
+                   help="adaptive arms: each trial profiles itself from one GPU up instead of "
+                   "starting from the earlier trials' throughput profile")
     p.add_argument("--out", help="write the result JSON here")
 
 
@@ -598,7 +566,7 @@ def run_sweep_cli(args) -> int:
                            gpus_per_node=args.gpus_per_node, epochs=args.epochs,
                            seed=args.seed, restart_s=args.restart_s, interval=args.interval,
                            static_batch=args.static_batch, tick_s=args.tick_s,
-                           inherit_profile=args.inherit_profile)
+                           share_profiles=not args.no_share_profiles)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -6,6 +6,11 @@ gets, whether a resize pays, which trials are left alone) is made by
 core's events and the core's decisions into Tune's actions, and does what only Tune
 needs (pause announcements, interrupts, result files, the base scheduler):
 
+* **Shared profiles**: by default the trials of one scheduler form one profile group
+  (they train the same model with different hyper-parameters): a new trial is modelled
+  with the throughput profile of the most widely profiled trial so far until its own
+  covers as many replicas, so it starts growing from what that profile supports instead
+  of exploring 1 -> 2 -> 4 replicas with a restart each (``share_profiles``).
 * **Admission** is Tune's own: a new trial is PENDING at ``min_replicas`` and starts when
   its resources are free, exactly as under FIFO, so Tune's pending-trial limit and the
   searcher's concurrency keep working.
@@ -23,12 +28,20 @@ needs (pause announcements, interrupts, result files, the base scheduler):
 * **State**: the core's :class:`~adaptdl_core.decision.CoreState`, written to the
   experiment directory after each solve, resize, relaunch and interrupt and when the last
   trial ends (other changes at most every ``_SAVE_INTERVAL_S``), so it survives
-  ``Tuner.restore``.
+  ``Tuner.restore``. A hook only takes the snapshot (serialised in its own thread, so it is
+  consistent); a writer thread writes it (temporary file, then rename). A crash of the
+  driver keeps the last file written: it loses at most the changes of the last
+  ``_SAVE_INTERVAL_S`` and the write in flight. On an interrupt and when the last trial
+  ends, the hook waits for the write.
+* **Never blocking Tune**: the policy solves in a worker thread; a hook waits for a solve
+  it starts only while solves are quick (the previous one took at most ``solve_wait_s``),
+  and never for the disk.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import json
 import logging
 import math
@@ -39,8 +52,8 @@ import ray
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
-from adaptdl_core.decision import (DecisionCore, JobProgress, SolveRequest, cluster_capacity,
-                                   job_info)
+from adaptdl_core.decision import (DecisionCore, JobProgress, SolveRequest, StateWriter,
+                                   cluster_capacity, job_info)
 from adaptdl_core.policy import NodeInfo, PolluxPolicy, resize_verdict
 from adaptdl_ray.tune import checkpoint_files, control
 from adaptdl_ray.tune.interrupts import InterruptRelay
@@ -68,6 +81,9 @@ _SAVE_INTERVAL_S = 5.0
 _NODES_TTL_S = 5.0
 # On an interrupt, time for writing the trials' state on top of their stop timeouts.
 _INTERRUPT_MARGIN_S = 30.0
+# When the last trial ends (the experiment may be over) or on an interrupt, a hook waits
+# this long for the state file to be written.
+_FINAL_FLUSH_S = 5.0
 
 
 def _wall_clock() -> float:
@@ -97,15 +113,29 @@ class AdaptDLScheduler(TrialScheduler):
             resizes).
         solve_wait_s: the policy re-solves in a worker thread so that Tune's event loop
             is never blocked by it; a hook that starts a solve waits at most this many
-            seconds for it (small solves then take effect at once) and otherwise answers
-            with the standing decisions, the new ones taking effect at a later hook.
-            ``None``: always wait (deterministic; for tests and scripted benchmarks).
+            seconds for it while the previous solve took no longer (small solves then take
+            effect at once; a larger one is not waited for, since beside a busy solve
+            thread any wait overshoots), and otherwise answers with the standing
+            decisions, the new ones taking effect at a later hook. ``None``: always wait,
+            and write the state file in the hook (deterministic; for tests and scripted
+            benchmarks).
+        share_profiles: which trials share a throughput profile (see
+            :class:`~adaptdl_core.decision.JobSpec`'s ``profile_group``): ``True``
+            (default) all trials of this scheduler, which suits a sweep of one model
+            over hyper-parameters that do not change its step time much (learning rate,
+            weight decay, a schedule); ``False`` none (each trial profiles itself from one
+            replica up); the name of a config entry (``"model_size"``, or ``"a/b"`` for
+            ``config["a"]["b"]``) when the search changes the model, so that only
+            trials with equal values share (a trial without the entry shares with the
+            others without it); or a function of the trial's config returning a
+            hashable group key, ``None`` for no sharing (it must pickle: Tune pickles the
+            scheduler).
 
     Raises:
         TypeError: for an argument of the wrong kind (e.g. ``base_scheduler='asha'``);
             from ``on_trial_add``, for a trainable not made by ``AdaptDLTrainableCreator``.
-        ValueError: for a non-finite or non-positive interval, a non-finite ``p`` or a
-            negative ``solve_wait_s``.
+        ValueError: for a non-finite or non-positive interval, a non-finite ``p``, a
+            negative ``solve_wait_s`` or an empty ``share_profiles`` name.
     """
 
     def __init__(self, base_scheduler: TrialScheduler | None = None, *,
@@ -114,7 +144,8 @@ class AdaptDLScheduler(TrialScheduler):
                  policy: Any = None,
                  hints_fn: Callable[[list[str]], Mapping[str, dict]] | None = None,
                  resize_rule: Callable[..., Any] | None = None,
-                 solve_wait_s: float | None = _SOLVE_WAIT_S) -> None:
+                 solve_wait_s: float | None = _SOLVE_WAIT_S,
+                 share_profiles: bool | str | Callable[[dict], Any] = True) -> None:
         if base_scheduler is not None and not isinstance(base_scheduler, TrialScheduler):
             raise TypeError(f"base_scheduler must be a ray.tune TrialScheduler instance such as "
                             f"ASHAScheduler(), got {base_scheduler!r}")
@@ -138,6 +169,13 @@ class AdaptDLScheduler(TrialScheduler):
                          ("resize_rule", resize_rule)):
             if fn is not None and not callable(fn):
                 raise TypeError(f"{name} must be a function, got {fn!r}")
+        if not isinstance(share_profiles, (bool, str)) and not callable(share_profiles):
+            raise TypeError(f"share_profiles must be True, False, the name of a config entry "
+                            f"or a function of the trial's config, got {share_profiles!r}")
+        if isinstance(share_profiles, str) and not share_profiles.strip("/"):
+            raise ValueError("share_profiles must name a config entry (e.g. 'model_size'), "
+                             "got an empty name; pass True or False to share among all or "
+                             "none")
         super().__init__()
         self._base = base_scheduler or FIFOScheduler()
         self._core = DecisionCore(policy or PolluxPolicy(p), clock=_wall_clock,
@@ -161,6 +199,10 @@ class AdaptDLScheduler(TrialScheduler):
         self._solve_wait_s = solve_wait_s
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._inflight: tuple[SolveRequest, concurrent.futures.Future] | None = None
+        self._last_solve_s: float | None = None
+        self._writer = StateWriter(sync=solve_wait_s is None)
+        self._share_profiles = share_profiles
+        self._missing_entry_logged = False
 
     def __getstate__(self) -> dict:
         # Tune pickles its configuration (with this scheduler) before the run; a worker
@@ -191,6 +233,13 @@ class AdaptDLScheduler(TrialScheduler):
         """The decision core this scheduler drives (read-only use)."""
         return self._core
 
+    def flush_state(self, timeout: float | None = None) -> bool:
+        """Wait until the state snapshots taken so far are in the experiment directory
+        (at most ``timeout`` seconds; ``None``: as long as it takes). Returns ``True`` if
+        nothing is left to write. Tune does not need this; a script reading the state
+        file while the experiment runs may."""
+        return self._writer.flush(timeout)
+
     # -- trial events ---------------------------------------------------------------
     def on_trial_add(self, tune_controller: Any, trial: Trial) -> None:
         """Register the trial (it starts when Tune finds its resources, as under FIFO).
@@ -202,6 +251,9 @@ class AdaptDLScheduler(TrialScheduler):
             TypeError: the trainable was not made by AdaptDLTrainableCreator.
             ValueError: the cluster cannot hold the trial's min_replicas at all."""
         spec = replica_spec_of(trial.get_trainable_cls())
+        group = self._profile_group(trial)
+        if group is not None:
+            spec = dataclasses.replace(spec, profile_group=group)
         self._hook()
         self._maybe_restore(trial)
         nodes = self._nodes()
@@ -385,7 +437,33 @@ class AdaptDLScheduler(TrialScheduler):
             self._control.forget.remote(trial.trial_id)
         self._save_soon()
         if not any(r.live for r in self._core.state.trials.values()):
-            self._save()  # the experiment may be over: nothing is left to flush it later
+            # The experiment may be over: nothing is left to flush it later, and the
+            # driver may read or upload the file next.
+            self._save()
+            self._writer.flush(_FINAL_FLUSH_S)
+
+    def _profile_group(self, trial: Trial) -> str | None:
+        """The trial's profile group under ``share_profiles`` (``None``: it shares none)."""
+        share = self._share_profiles
+        if share is False:
+            return None
+        if share is True:
+            return "all-trials"
+        config = getattr(trial, "config", None) or {}
+        if isinstance(share, str):
+            value: Any = config
+            for part in (p for p in share.split("/") if p):
+                if not isinstance(value, Mapping) or part not in value:
+                    if not self._missing_entry_logged:
+                        LOG.warning("trial %s has no config entry %r (share_profiles): it "
+                                    "shares a throughput profile with the other trials "
+                                    "without it", trial.trial_id, share)
+                        self._missing_entry_logged = True
+                    return f"{share}: missing"
+                value = value[part]
+            return f"{share}={value!r}"
+        key = share(config)
+        return None if key is None else f"key={key!r}"
 
     def _enqueue(self, trial_id: str) -> None:
         if trial_id not in self._queue:
@@ -421,7 +499,17 @@ class AdaptDLScheduler(TrialScheduler):
                 self._executor = concurrent.futures.ThreadPoolExecutor(
                     1, thread_name_prefix="adaptdl-solve")
             self._inflight = (request, self._executor.submit(request.run))
-        self._collect_solve(self._solve_wait_s)
+        self._collect_solve(self._solve_wait())
+
+    def _solve_wait(self) -> float | None:
+        """How long a hook waits for the solve it started: ``solve_wait_s`` while solves
+        are quick, else not at all (its wait would time out anyway, and waking up again
+        beside a busy solve thread can take many times the wait)."""
+        if self._solve_wait_s is None:
+            return None
+        if self._last_solve_s is not None and self._last_solve_s > self._solve_wait_s:
+            return 0.0
+        return self._solve_wait_s
 
     def _collect_solve(self, wait_s: float | None) -> None:
         """Apply the solve in flight if it has finished (waiting up to ``wait_s``)."""
@@ -434,6 +522,7 @@ class AdaptDLScheduler(TrialScheduler):
             except concurrent.futures.TimeoutError:
                 return
         self._inflight = None
+        self._last_solve_s = request.seconds
         try:
             self._core.finish_solve(request)
         except ValueError as exc:
@@ -516,6 +605,7 @@ class AdaptDLScheduler(TrialScheduler):
         if waiting:
             LOG.warning("trials %s did not save in time; stopping anyway", sorted(waiting))
         self._save()
+        self._writer.flush(_FINAL_FLUSH_S)
         self._relay.release()
 
     # -- persistence ----------------------------------------------------------------
@@ -568,11 +658,15 @@ class AdaptDLScheduler(TrialScheduler):
             self._save()
 
     def _save(self) -> None:
+        """Snapshot the state now (consistent: serialised here) and have the writer
+        thread write it (in this thread when ``solve_wait_s`` is ``None``)."""
         self._last_save = time.monotonic()
         self._save_pending = False
         if self._state_dir is None:
             return
         try:
-            self._core.state.save(self._state_dir)
-        except OSError as exc:
-            LOG.warning("could not save the scheduler state to %s: %s", self._state_dir, exc)
+            text = self._core.state.to_json()
+        except ValueError as exc:  # a non-finite number slipped into a record
+            LOG.warning("could not serialise the scheduler state: %s", exc)
+            return
+        self._writer.submit(self._state_dir, text)

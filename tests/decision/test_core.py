@@ -320,3 +320,92 @@ def test_submission_time_dates_the_job_for_the_policy():
         core.add_job("late", GPU, submitted=clock.now + 1)
     with pytest.raises(ValueError, match="submitted"):
         core.add_job("bad", GPU, submitted=float("nan"))
+
+
+# -- profile groups ----------------------------------------------------------------------
+# A fitted model that scales well, profiled up to 4 replicas on one node.
+GOOD_4 = {"init_batch_size": 64, "max_batch_size": 2048,
+          "perf_params": [0.02, 0.002, 0.01, 0.0001, 0.005, 0.00005, 1.5],
+          "grad_params": [1.0, 200.0], "local_bsz_bounds": [16, 512],
+          "max_profiled_replicas": 4, "max_profiled_nodes": 1}
+# A new trial's first fit: one replica, its own (early, small) gradient noise.
+OWN_1 = dict(GOOD_4, perf_params=[0.03, 0.003, 0.0, 0.0, 0.0, 0.0, 1.0],
+             grad_params=[1.0, 5.0], max_profiled_replicas=1)
+
+
+def test_a_new_job_of_a_group_starts_from_the_groups_profile():
+    """A job with no profile of its own starts where the group's best profile says it
+    pays (here: the whole idle cluster), not at one replica; outside a group it explores
+    from one replica."""
+    outcomes = {}
+    for group in ("sweep", None):
+        core, clock, _ = make(gpus=8)
+        spec = JobSpec({"GPU": 1}, profile_group=group)
+        core.add_job("a", spec)
+        core.running("a", nodes=["n0"] * 4)
+        core.update("a", hints=GOOD_4)
+        clock.now += 600
+        core.remove("a")  # the donor ended: its profile stays the group's
+        core.add_job("b", spec)
+        outcomes[group] = core.decide()["b"]
+        if group:
+            assert core.group_profile("sweep")[0] == "a"
+            seen = core.hints_for("b")
+            assert seen["perf_params"] == GOOD_4["perf_params"]
+            assert seen["max_profiled_replicas"] == 4
+    assert outcomes["sweep"].action == "start" and outcomes["sweep"].replicas == 8
+    assert outcomes[None].action == "start" and outcomes[None].replicas == 1
+
+
+def test_a_grouped_job_keeps_its_own_gradient_statistics_and_outgrows_the_donor():
+    core, clock, _ = make(gpus=8, profile_group="sweep")  # the default group
+    core.add_job("a", GPU)
+    core.update("a", hints=GOOD_4)
+    core.add_job("b", GPU)
+    core.update("b", hints=OWN_1)
+    seen = core.hints_for("b")
+    assert seen["perf_params"] == GOOD_4["perf_params"]
+    assert seen["max_profiled_replicas"] == 4 and seen["grad_params"] == OWN_1["grad_params"]
+    assert core.hints_for("a") is core.state.trials["a"].hints  # the donor: its own
+    assert core.hints_for("b") is seen  # cached while nothing changed
+    # Once b's own profile covers as many replicas, b is modelled by its own hints.
+    own_4 = dict(OWN_1, max_profiled_replicas=4)
+    core.update("b", hints=own_4)
+    assert core.hints_for("b") == own_4
+    # A job of another group, or with a group of its own, borrows nothing from "sweep".
+    core.add_job("c", JobSpec({"GPU": 1}, profile_group="other"))
+    assert core.hints_for("c") is None
+    # A newer fit of the group's best job replaces the group's profile; another job at
+    # the same extent does not.
+    newer = dict(GOOD_4, perf_params=[0.02, 0.002, 0.01, 0.0001, 0.004, 0.00005, 1.5])
+    core.update("a", hints=newer)
+    assert core.group_profile("sweep") == ("a", newer)
+
+
+def test_profile_groups_survive_a_restore():
+    core, clock, _ = make(gpus=8)
+    spec = JobSpec({"GPU": 1}, profile_group="sweep")
+    core.add_job("a", spec)
+    core.update("a", hints=GOOD_4)
+    core.add_job("b", spec)
+    saved = CoreState.from_json(core.state.to_json())
+    again, _, _ = make(gpus=8, state=saved)
+    assert again.group_profile("sweep")[0] == "a"
+    again.add_job("b", JobSpec({"GPU": 1}, profile_group="sweep"))
+    assert again.hints_for("b")["max_profiled_replicas"] == 4
+
+
+def test_group_hints_and_job_spec_groups_are_checked():
+    from adaptdl_core.decision import group_hints
+
+    assert group_hints(None, GOOD_4) is GOOD_4
+    assert group_hints(GOOD_4, OWN_1) is GOOD_4  # its own covers more
+    assert group_hints(OWN_1, {"init_batch_size": 64, "max_profiled_replicas": 8}) is OWN_1
+    spec = JobSpec({"GPU": 1}, profile_group="sweep")
+    assert JobSpec.from_dict(spec.to_dict()) == spec
+    assert JobSpec.from_dict({"resources": {"GPU": 1}}).profile_group is None  # old files
+    for bad in ("", 5):
+        with pytest.raises(ValueError, match="profile_group"):
+            JobSpec({"GPU": 1}, profile_group=bad)
+        with pytest.raises(ValueError, match="profile_group"):
+            DecisionCore(profile_group=bad)

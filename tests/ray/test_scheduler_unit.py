@@ -503,3 +503,121 @@ def test_hints_with_a_fitted_model_give_a_goodput_speedup():
 def test_malformed_hints_fall_back_to_the_linear_prior():
     assert type(speedup_from_hints({"init_batch_size": -3})).__name__ == "LinearSpeedup"
     assert type(speedup_from_hints(None)).__name__ == "LinearSpeedup"
+
+
+def test_a_hook_never_waits_for_the_disk(tmp_path):
+    """State snapshots are taken in the hook and written by a writer thread: a write stuck
+    on the disk does not hold up the hooks, and the file ends at the newest snapshot."""
+    import threading
+    import time
+
+    from adaptdl_core.decision import state as state_module
+
+    release = threading.Event()
+    real = state_module.write_atomic
+
+    def stuck_write(directory, name, text):
+        release.wait(20)
+        return real(directory, name, text)
+
+    sched = AdaptDLScheduler(nodes_fn=cluster(4), allocation_interval_s=3600,
+                             solve_wait_s=0.01)
+    tc = StubController(cpus=4)
+    try:
+        state_module.write_atomic = stuck_write
+        a = tc.add(sched, StubTrial("a", state_dir=str(tmp_path)))  # first write: stuck
+        tc.start_pending(sched)
+        t0 = time.perf_counter()
+        # A relaunch with its measured cost is written at once, i.e. queued behind the
+        # stuck write, not waited for.
+        sched.on_trial_result(tc, a, {"adaptdl/restarts": 1, "adaptdl/resize_s": 4.5})
+        assert time.perf_counter() - t0 < 5.0
+        assert not sched.flush_state(timeout=0.05)
+    finally:
+        release.set()
+        state_module.write_atomic = real
+    assert sched.flush_state(timeout=10)
+    assert SchedulerState.load(str(tmp_path)).trials["a"].restarts == 1
+
+
+def test_a_hook_stops_waiting_for_solves_once_they_are_slower_than_the_wait(clock):
+    """A hook waits up to solve_wait_s for the solve it starts only while the previous
+    solve took no longer; a slow policy's next solve is not waited for at all."""
+    import threading
+    import time
+
+    gate = threading.Event()
+
+    class SlowPolicy(CountingPolicy):
+        def allocate(self, *args, **kwargs):
+            if self.calls == 0:
+                time.sleep(0.8)  # slower than solve_wait_s
+            else:
+                gate.wait(10)
+            return super().allocate(*args, **kwargs)
+
+    policy = SlowPolicy()
+    sched = AdaptDLScheduler(nodes_fn=cluster(4), allocation_interval_s=3600, policy=policy,
+                             solve_wait_s=0.5)
+    tc = StubController(cpus=4)
+    tc.add(sched, StubTrial("a"))
+    sched.choose_trial_to_run(tc)  # starts the first solve, waits 0.5 s, answers
+    deadline = time.monotonic() + 10
+    while sched.state.num_allocations == 0 and time.monotonic() < deadline:
+        sched._last_check = float("-inf")
+        sched.choose_trial_to_run(tc)
+        time.sleep(0.01)
+    assert sched.state.num_allocations == 1
+    tc.add(sched, StubTrial("b"))
+    clock[0] += 2  # past the gap between event-driven solves
+    sched._last_check = float("-inf")
+    t0 = time.perf_counter()
+    sched.choose_trial_to_run(tc)  # starts the second (blocked) solve
+    elapsed = time.perf_counter() - t0
+    gate.set()
+    deadline = time.monotonic() + 10
+    while sched.state.num_allocations == 1 and time.monotonic() < deadline:
+        sched._last_check = float("-inf")
+        sched.choose_trial_to_run(tc)
+        time.sleep(0.01)
+    assert sched.state.num_allocations == 2 and policy.calls == 2
+    assert elapsed < 0.4  # it did not wait the 0.5 s for the blocked solve
+
+
+GOOD_4 = {"init_batch_size": 64, "max_batch_size": 2048,
+          "perf_params": [0.02, 0.002, 0.01, 0.0001, 0.005, 0.00005, 1.5],
+          "grad_params": [1.0, 200.0], "local_bsz_bounds": [16, 512],
+          "max_profiled_replicas": 4, "max_profiled_nodes": 1}
+
+
+@pytest.mark.parametrize("share, configs, shared", [
+    (True, [{}, {}], True),
+    (False, [{}, {}], False),
+    ("model/size", [{"model": {"size": 1}}, {"model": {"size": 1}}], True),
+    ("model/size", [{"model": {"size": 1}}, {"model": {"size": 2}}], False),
+    (lambda config: config.get("width"), [{"width": 8}, {"width": 8}], True),
+    (lambda config: config.get("width"), [{"width": 8}, {"width": 16}], False),
+])
+def test_trials_share_a_throughput_profile_as_share_profiles_says(share, configs, shared):
+    """By default a new trial is modelled with the best-profiled earlier trial's profile;
+    share_profiles turns that off or keys it by a config entry."""
+    hints = Hints()
+    sched = AdaptDLScheduler(solve_wait_s=None, nodes_fn=cluster(8), hints_fn=hints,
+                             share_profiles=share)
+    tc = StubController()
+    a, b = StubTrial("a"), StubTrial("b")
+    a.config, b.config = configs
+    tc.add(sched, a)
+    tc.start_pending(sched)
+    hints.hints["a"] = GOOD_4
+    sched.core.update("a", hints=GOOD_4)
+    tc.add(sched, b)
+    seen = sched.core.hints_for("b")
+    assert (seen is not None and seen["max_profiled_replicas"] == 4) == shared
+
+
+def test_share_profiles_is_checked():
+    with pytest.raises(TypeError, match="share_profiles"):
+        AdaptDLScheduler(share_profiles=3)
+    with pytest.raises(ValueError, match="share_profiles"):
+        AdaptDLScheduler(share_profiles="/")

@@ -118,11 +118,15 @@ def test_cli_writes_the_json(tmp_path, capsys):
     assert main(["sweep", "--arms", "x"]) == 2
 
 
-def test_inherited_profile_lets_a_new_trial_start_wide(sweep):
-    # Without it every adaptive trial starts on one GPU (the exploration cap of a job
-    # never profiled); with it a later trial starts from an earlier trial's profile.
-    assert {t["timeline"][0][1] for t in sweep["arms"]["b"]["trials"]} == {1}
-    r = simulate_arm("b", trials=2, concurrent=1, epochs=6, inherit_profile=True)
+def test_shared_profiles_let_a_new_trial_start_wide():
+    # Without sharing every adaptive trial starts on one GPU (the exploration cap of a job
+    # never profiled); with the core's profile group (the default) a later trial starts
+    # from an earlier trial's profile.
+    kw = dict(trials=2, concurrent=1, epochs=6)
+    alone = simulate_arm("b", share_profiles=False, **kw)
+    assert [t["timeline"][0][1] for t in alone["trials"]] == [1, 1]
+    r = simulate_arm("b", **kw)
     first, second = r["trials"]
     assert first["timeline"][0][1] == 1 and second["timeline"][0][1] > 1
-    assert r["settings"]["inherit_profile"] is True
+    assert second["restarts"] < alone["trials"][1]["restarts"]
+    assert r["settings"]["share_profiles"] is True
