@@ -11,7 +11,9 @@ Two paths, same inputs (each job's :meth:`SimJob.hints`: its refitted ``PerfPara
 * :class:`DirectPollux` (``use_core=False``): the same policy called directly every round,
   its allocation applied as is (the paper's Pollux, without the core's resize rules).
 
-Both are plain objects with the simulator's ``decide(now, jobs, allocations, nodes)``.
+Both weigh jobs as Pollux does: each job's speedup relative to its speedup at its fair share
+of the cluster (``PolluxPolicy(fair_share=True)``). Both are plain objects with the
+simulator's ``decide(now, jobs, allocations, nodes)``.
 """
 
 from __future__ import annotations
@@ -77,7 +79,8 @@ class CorePollux:
 
     def __init__(self, p: float = -1.0, interval: float = 60.0, resize_rule=None) -> None:
         self._now = 0.0
-        self.core = DecisionCore(policy=PolluxPolicy(p=p), clock=lambda: self._now,
+        self.core = DecisionCore(policy=PolluxPolicy(p=p, fair_share=True),
+                                 clock=lambda: self._now,
                                  interval_s=interval, resize_rule=resize_rule)
         self._known: set = set()
         self._nodes: Optional[Dict[int, int]] = None
@@ -145,7 +148,7 @@ class DirectPollux:
     path = "direct"
 
     def __init__(self, p: float = -1.0) -> None:
-        self.policy = PolluxPolicy(p=p)
+        self.policy = PolluxPolicy(p=p, fair_share=True)
         self._created: Dict[str, float] = {}
         self._speedups: Dict[str, tuple] = {}
 
