@@ -51,10 +51,10 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from .baselines import pack
-from .job_model import TRACES_DIR, Application, SimJob
+from .job_model import TRACES_DIR, Application, SimJob, fixed_batch_config
 
 __all__ = ["ARMS", "AshaRule", "QualityModel", "TrialRecord", "simulate_arm", "run_sweep",
-           "add_sweep_parser", "run_sweep_cli"]
+           "makespan_bounds", "add_sweep_parser", "run_sweep_cli"]
 
 logger = logging.getLogger(__name__)
 
@@ -476,6 +476,114 @@ def simulate_arm(arm: str, *, trials: int = 100, concurrent: int = 4, nodes: int
                 "wall %.1f s", arm, ARM_NAMES[arm], result["makespan"], result["completed"],
                 result["stopped_early"], result["gpu_hours"], result["wall_s"])
     return result
+
+
+def _packed(gpus: int, gpus_per_node: int) -> Tuple[int, ...]:
+    """``gpus`` replicas on the fewest nodes (full nodes first)."""
+    full, rest = divmod(gpus, gpus_per_node)
+    return tuple([gpus_per_node] * full + ([rest] if rest else []))
+
+
+def _epoch_seconds(app: Application, gpus: int, gpus_per_node: int,
+                   batch: Optional[int] = None) -> np.ndarray:
+    """Seconds each epoch of a trial takes on ``gpus`` GPUs packed on the fewest nodes:
+    at the total ``batch`` (the static arm's configuration), or, with ``batch=None``, at
+    the fastest configuration the model allows in that epoch (every micro-batch in the
+    model's bounds and every accumulation count, so no agent can choose a faster one)."""
+    placement = _packed(gpus, gpus_per_node)
+    work = np.array([app.epoch_progress(e + 1) - app.epoch_progress(e)
+                     for e in range(app.max_epochs)])
+    sizes = np.array(app.batch_sizes, dtype=float)
+    # The job model's gradient statistics are linear in the batch between validated runs.
+    stats = np.array([[app.grad_stats(float(b), e) for b in sizes]
+                      for e in range(app.max_epochs)])  # epoch x size x (sqr, var)
+    if batch is not None:
+        atomic, accum = fixed_batch_config(app, gpus, batch)
+        configs = [(atomic, accum)]
+    else:
+        configs = [(a, s) for a in range(app.min_local_bsz, app.max_local_bsz + 1)
+                   for s in range(0, app.max_batch_size // (gpus * a))
+                   if app.init_batch_size <= gpus * a * (s + 1) <= app.max_batch_size]
+    if not configs:
+        raise ValueError(f"no configuration of {app.name} fits {gpus} GPUs within its "
+                         f"batch limits")
+    atomic = np.array([c[0] for c in configs], dtype=float)
+    accum = np.array([c[1] for c in configs], dtype=float)
+    total = gpus * atomic * (accum + 1)
+    times = {}
+    for a in np.unique(atomic):
+        times[a] = app.step_time(placement, float(a))
+    step = np.array([times[a][0] for a in atomic])
+    sync = np.array([times[a][1] for a in atomic])
+    iteration = step + (step - sync) * accum
+    scale = total / app.init_batch_size
+    out = np.empty(app.max_epochs)
+    for e in range(app.max_epochs):
+        sqr = np.interp(total, sizes, stats[e, :, 0])
+        var = np.interp(total, sizes, stats[e, :, 1])
+        rate = (var + sqr) / (var / scale + sqr) / iteration  # progress per second
+        out[e] = work[e] / rate.max()
+    return out
+
+
+def makespan_bounds(*, trials: int = 100, concurrent: int = 4, nodes: int = 4,
+                    gpus_per_node: int = 4, epochs: Optional[int] = None,
+                    restart_s: float = 30.0, gpus_per_trial: int = 4,
+                    static_batch: int = 2048,
+                    traces: Optional[Union[str, Path]] = None) -> dict:
+    """What the sweep's makespan can be at best in this job model, against the static
+    arm's: the yardstick for the adaptive arms (same arguments as :func:`simulate_arm`).
+
+    * ``static``: trials back to back in ``trials / concurrent`` waves, each epoch at
+      ``gpus_per_trial`` GPUs and ``static_batch``, plus one start (``restart_s``) per
+      wave: arm ``a`` without its ticks.
+    * ``fair_share``: the same waves, each epoch at ``gpus_per_trial`` GPUs and its
+      fastest configuration: what adaptive batch sizes alone give, with the GPUs split
+      evenly (identical trials admitted together, as here, stay in lockstep, and a
+      policy that treats equal trials equally splits them so).
+    * ``lower_bound``: no schedule of the sweep, whatever GPUs it gives each trial in
+      each epoch (any count up to the cluster, fastest configuration, free resizes,
+      perfect foresight), finishes earlier: the makespan ``M`` must cover the GPU-time
+      (``sum g_e T_e(g_e) <= G M``) and the slots (``sum T_e(g_e) <= C M``) of every
+      trial's epochs; for every weight ``w`` in [0, 1], ``M >= sum_e min_g T_e(g)
+      (w g / G + (1 - w) / C)`` per trial, maximised over ``w`` (the Lagrangian dual of
+      that relaxation), plus one start per wave.
+
+    Returns:
+        ``{"static", "fair_share", "lower_bound"}`` in simulated seconds, their ratios to
+        ``static`` (``fair_share_ratio``, ``lower_bound_ratio``), ``gpus_by_epoch`` (the
+        GPUs per epoch at the bound's weight) and ``weight``.
+
+    Raises:
+        ValueError: a bad argument (named).
+    """
+    trials = _check_int("trials", trials, 1)
+    concurrent = _check_int("concurrent", concurrent, 1)
+    gpus = _check_int("nodes", nodes, 1) * _check_int("gpus_per_node", gpus_per_node, 1)
+    gpus_per_trial = _check_int("gpus_per_trial", gpus_per_trial, 1)
+    if gpus_per_trial > gpus:
+        raise ValueError(f"gpus_per_trial ({gpus_per_trial}) exceeds the cluster's {gpus} "
+                         "GPUs: lower it or add nodes")
+    base_dir = Path(traces) if traces is not None else TRACES_DIR
+    app = Application(base_dir / APPLICATION, max_epochs=epochs)
+    waves = trials / concurrent
+    starts = math.ceil(waves) * float(restart_s)
+    static = waves * float(_epoch_seconds(app, gpus_per_trial, gpus_per_node,
+                                          static_batch).sum()) + starts
+    per_gpus = np.stack([_epoch_seconds(app, g, gpus_per_node) for g in range(1, gpus + 1)],
+                        axis=1)  # epoch x GPUs
+    fair = waves * float(per_gpus[:, gpus_per_trial - 1].sum()) + starts
+    counts = np.arange(1, gpus + 1, dtype=float)
+    best = (-math.inf, 0.0, None)
+    for w in np.linspace(0.0, 1.0, 401):
+        cost = per_gpus * (w * counts / gpus + (1.0 - w) / concurrent)
+        value = trials * float(cost.min(axis=1).sum())
+        if value > best[0]:
+            best = (value, float(w), cost.argmin(axis=1) + 1)
+    bound = best[0] + starts
+    return {"static": static, "fair_share": fair, "lower_bound": bound,
+            "fair_share_ratio": fair / static, "lower_bound_ratio": bound / static,
+            "weight": best[1], "gpus_by_epoch": [int(g) for g in best[2]]}
 
 
 def run_sweep(*, arms: Sequence[str] = ARMS, trials: int = 100, concurrent: int = 4,

@@ -111,9 +111,10 @@ def test_bad_arguments_are_named():
 def test_cli_writes_the_json(tmp_path, capsys):
     out = tmp_path / "sweep.json"
     assert main(["sweep", "--trials", "3", "--epochs", "2", "--arms", "a,b",
-                 "--out", str(out)]) == 0
+                 "--no-share-profiles", "--out", str(out)]) == 0
     result = json.loads(out.read_text())
     assert set(result["arms"]) == {"a", "b"} and result["arms"]["b"]["completed"] == 3
+    assert result["arms"]["b"]["settings"]["share_profiles"] is False
     assert "makespan (b)/(a)" in capsys.readouterr().out
     assert main(["sweep", "--arms", "x"]) == 2
 
@@ -130,3 +131,19 @@ def test_shared_profiles_let_a_new_trial_start_wide():
     assert first["timeline"][0][1] == 1 and second["timeline"][0][1] > 1
     assert second["restarts"] < alone["trials"][1]["restarts"]
     assert r["settings"]["share_profiles"] is True
+
+
+def test_makespan_bounds_bound_the_simulated_arms(sweep):
+    from adaptdl_core.sim.sweep import makespan_bounds
+
+    bounds = makespan_bounds(trials=TRIALS, epochs=EPOCHS)
+    a, b = sweep["arms"]["a"], sweep["arms"]["b"]
+    assert bounds["lower_bound"] <= bounds["fair_share"] < bounds["static"]
+    # The static estimate is arm (a) without its 5-s ticks.
+    assert bounds["static"] == pytest.approx(a["makespan"], rel=0.03)
+    assert bounds["lower_bound"] <= b["makespan"]
+    assert bounds["lower_bound_ratio"] == pytest.approx(
+        bounds["lower_bound"] / bounds["static"])
+    assert len(bounds["gpus_by_epoch"]) == EPOCHS
+    with pytest.raises(ValueError, match="gpus_per_trial"):
+        makespan_bounds(gpus_per_trial=17)
