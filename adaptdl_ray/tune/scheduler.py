@@ -9,8 +9,9 @@ needs (pause announcements, interrupts, result files, the base scheduler):
 * **Shared profiles**: by default the trials of one scheduler form one profile group
   (they train the same model with different hyper-parameters): a new trial is modelled
   with the throughput profile of the most widely profiled trial so far until its own
-  covers as many replicas, so it starts growing from what that profile supports instead
-  of exploring 1 -> 2 -> 4 replicas with a restart each (``share_profiles``).
+  covers as many replicas: Tune starts it at ``min_replicas`` as any trial, and its first
+  resize goes straight to the size that profile supports instead of exploring
+  1 -> 2 -> 4 replicas with a restart each (``share_profiles``).
 * **Admission** is Tune's own: a new trial is PENDING at ``min_replicas`` and starts when
   its resources are free, exactly as under FIFO, so Tune's pending-trial limit and the
   searcher's concurrency keep working.

@@ -621,3 +621,29 @@ def test_share_profiles_is_checked():
         AdaptDLScheduler(share_profiles=3)
     with pytest.raises(ValueError, match="share_profiles"):
         AdaptDLScheduler(share_profiles="/")
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_a_new_trial_grows_in_one_resize_to_what_the_shared_profile_supports(clock, share):
+    """Tune starts every trial at min_replicas; with shared profiles the first resize of a
+    new trial goes straight to the size the earlier trial's profile supports (one restart
+    instead of a 1 -> 2 -> 4 ramp); alone it waits for a profile of its own."""
+    hints = Hints()
+    sched = AdaptDLScheduler(solve_wait_s=None, nodes_fn=cluster(8), allocation_interval_s=30,
+                             hints_fn=hints, share_profiles=share)
+    tc, a = start_trial(sched, "a")
+    hints.hints["a"] = GOOD_4
+    clock[0] += 31
+    sched.on_trial_result(tc, a, {})  # the solve reads a's profile
+    a.status = Trial.TERMINATED
+    sched.on_trial_complete(tc, a, {})
+    b = tc.add(sched, StubTrial("b"))
+    tc.start_pending(sched)
+    assert b.status == Trial.RUNNING and b.replicas == 1
+    clock[0] += 2  # past the gap between event-driven solves
+    action = sched.on_trial_result(tc, b, {})
+    target = sched.state.trials["b"].target
+    if share:
+        assert action == TrialScheduler.PAUSE and target == 8
+    else:
+        assert action == TrialScheduler.CONTINUE and target == 1
