@@ -15,8 +15,9 @@ as ``tests/ray/test_scheduler_unit.py`` does) through a sweep on a simulated clo
 Every hook call is timed with the real clock (``time.perf_counter``); the scheduler's own
 clocks (``time.time``, ``time.monotonic`` in its module) follow the simulated one, so its
 interval (30 s) and throttles behave as in a run of that length. Simulated time runs as
-fast as the hooks answer, except while the policy is solving (in the scheduler's worker
-thread): then it runs no faster than real time (the script sleeps, untimed, for the
+fast as the hooks answer, except while a solve is under way (from the decision core's
+``begin_solve`` to the end of ``SolveRequest.run`` in the scheduler's worker thread): then
+it runs no faster than real time (the script sleeps, untimed, for the
 simulated gap between two events or until the solve ends), as a real sweep's results keep
 arriving at their own pace while a solve runs. Without this pacing (``--no-pace``) a whole
 run takes about as long as its solves, so that the solve thread is busy during nearly
@@ -47,6 +48,7 @@ import types
 from ray.tune.experiment import Trial
 
 import adaptdl_ray.tune.scheduler as scheduler_module
+from adaptdl_core.decision import DecisionCore, SolveRequest
 from adaptdl_core.policy import NodeInfo, PolluxPolicy
 from adaptdl_ray.tune import AdaptDLScheduler, AdaptDLTrainableCreator
 from adaptdl_ray.tune.resources import num_replicas_of
@@ -120,19 +122,15 @@ class CountingPolicy(PolluxPolicy):
         super().__init__()
         self.calls = 0
         self.seconds = 0.0
-        self.idle = threading.Event()  # set while no solve runs
-        self.idle.set()
 
     def allocate(self, *args, **kwargs):
         """Solve, counted."""
-        self.idle.clear()
         t0 = time.perf_counter()
         try:
             return super().allocate(*args, **kwargs)
         finally:
             self.calls += 1
             self.seconds += time.perf_counter() - t0
-            self.idle.set()
 
 
 def hints_for(rng: random.Random, replicas_seen: int) -> dict:
@@ -199,11 +197,29 @@ def run(num_trials: int, seed: int, pace: bool = True) -> dict:
         lat[name].append(time.perf_counter() - t0)
         return out
 
+    # A solve is under way from begin_solve (in a hook) to the end of its run (in the
+    # scheduler's worker thread, or in the hook when it waits).
+    idle = threading.Event()
+    idle.set()
+    original_begin, original_run = DecisionCore.begin_solve, SolveRequest.run
+
+    def begin_solve(self):
+        idle.clear()
+        return original_begin(self)
+
+    def run_solve(self):
+        try:
+            return original_run(self)
+        finally:
+            idle.set()
+
+    DecisionCore.begin_solve, SolveRequest.run = begin_solve, run_solve
+
     def advance(to: float) -> None:
-        """Move the simulated clock to ``to`` (paced while the policy solves)."""
+        """Move the simulated clock to ``to`` (paced while a solve is under way)."""
         gap = to - clock.now
         if pace and gap > 0:
-            policy.idle.wait(gap)
+            idle.wait(gap)
         clock.now = max(clock.now, to)
 
     length = {}
@@ -287,6 +303,7 @@ def run(num_trials: int, seed: int, pace: bool = True) -> dict:
         if hasattr(sched, "flush_state"):
             sched.flush_state()
         setattr(owner, attr, original_write)
+        DecisionCore.begin_solve, SolveRequest.run = original_begin, original_run
         resizes = sum(r.resizes for r in sched.state.trials.values())
         return {"trials": num_trials, "finished": finished, "sim_s": clock.now - 1_000_000.0,
                 "latency": lat, "solves": policy.calls, "solve_s": policy.seconds,
