@@ -33,6 +33,7 @@ import math
 import logging
 import pickle
 import socket
+import sys
 import threading
 import time
 from datetime import timedelta
@@ -396,7 +397,7 @@ def initialize(master_addr: str | None = None, master_port: int | None = None,
                 group.close(wait=False)
                 raise
         ctx.group = group
-    atexit.register(teardown)
+    atexit.register(_teardown_at_exit)
     LOG.debug("collective initialized: rank %d of %d, store %s:%d", rank, size, addr, group.port)
 
 
@@ -408,7 +409,7 @@ def teardown(wait: bool = True) -> None:
     (replica 0 returns from one only after every replica read it), but the torch process
     group's own connection to the store may still be in use on the others. Replicas that
     a collective already found gone are not waited for. Runs automatically at
-    interpreter exit.
+    interpreter exit, then without the wait if an uncaught exception ends the process.
 
     Arguments:
         wait: False to leave at once (after a failed start, when the others are failing
@@ -419,6 +420,13 @@ def teardown(wait: bool = True) -> None:
         group, ctx.group = ctx.group, None
     if group is not None:
         group.close(wait)
+
+
+def _teardown_at_exit() -> None:
+    # An uncaught exception is ending this process (the interpreter keeps it in
+    # sys.last_value for the atexit handlers): the job has failed, the others fail with
+    # it, and replica 0 waiting for them to leave would only add a timeout to the exit.
+    teardown(wait=getattr(sys, "last_value", None) is None)
 
 
 def is_initialized() -> bool:

@@ -1,9 +1,10 @@
 """Joining a job with replicas missing: every replica that waits fails on one deadline,
 with a message naming the missing replicas in words (issue 20).
 
-Real processes (``tests/core/jobs/join_job.py``) of two 3-replica jobs run at once: one
-without replica 2, one without replica 0 (the master, which hosts the store). Each
-replica records when it began to join and what it raised; the test times its exit.
+Real processes (``tests/core/jobs/join_job.py``) of three jobs run at once: a 3-replica
+job without replica 2, one without replica 0 (the master, which hosts the store), and a
+2-replica job whose replica 1 dies right after joining. Each replica records when it
+began to join and what it raised; the test times its exit.
 """
 
 import json
@@ -21,6 +22,9 @@ TIMEOUT_S = 5.0
 # Replica 0 may keep its store up to 2 s for the others to read its verdict; the rest
 # is the interpreter's exit on a small shared machine.
 MARGIN_S = 5.0
+# The job whose replica dies after joining: a long timeout, so that an exit that waited
+# for it (for the dead replica to leave) would show.
+DIES_TIMEOUT_S = 20.0
 
 
 def test_ranks_in_words():
@@ -34,15 +38,17 @@ def jobs(tmp_path_factory):
     """Start both jobs' replicas; returns {job: {rank: report with "exited"}}."""
     root = tmp_path_factory.mktemp("rendezvous")
     started = {}
-    for job, ranks in {"no2": (0, 1), "no0": (1, 2)}.items():
+    for job, (ranks, size, then) in {"no2": ((0, 1), 3, "exit"), "no0": ((1, 2), 3, "exit"),
+                                      "dies": ((0, 1), 2, "die")}.items():
         out = root / job
         out.mkdir()
         port = launch.free_port()
         for rank in ranks:
-            env = launch.replica_env(rank, 3, port, extra_env={
-                "ADAPTDL_TIMEOUT": str(TIMEOUT_S), "OMP_NUM_THREADS": "1"})
+            env = launch.replica_env(rank, size, port, extra_env={
+                "ADAPTDL_TIMEOUT": str(DIES_TIMEOUT_S if then == "die" else TIMEOUT_S),
+                "OMP_NUM_THREADS": "1"})
             started[job, rank] = subprocess.Popen(
-                [sys.executable, str(JOB), "--out", str(out)], env=env,
+                [sys.executable, str(JOB), "--out", str(out), "--then", then], env=env,
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     outputs, exited = {}, {}
     pending = dict(started)
@@ -91,3 +97,12 @@ def test_an_unreachable_master_is_named(jobs):
                                        "127.0.0.1:"), r["message"]
         assert f"could not be reached by replica {rank} within {TIMEOUT_S:g} s" in r["message"]
         assert r["missing"] == [0]
+
+
+def test_a_replica_failing_with_an_error_does_not_wait_a_timeout_to_exit(jobs):
+    """Replica 1 dies after joining; replica 0's all_reduce fails at once, uncaught: its
+    process ends without waiting (up to the timeout) for replica 1 to leave."""
+    r = jobs["dies"][0]
+    assert r["type"] == "RuntimeError" and r["status"] == 1, r
+    assert r["raised"] - r["began"] < DIES_TIMEOUT_S / 2, r
+    assert r["exited"] - r["raised"] < MARGIN_S, r

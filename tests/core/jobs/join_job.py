@@ -11,10 +11,21 @@ import sys
 import time
 
 
+def write(out, rank, report):
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump(report, f)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
+    p.add_argument("--then", choices=["exit", "die"], default="exit",
+                   help="die: after joining, the last rank dies (os._exit(7)) and the others "
+                        "run an all_reduce, record its error and re-raise it uncaught")
     args = p.parse_args()
+    import torch
+    import torch.distributed as dist
+
     import adaptdl_core.torch as adl
     from adaptdl_core import env
 
@@ -28,9 +39,22 @@ def main():
                       missing=getattr(exc, "missing_ranks", None),
                       joined=getattr(exc, "joined_ranks", None))
     report["raised"] = time.time()
-    with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
-        json.dump(report, f)
-    return 0 if report["type"] is None else 1
+    if report["type"] is not None or args.then == "exit":
+        write(args.out, rank, report)
+        return 0 if report["type"] is None else 1
+    if rank == env.num_replicas() - 1:
+        write(args.out, rank, report)
+        os._exit(7)
+    try:
+        dist.all_reduce(torch.ones(1))
+        report["type"] = None
+    except Exception as exc:
+        report.update(type=type(exc).__name__, message=str(exc).splitlines()[0])
+        report["raised"] = time.time()
+        write(args.out, rank, report)
+        raise
+    write(args.out, rank, report)
+    return 0
 
 
 if __name__ == "__main__":
