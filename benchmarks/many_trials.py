@@ -8,8 +8,8 @@ replica on one CPU):
 * ``fifo``: a plain function trainable (torch only) under Tune's FIFO scheduler, with
   Tune's default ``reuse_actors`` (False).
 * ``adaptdl``: ``AdaptDLTrainableCreator`` (min = max = 1 replica) under
-  ``AdaptDLScheduler``, with ``reuse_actors=True`` (warm trial and replica actors serve
-  the next trial).
+  ``AdaptDLScheduler``, with ``reuse_actors=True`` (a warm trial actor serves the next
+  trial; the one replica runs inside the trial actor, so a trial has one process).
 * ``fifo-reuse``, ``adaptdl-noreuse`` (on request): the same with Tune's ``reuse_actors``
   flipped.
 
@@ -18,7 +18,8 @@ The arms run in the order given (``--arms``); the first one also pays Ray's warm
 For each arm: wall time, per-trial run time (Tune's ``on_trial_start`` to its end), the
 longest wait (a trial first seen pending to its start), how many trials started in a
 reused process, the placement groups left at the end, and where a trial's first seconds
-went (from timestamps the training function takes: its process's creation, the
+went (from timestamps the training function takes: its process's creation (for AdaptDL
+the trial actor's, whose start, ``import adaptdl_ray`` included, this phase then holds), the
 function's start, the process group joined, the first optimizer step, the first report;
 and for AdaptDL the trial actor's launch, from ``adaptdl/launch_s``).
 

@@ -189,7 +189,11 @@ class AdaptDLTrainable(tune.Trainable):
             raise self._error  # the replicas are gone: retry from the last checkpoint
         t0 = time.time()
         archive, pending = self._archive, list(self._queue)
-        if self._group is not None and self._group.started and self._pause_announced():
+        if self._group is not None and self._group.started and self._progress.finished:
+            # The function has ended (the usual save of a trial's final result): its
+            # final state is its newest checkpoint; nothing to stop or ask.
+            archive = self._group.checkpoint_archive() or archive
+        elif self._group is not None and self._group.started and self._pause_announced():
             outcomes = self._group.stop(self.adaptdl_stop_timeout_s)
             self._fetch(0.0)
             archive, pending = self._group.checkpoint_archive() or archive, list(self._queue)

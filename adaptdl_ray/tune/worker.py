@@ -178,6 +178,9 @@ class ReplicaWorker:
         outcome: dict[str, Any] = {"status": "finished", "traceback": None}
         try:
             fn(config, **fn_kwargs)
+            # No report can follow: say so now, so that the trial can tell its last report
+            # is the final one without waiting for the final save below.
+            self._results.put(None)
             checkpoint.save_all_states()
         except CheckpointExit:
             outcome["status"] = "checkpointed"
@@ -189,7 +192,7 @@ class ReplicaWorker:
             with self._saves_lock:
                 for handle in self._saves:
                     handle.cancel()
-        self._results.put(None)  # wakes a reader blocked in next_results
+        self._results.put(None)  # the end (again, if it returned): wakes a blocked reader
         return outcome
 
     def _tag(self) -> int:
