@@ -7,16 +7,44 @@
     trainable = AdaptDLTrainableCreator(train_fn)      # train_fn(config) uses adaptdl_core.torch
     tune.run(trainable, config=space, scheduler=AdaptDLScheduler(), ...)
     model.load_state_dict(model_state_dict(result.checkpoint))   # the trained weights
+
+The public names are imported on first use (PEP 562): a trial actor or a replica process
+imports only the modules it runs, not the scheduler, its policy and their dependencies.
 """
 
-from adaptdl_ray.tune.checkpoint_files import model_state_dict
-from adaptdl_ray.tune.resources import ReplicaSpec
-from adaptdl_ray.tune.results import METRIC_PREFIX
-from adaptdl_ray.tune.scheduler import AdaptDLScheduler
-from adaptdl_ray.tune.scheduler_state import SchedulerState, TrialRecord
-from adaptdl_ray.tune.trainable import (AdaptDLTrainable, AdaptDLTrainableCreator,
-                                        WorkerFailed, is_adaptdl_trainable)
+import importlib
+from typing import Any
 
-__all__ = ["AdaptDLScheduler", "AdaptDLTrainableCreator", "AdaptDLTrainable",
-           "ReplicaSpec", "SchedulerState", "TrialRecord", "WorkerFailed",
-           "is_adaptdl_trainable", "model_state_dict", "METRIC_PREFIX"]
+# public name -> the module that defines it
+_EXPORTS = {
+    "AdaptDLScheduler": "adaptdl_ray.tune.scheduler",
+    "AdaptDLTrainableCreator": "adaptdl_ray.tune.trainable",
+    "AdaptDLTrainable": "adaptdl_ray.tune.trainable",
+    "WorkerFailed": "adaptdl_ray.tune.trainable",
+    "is_adaptdl_trainable": "adaptdl_ray.tune.trainable",
+    "ReplicaSpec": "adaptdl_ray.tune.resources",
+    "SchedulerState": "adaptdl_ray.tune.scheduler_state",
+    "TrialRecord": "adaptdl_ray.tune.scheduler_state",
+    "model_state_dict": "adaptdl_ray.tune.checkpoint_files",
+    "METRIC_PREFIX": "adaptdl_ray.tune.results",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    """Import public name ``name`` from its module on first access (then cache it here).
+
+    Raises:
+        AttributeError: ``name`` is not a public name of this package.
+    """
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'adaptdl_ray.tune' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + __all__)
