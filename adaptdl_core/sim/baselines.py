@@ -24,9 +24,9 @@ run). Time comes in as an argument (the simulator's clock).
 from __future__ import annotations
 
 import math
-from typing import Dict, Hashable, List, Mapping, Sequence
+from typing import Dict, List, Mapping, Sequence
 
-from .job_model import SimJob, fixed_batch_config
+from .job_model import SimJob
 
 __all__ = ["TiresiasPolicy", "OptimusPolicy", "pack", "packed_placement"]
 

@@ -24,7 +24,6 @@ import contextlib
 import csv
 import json
 import logging
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path

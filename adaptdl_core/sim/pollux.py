@@ -19,7 +19,7 @@ simulator's ``decide(now, jobs, allocations, nodes)``.
 from __future__ import annotations
 
 import logging
-from typing import Dict, Hashable, List, Mapping, Optional
+from typing import Dict, List, Mapping, Optional
 
 from ..decision import DecisionCore, JobProgress, JobSpec, NodeInfo, job_info
 from ..policy import PolluxPolicy

@@ -26,7 +26,6 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, Dict, Mapping
 
-import torch
 
 from adaptdl_core import goodput, validation
 # (The Adam helpers live next door; they are part of this module's API too.)

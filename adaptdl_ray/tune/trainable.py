@@ -44,7 +44,8 @@ from adaptdl_ray.tune import _ray_private, checkpoint_files, control
 from adaptdl_ray.tune.resources import ReplicaSpec, num_replicas_of, placement_group_factory
 from adaptdl_ray.tune.results import order_like, result_row
 from adaptdl_ray.tune.trial_progress import PendingReport, TrialProgress
-from adaptdl_ray.tune.worker_group import InProcessReplica, WorkerFailed, WorkerGroup
+from adaptdl_ray.tune.worker_group import (InProcessReplica, WorkerFailed, WorkerGroup,
+                                           first_line_of)
 
 LOG = logging.getLogger(__name__)
 
@@ -158,7 +159,7 @@ class AdaptDLTrainable(tune.Trainable):
                         outcomes = self._group.finished(_POLL_S)
                 except (WorkerFailed, ray.exceptions.RayActorError) as exc:
                     self._error = exc if isinstance(exc, WorkerFailed) else WorkerFailed(
-                        f"replica 0 died: {exc}")
+                        f"{self._group.describe(0)} died: {first_line_of(exc)}")
                     self._fetch_quietly()
             if self._error is not None:
                 if self._queue:

@@ -25,7 +25,7 @@ from adaptdl_ray.tune.worker import ReplicaWorker
 
 LOG = logging.getLogger(__name__)
 
-__all__ = ["WorkerGroup", "InProcessReplica", "WorkerFailed"]
+__all__ = ["WorkerGroup", "InProcessReplica", "WorkerFailed", "first_line_of"]
 
 # Threads per worker actor: the training function, result polling, checkpoint requests.
 _ACTOR_CONCURRENCY = 4
@@ -55,6 +55,13 @@ def _job_env(rank: int, num_replicas: int, master_addr: str, master_port: int, n
         extra["ADAPTDL_TIMEOUT"] = str(timeout_s)
     return replica_env(rank, num_replicas, master_port, master_addr=master_addr,
                        num_restarts=num_restarts, extra_env=extra, base_env={})
+
+
+def first_line_of(exc: BaseException) -> str:
+    """An exception's first line, or its type's name if it has no text (Ray's actor errors
+    run to a dozen lines of ids; the first says what happened)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 class WorkerGroup:
@@ -123,6 +130,10 @@ class WorkerGroup:
         return _job_env(rank, self.num_replicas, self.master_addr, self.master_port,
                         self.num_nodes, num_restarts=num_restarts, job_id=job_id,
                         timeout_s=timeout_s)
+
+    def describe(self, rank: int) -> str:
+        """Replica ``rank`` in words for an error message: ``replica R of N on node IP``."""
+        return f"replica {rank} of {self.num_replicas} on node {self.node_ips[rank]}"
 
     def world_of(self, rank: int) -> dict[str, int]:
         """Replica ``rank``'s place in the job, as Ray Train reports it to its workers:
@@ -228,7 +239,7 @@ class WorkerGroup:
                                                           _looks_secondary(rf[1][1]), rf[0]))
         others = [r for r, _ in failures if r != rank]
         also = f" (replicas {others} failed after it)" if others else ""
-        where = f"replica {rank} of {self.num_replicas} on node {self.node_ips[rank]}"
+        where = self.describe(rank)
         if died:
             raise WorkerFailed(f"{where} died{also}: {text}")
         raise WorkerFailed(f"{where} failed{also}:\n{text}")
@@ -241,7 +252,7 @@ class WorkerGroup:
         try:
             outcome = ray.get(ref)
         except ray.exceptions.RayActorError as exc:
-            return True, str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            return True, first_line_of(exc)
         if outcome["status"] == "error":
             return False, outcome["traceback"]
         return None
@@ -421,9 +432,13 @@ class InProcessReplica:
         """As :meth:`WorkerGroup.next_results`."""
         return self._worker.next_results(timeout_s)
 
+    def describe(self, rank: int = 0) -> str:
+        """The replica in words for an error message (as :meth:`WorkerGroup.describe`)."""
+        return f"replica {rank} of 1 on node {self.node_ip} (in the trial actor)"
+
     def _outcome(self) -> dict:
         """The finished function's outcome, raising :class:`WorkerFailed` if it failed."""
-        where = f"replica 0 of 1 on node {self.node_ip} (in the trial actor)"
+        where = self.describe(0)
         try:
             outcome = self._run.result(timeout=0)
         except Exception as exc:  # noqa: BLE001 - the worker itself broke (e.g. unpacking)

@@ -152,15 +152,19 @@ def test_failures_retry_from_the_latest_state_and_keep_every_report(tmp_path):
                                            "failed-once"))
 
 
-def test_a_failure_without_retries_names_the_replica_that_failed(tmp_path):
+@pytest.mark.parametrize("dead_rank", [1, 0])
+def test_a_failure_without_retries_names_the_replica_that_failed(tmp_path, dead_rank):
+    """The trial's error blames the replica whose process died (rank 1: not the survivor's
+    connection error; rank 0: not Ray's bare ActorDiedError)."""
     trainable = AdaptDLTrainableCreator(contract_job, min_replicas=2, max_replicas=2)
     grid = tune.Tuner(
         trainable, param_space={**BASE, "case": cases(tmp_path, dies={
-            "exit_at": [0, 2], "after_checkpoint": False})},
+            "exit_at": [0, 2], "after_checkpoint": False, "exit_rank": dead_rank})},
         tune_config=tune.TuneConfig(scheduler=AdaptDLScheduler()),
         run_config=tune.RunConfig(storage_path=str(tmp_path / "results"), verbose=0)).fit()
     assert grid.num_errors == 1
-    assert "replica 1 of 2" in str(grid.errors[0]) and "died" in str(grid.errors[0])
+    error = str(grid.errors[0])
+    assert f"replica {dead_rank} of 2" in error and "died" in error, error
 
 
 def run_driver(*args, timeout=240):

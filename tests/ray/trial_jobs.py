@@ -89,8 +89,8 @@ def contract_job(config: dict) -> None:
     ``user_checkpoint`` (report ``model.pt`` with every epoch's report), ``fail_at``
     (``[epoch, batch]``: rank 0 raises there, or at the first batch after it once the job
     has a checkpoint, once; the markers live in ``record_dir``; ``after_checkpoint:
-    False`` drops the wait for a checkpoint) and ``exit_at`` (the same, but the last
-    rank's process dies with ``os._exit(1)``).
+    False`` drops the wait for a checkpoint) and ``exit_at`` (the same, but the process of
+    rank ``exit_rank``, by default the last, dies with ``os._exit(1)``).
     Keys under ``config["case"]`` override the others (one grid-search value per trial).
     Every epoch reports ``epoch``, ``loss``, ``neg_loss``, ``weights`` (the model's
     parameters as floats) and ``report_key``; the start event records what
@@ -125,7 +125,7 @@ def contract_job(config: dict) -> None:
                     open(marker, "w").close()
                     raise RuntimeError(f"planned failure at epoch {epoch} batch {step}")
                 if config.get("exit_at") and [epoch, step] >= config["exit_at"] and \
-                        rank == replicas - 1:
+                        rank == config.get("exit_rank", replicas - 1):
                     open(marker, "w").close()
                     os._exit(1)
             loss = _train_batch(model, opt, x, y, config)
