@@ -33,7 +33,6 @@ import math
 from typing import NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
-import scipy.optimize
 
 __all__ = ["PerfParams", "GradParams", "GoodputFunction", "fit_perf_params",
            "check_perf_params", "efficiency"]
@@ -580,6 +579,11 @@ def fit_perf_params(num_nodes: ArrayLike, num_replicas: ArrayLike, atomic_bsz: A
         for gamma0 in ((1.0, 2.0, 5.0) if free[_GAMMA] else (1.0,)):
             starts.append(x0.copy())
             starts[-1][_GAMMA] = gamma0
+    # Imported here, not at the top: a replica imports this module before its first step but
+    # fits only after it has measured a few steps, and scipy.optimize takes a good fraction
+    # of a second to import (see benchmarks/resize_cost.py for what a restart costs).
+    import scipy.optimize
+
     for start in starts:
         result = scipy.optimize.minimize(
             objective, start[free], jac=True, method="L-BFGS-B", bounds=bounds,
