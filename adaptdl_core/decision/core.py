@@ -133,7 +133,8 @@ class DecisionCore:
     Args:
         policy: the allocation policy, anything with
             ``allocate(jobs, nodes, base_allocations, now=...)`` returning an
-            :class:`~adaptdl_core.policy.AllocationResult`; default ``PolluxPolicy(p=-1)``.
+            :class:`~adaptdl_core.policy.AllocationResult`; default
+            ``PolluxPolicy(p=-1, fair_share=True)`` (Pollux's normalisation).
         clock: returns the current time in seconds (wall clock or a simulated one); every
             time the core records or compares comes from it.
         interval_s: seconds between periodic re-solves (finite, ``> 0``).
@@ -178,7 +179,7 @@ class DecisionCore:
                              f"{profile_group!r}")
         #: Profile group of jobs added without one of their own (``None``: no sharing).
         self.default_profile_group = profile_group
-        self.policy = policy if policy is not None else PolluxPolicy(-1.0)
+        self.policy = policy if policy is not None else PolluxPolicy(-1.0, fair_share=True)
         self.clock = clock
         self.interval_s = float(interval_s)
         self.resize_rule = resize_rule or resize_verdict

@@ -99,7 +99,9 @@ class AdaptDLScheduler(TrialScheduler):
         base_scheduler: decides when trials stop (a ``TrialScheduler`` instance such as
             ``ASHAScheduler()``); default FIFO.
         allocation_interval_s: seconds between periodic re-allocations (finite, ``> 0``).
-        p: power-mean exponent of the policy's objective (-1: fair, the default; 1: sum).
+        p: power-mean exponent of the policy's objective (-1: fair, the default; 1: sum),
+            over each trial's speedup relative to its speedup at its fair share of the
+            cluster (``PolluxPolicy(p, fair_share=True)``, as the simulator's Pollux).
         nodes_fn: returns the cluster as ``{node id: NodeInfo}``; default: the alive Ray
             nodes (tests pass a fixed cluster).
         policy: an allocation policy with ``allocate(jobs, nodes, base, now=...)`` such as
@@ -179,7 +181,7 @@ class AdaptDLScheduler(TrialScheduler):
                              "none")
         super().__init__()
         self._base = base_scheduler or FIFOScheduler()
-        self._core = DecisionCore(policy or PolluxPolicy(p), clock=_wall_clock,
+        self._core = DecisionCore(policy or PolluxPolicy(p, fair_share=True), clock=_wall_clock,
                                   interval_s=float(allocation_interval_s),
                                   resize_rule=resize_rule or resize_verdict,
                                   min_event_gap_s=_MIN_EVENT_GAP_S)
