@@ -9,26 +9,13 @@ ray = pytest.importorskip("ray")
 from ray import tune  # noqa: E402
 
 from adaptdl_ray.tune import AdaptDLTrainableCreator  # noqa: E402
-from tests.ray.trial_jobs import seeded_job  # noqa: E402
-
-
-BASE = {"epochs": 2, "size": 64, "batch_size": 8}
-CASES = [{"seed": 1, "hidden": 3}, {"seed": 2, "hidden": 5}]
-
-
-class _Results(tune.Callback):
-    """Every result as the driver received it, by the trial's seed."""
-
-    def __init__(self):
-        self.by_seed = {}
-
-    def on_trial_result(self, iteration, trials, trial, result, **info):
-        self.by_seed.setdefault(trial.config["case"]["seed"], []).append(dict(result))
+from tests.ray.trial_jobs import (SEEDED_BASE as BASE, SEEDED_CASES as CASES,  # noqa: E402
+                                  ResultsBySeed, seeded_job)
 
 
 def _run(tmp_path, name, reuse):
     """Both cases one after the other (one trial at a time); ``{seed: [results]}``."""
-    results = _Results()
+    results = ResultsBySeed()
     trainable = AdaptDLTrainableCreator(seeded_job, min_replicas=2, max_replicas=2)
     tuner = tune.Tuner(
         trainable,

@@ -83,6 +83,21 @@ def counting_job(config: dict) -> None:
     log.write(json.dumps({"event": "finished"}) + "\n")
 
 
+# Two small seeded jobs that differ in seed and model size (for :func:`seeded_job`).
+SEEDED_BASE = {"epochs": 2, "size": 64, "batch_size": 8}
+SEEDED_CASES = [{"seed": 1, "hidden": 3}, {"seed": 2, "hidden": 5}]
+
+
+class ResultsBySeed(tune.Callback):
+    """Every result as the driver received it, by the trial's ``config["case"]["seed"]``."""
+
+    def __init__(self):
+        self.by_seed = {}
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        self.by_seed.setdefault(trial.config["case"]["seed"], []).append(dict(result))
+
+
 def contract_job(config: dict) -> None:
     """A job that exercises the Tune contracts; config as for :func:`counting_job`, plus:
 
