@@ -3,8 +3,10 @@
 Bundle ``i`` of the trial's placement group holds replica ``i`` (the trial actor itself
 sits in Tune's empty head bundle, which the real placement group does not contain).
 Ranks are ordered by node so that replicas sharing a node get consecutive ranks; rank 0
-hosts the job's rendezvous store on a free port of its node. Removing the placement group (Tune does that when the trial pauses or ends) kills
-the actors; :meth:`WorkerGroup.shutdown` kills them sooner.
+hosts the job's rendezvous store on a free port of its node. Removing the placement group
+(Tune does that when the trial pauses or ends) kills the actors; :meth:`WorkerGroup.shutdown`
+kills them sooner. :class:`InProcessReplica` runs the one replica of a single-replica CPU
+trial inside the trial actor instead.
 """
 
 from __future__ import annotations
@@ -380,6 +382,20 @@ class InProcessReplica:
             active = cls._active
         return active is not None and active.running
 
+    @classmethod
+    def _claim_process(cls, replica: "InProcessReplica") -> None:
+        """Make ``replica`` the one whose function runs in this process.
+
+        Raises:
+            RuntimeError: if another in-process job still runs here.
+        """
+        with cls._active_lock:
+            active = cls._active
+            if active is not None and active is not replica and active.running:
+                raise RuntimeError("another AdaptDL job still runs in this process; start "
+                                   "this one in a replica process (WorkerGroup)")
+            cls._active = replica
+
     @property
     def running(self) -> bool:
         """True while the training function runs."""
@@ -399,12 +415,7 @@ class InProcessReplica:
         Raises:
             RuntimeError: if another in-process job still runs here (see :meth:`busy`).
         """
-        with InProcessReplica._active_lock:
-            active = InProcessReplica._active
-            if active is not None and active is not self and active.running:
-                raise RuntimeError("another AdaptDL job still runs in this process; start "
-                                   "this one in a replica process (WorkerGroup)")
-            InProcessReplica._active = self
+        self._claim_process(self)
         if isinstance(fn_kwargs, ray.ObjectRef):
             fn_kwargs = ray.get(fn_kwargs)
         # A replica process gets its own copy of the config (and kwargs); so does this one,
