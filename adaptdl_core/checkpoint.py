@@ -209,15 +209,22 @@ def _read_manifest(ckpt: str) -> dict:
     return manifest
 
 
-def _check_bytes(path: str, data: bytes, entry: dict | None) -> None:
-    if entry is None:
-        return
-    if len(data) != entry["size"]:
-        raise CheckpointError(f"{path} holds {len(data)} bytes but the manifest says "
+def _check_size(path: str, size: int, entry: dict) -> None:
+    if size != entry["size"]:
+        raise CheckpointError(f"{path} holds {size} bytes but the manifest says "
                               f"{entry['size']}: the file is truncated or damaged")
-    if zlib.crc32(data) != entry["crc32"]:
+
+
+def _check_crc(path: str, crc: int, entry: dict) -> None:
+    if crc != entry["crc32"]:
         raise CheckpointError(f"{path} does not match the CRC-32 in the manifest: its "
                               "content is damaged")
+
+
+def _check_bytes(path: str, data: bytes, entry: dict | None) -> None:
+    if entry is not None:
+        _check_size(path, len(data), entry)
+        _check_crc(path, zlib.crc32(data), entry)
 
 
 def verify_checkpoint(ckpt: str) -> dict:
@@ -248,18 +255,16 @@ def verify_checkpoint(ckpt: str) -> dict:
         try:
             size = os.stat(path).st_size
             entry = None if files is None else files[name]
-            if entry is not None and size != entry["size"]:
-                raise CheckpointError(f"{path} holds {size} bytes but the manifest says "
-                                      f"{entry['size']}: the file is truncated or damaged")
+            if entry is not None:
+                _check_size(path, size, entry)
             if check is not None:
                 # (Small files: read once, then checksum and check those bytes.)
                 with open(path, "rb") as f:
                     data = f.read()
                 _check_bytes(path, data, entry)
                 _check_content(path, data, check)
-            elif entry is not None and _file_crc32(path) != entry["crc32"]:
-                raise CheckpointError(f"{path} does not match the CRC-32 in the manifest: "
-                                      "its content is damaged")
+            elif entry is not None:
+                _check_crc(path, _file_crc32(path), entry)
         except FileNotFoundError:
             if not os.path.isdir(ckpt):
                 raise  # removed meanwhile (replica 0 saved a newer one): not damage

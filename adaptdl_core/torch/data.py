@@ -16,12 +16,11 @@ replicas agree on stop and checkpoint requests and on the batch size
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import math
 import time
-from typing import IO, Any, Iterator
+from typing import Any, Iterator
 
 from torch.utils.data import DataLoader, IterableDataset
 
@@ -112,14 +111,11 @@ class _LoaderState(LoopState):
         self.batch_size = batch_size
         self.max_batch_size: int | None = None
 
-    def save(self, fileobj: IO[bytes]) -> None:
-        """Write the position and its limits as JSON."""
-        buf = io.BytesIO()
-        super().save(buf)
-        saved = json.loads(buf.getvalue().decode("utf-8"))
-        saved["limits"] = {"dataset_len": self.dataset_len, "batch_size": self.batch_size,
-                           "max_batch_size": self.max_batch_size}
-        checkpoint.dump_json(saved, fileobj)
+    def to_dict(self) -> dict[str, Any]:
+        """The position (:meth:`LoopState.to_dict`) and its limits, as saved."""
+        return {**super().to_dict(),
+                "limits": {"dataset_len": self.dataset_len, "batch_size": self.batch_size,
+                           "max_batch_size": self.max_batch_size}}
 
     # (load: LoopState's; the limits are this run's, set by the loader, not the saved ones.)
 

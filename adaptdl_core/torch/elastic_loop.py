@@ -48,13 +48,16 @@ class LoopState(checkpoint.State):
         # began (an autoscaled loop then lasts one epoch's progress from there).
         self.loop_start_progress: float | None = None
 
+    def to_dict(self) -> dict[str, Any]:
+        """The position as the JSON-ready dict :meth:`save` writes (a subclass that saves
+        more extends it)."""
+        return {"current_index": self.current_index, "last_position": self.last_position,
+                "local_bsz": self.local_bsz, "accum_steps": self.accum_steps,
+                "loop_start_progress": self.loop_start_progress}
+
     def save(self, fileobj: IO[bytes]) -> None:
-        """Write the position as JSON."""
-        checkpoint.dump_json({"current_index": self.current_index,
-                              "last_position": self.last_position,
-                              "local_bsz": self.local_bsz,
-                              "accum_steps": self.accum_steps,
-                              "loop_start_progress": self.loop_start_progress}, fileobj)
+        """Write the position (:meth:`to_dict`) as JSON."""
+        checkpoint.dump_json(self.to_dict(), fileobj)
 
     def load(self, fileobj: IO[bytes]) -> None:
         """Read the position written by :meth:`save`."""

@@ -66,6 +66,14 @@ def first_line_of(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+def _stop_timeout(ranks: list[int], timeout_s: float) -> TimeoutError:
+    """The error for replicas ``ranks`` that took no stop within ``timeout_s`` seconds."""
+    return TimeoutError(
+        f"replicas {ranks} did not reach a batch boundary within {timeout_s:.0f} s of the "
+        "stop request; the training function must iterate an AdaptiveDataLoader (the stop "
+        "is taken at its batch boundaries)")
+
+
 class WorkerGroup:
     """Start ``num_replicas`` worker actors and find where they run.
 
@@ -272,11 +280,7 @@ class WorkerGroup:
         ray.get([a.request_stop.remote() for a in self.actors])
         _, pending = ray.wait(self._runs, num_returns=len(self._runs), timeout=timeout_s)
         if pending:
-            ranks = sorted(self._runs.index(ref) for ref in pending)
-            raise TimeoutError(
-                f"replicas {ranks} did not reach a batch boundary within {timeout_s:.0f} s of "
-                "the stop request; the training function must iterate an AdaptiveDataLoader "
-                "(the stop is taken at its batch boundaries)")
+            raise _stop_timeout(sorted(self._runs.index(ref) for ref in pending), timeout_s)
         for ref in self._runs:
             self._raise_if_failed(ref)
         return ray.get(self._runs)
@@ -470,10 +474,7 @@ class InProcessReplica:
         """As :meth:`WorkerGroup.stop`."""
         self._worker.request_stop()
         if self.finished(timeout_s) is None:
-            raise TimeoutError(
-                f"replica 0 did not reach a batch boundary within {timeout_s:.0f} s of the "
-                "stop request; the training function must iterate an AdaptiveDataLoader "
-                "(the stop is taken at its batch boundaries)")
+            raise _stop_timeout([0], timeout_s)
         return [self._outcome()]
 
     def save(self, timeout_s: float) -> dict[str, Any]:
