@@ -50,8 +50,8 @@ import numpy as np
 from adaptdl_core.policy import (DEFAULT_RESTART_COST_S, MIN_COST_MULTIPLES, NodeInfo,
                                  PolluxPolicy, ResizeVerdict, resize_verdict)
 
-from .jobs import (JobSpec, cluster_capacity, group_hints, job_info, pack_guess,
-                   profiled_extent, speedup_from_hints)
+from .jobs import (JobSpec, check_profile_group, cluster_capacity, group_hints, job_info,
+                   pack_guess, profiled_extent, speedup_from_hints)
 from .state import CoreState, JobRecord
 
 LOG = logging.getLogger(__name__)
@@ -173,10 +173,7 @@ class DecisionCore:
             raise ValueError(f"interval_s must be a finite number of seconds > 0, "
                              f"got {interval_s!r}")
         _check_number("min_event_gap_s", min_event_gap_s, minimum=0.0, allow_none=False)
-        if profile_group is not None and (not isinstance(profile_group, str)
-                                          or not profile_group):
-            raise ValueError(f"profile_group must be a non-empty string or None, got "
-                             f"{profile_group!r}")
+        check_profile_group(profile_group)
         #: Profile group of jobs added without one of their own (``None``: no sharing).
         self.default_profile_group = profile_group
         self.policy = policy if policy is not None else PolluxPolicy(-1.0, fair_share=True)

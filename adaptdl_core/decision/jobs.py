@@ -23,7 +23,7 @@ LOG = logging.getLogger(__name__)
 
 __all__ = ["JobSpec", "replicas_fitting", "cluster_capacity", "pack_guess",
            "speedup_from_hints", "exploration_cap", "job_info", "profiled_extent",
-           "group_hints"]
+           "group_hints", "check_profile_group"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,10 +75,7 @@ class JobSpec:
                 raise ValueError(f"min_replicas ({self.min_replicas}) must be <= max_replicas "
                                  f"({self.max_replicas}): lower min_replicas or raise "
                                  "max_replicas")
-        if self.profile_group is not None and (not isinstance(self.profile_group, str)
-                                               or not self.profile_group):
-            raise ValueError(f"profile_group must be a non-empty string or None, got "
-                             f"{self.profile_group!r}")
+        check_profile_group(self.profile_group)
 
     def clamp(self, n: int) -> int:
         """``n`` limited to ``[min_replicas, max_replicas]``."""
@@ -157,6 +154,15 @@ def _exploring(hints: SchedHints) -> GoodputFunction:
     p = hints.perf_params
     optimistic = PerfParams(p.alpha_c, p.beta_c, p.alpha_n, p.beta_n, 0.0, 0.0, p.gamma)
     return GoodputFunction(optimistic, hints.grad_params, hints.init_batch_size)
+
+
+def check_profile_group(group: Any) -> None:
+    """Check a profile group name (see :class:`JobSpec`).
+
+    Raises:
+        ValueError: ``group`` is neither ``None`` nor a non-empty string."""
+    if group is not None and (not isinstance(group, str) or not group):
+        raise ValueError(f"profile_group must be a non-empty string or None, got {group!r}")
 
 
 def profiled_extent(hints: Mapping[str, Any] | None) -> int:
