@@ -21,7 +21,8 @@ def ray_session():
     if not ray.is_initialized():
         pythonpath = os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH"))
                                      if p)
-        ray.init(num_cpus=NUM_CPUS, include_dashboard=False, log_to_driver=False,
+        ray.init(address="local", num_cpus=NUM_CPUS, include_dashboard=False,
+                 log_to_driver=False,
                  object_store_memory=200 * 2**20,
                  runtime_env={"env_vars": {"PYTHONPATH": pythonpath}})
     yield ray

@@ -23,7 +23,7 @@ CONFIG = {"epochs": 4, "size": 96, "batch_size": 8, "sleep": 0.05}
 
 
 def main(mode: str, storage: str, records: str) -> None:
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": os.environ.get("PYTHONPATH", "")}})
     trainable = AdaptDLTrainableCreator(contract_job, stop_timeout_s=60)
     if mode == "run":
