@@ -7,7 +7,9 @@ itself with :func:`load_state` when it is created.
 
 On disk a checkpoint is one directory ``<ADAPTDL_CHECKPOINT_PATH>/checkpoint-<seq>/``
 holding one file per state (the file name is the state's name) and a ``MANIFEST.json``
-that lists every state with its size in bytes and its CRC-32. Only replica 0 writes. A
+that lists every state with its size in bytes and its CRC-32, and the short
+:meth:`State.summary` of the states that give one (e.g. whether training finished), so
+that tools can tell what a checkpoint holds without loading it. Only replica 0 writes. A
 checkpoint is first written into a temporary sibling directory, every file is flushed and
 fsynced, and the directory is then renamed into place, so a crash mid-write leaves the
 previous checkpoint as the latest complete one. Once the new checkpoint is in place and
@@ -147,6 +149,12 @@ class State:
 
     def sync(self) -> None:
         """Make this state consistent across replicas before a save (default: nothing)."""
+
+    def summary(self) -> dict[str, Any] | None:
+        """A few JSON values that describe this state, written into the checkpoint's
+        manifest (``"summary": {name: ...}``) where tools read them without loading the
+        state (default: ``None``, nothing)."""
+        return None
 
 
 def state_names() -> list[str]:
@@ -408,17 +416,20 @@ def _write_state_file(directory: str, state: State) -> dict:
 
 
 def _carry_over(tmp: str, source: str | None, names: list[str],
-                entries: dict[str, dict]) -> None:
+                entries: dict[str, dict], summaries: dict[str, Any]) -> None:
     """Hard-link into ``tmp`` the states of ``source`` that ``tmp`` lacks (in place, the
-    names list and entries grow), so that a checkpoint keeps states this run has not
-    re-created."""
+    names list, entries and summaries grow), so that a checkpoint keeps states this run
+    has not re-created."""
     if source is None or not os.path.isdir(source):
         return
     manifest = _read_manifest(source)
     listed = manifest.get("files") or {}
+    carried_summaries = manifest.get("summary")
     for name in manifest["states"]:
         if name in names:
             continue
+        if isinstance(carried_summaries, dict) and name in carried_summaries:
+            summaries[name] = carried_summaries[name]
         path = os.path.join(source, name)
         # Hard links make this copy free; checkpoint files are never modified in place.
         os.link(path, os.path.join(tmp, name))
@@ -458,12 +469,24 @@ def _remove_checkpoint(root: str, path: str) -> None:
     shutil.rmtree(doomed, ignore_errors=True)
 
 
-def _commit(root: str, tmp: str, names: list[str], entries: dict[str, dict]) -> str:
+def _summaries(states: list[State]) -> dict[str, Any]:
+    """The :meth:`State.summary` of every state that gives one, by name."""
+    found = {}
+    for state in states:
+        summary = state.summary()
+        if summary is not None:
+            found[state.name] = summary
+    return found
+
+
+def _commit(root: str, tmp: str, names: list[str], entries: dict[str, dict],
+            summaries: dict[str, Any]) -> str:
     """Write the manifest, then rename ``tmp`` into place as the next checkpoint."""
-    _carry_over(tmp, _restore_dir(), names, entries)
+    _carry_over(tmp, _restore_dir(), names, entries, summaries)
     with open(os.path.join(tmp, _MANIFEST), "w") as f:
         json.dump({"format": _FORMAT, "states": names,
                    "files": {name: entries[name] for name in names},
+                   "summary": summaries,
                    "time": time.time(), "num_restarts": env.num_restarts(),
                    "num_replicas": env.num_replicas()}, f)
         f.flush()
@@ -519,10 +542,11 @@ def save_all_states() -> str | None:
         for state in states:
             entries[state.name] = _write_state_file(tmp, state)
         total = sum(e["size"] for e in entries.values())
-        final = _commit(root, tmp, [s.name for s in states], entries)
+        final = _commit(root, tmp, [s.name for s in states], entries, _summaries(states))
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    # (The one line that names the new checkpoint: callers say why it was taken.)
     LOG.info("saved %d states (%.1f KiB) to %s in %.3f s", len(states), total / 1024,
              final, time.perf_counter() - start)
     return final
@@ -553,11 +577,14 @@ def save_state(state: State, sync: bool = True) -> str | None:
     try:
         names = [state.name]
         entries = {state.name: _write_state_file(tmp, state)}
-        _carry_over(tmp, latest_checkpoint_dir(root), names, entries)
-        return _commit(root, tmp, names, entries)
+        summaries = _summaries([state])
+        _carry_over(tmp, latest_checkpoint_dir(root), names, entries, summaries)
+        final = _commit(root, tmp, names, entries, summaries)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    LOG.info("saved state %s to %s (the others carried over)", state.name, final)
+    return final
 
 
 def dump_json(obj: Any, fileobj: IO[bytes]) -> None:

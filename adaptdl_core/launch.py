@@ -7,7 +7,11 @@ From the shell::
 starts ``train.py`` twice (ranks 0 and 1) with a free master port, waits for both, and
 exits with their status: 0 when all finished, 143 when all were checkpointed and stopped
 (Ctrl-C reaches every replica of the terminal's process group), else the first failure.
-Restart the same command with another ``--replicas`` and ``--restarts N`` to resume.
+Run the same command again, with any ``--replicas``, to resume: the restart count comes
+from the newest checkpoint (``--restarts`` overrides it). Once the job has finished, its
+newest checkpoint is the end of training and says so; running the command again then
+trains nothing (the script's ``remaining_epochs_until`` logs ``job already finished``)
+and exits 0.
 
 From Python (tests, benchmarks, other launchers): :func:`replica_env`,
 :func:`start_replicas` and :func:`wait_replicas`.
@@ -16,6 +20,8 @@ From Python (tests, benchmarks, other launchers): :func:`replica_env`,
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import logging
 import os
 import socket
 import subprocess
@@ -23,7 +29,17 @@ import sys
 from pathlib import Path
 from typing import Mapping, Sequence
 
-__all__ = ["free_port", "replica_env", "start_replicas", "wait_replicas", "job_status", "main"]
+from adaptdl_core import checkpoint
+
+__all__ = ["free_port", "replica_env", "start_replicas", "wait_replicas", "job_status",
+           "ResumePoint", "resume_point", "restarts_for", "main"]
+
+LOG = logging.getLogger(__name__)
+
+# The epoch counter's State (adaptdl_core.torch.epoch.EPOCH_STATE_NAME), whose summary in
+# a manifest says whether training finished; not imported from there, which would import
+# torch into the launcher.
+_EPOCH_STATE = "adaptdl-epoch"
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -115,6 +131,69 @@ def wait_replicas(procs: Sequence[subprocess.Popen], timeout: float | None = Non
     return results
 
 
+@dataclasses.dataclass(frozen=True)
+class ResumePoint:
+    """What the newest intact checkpoint of a job says about resuming it.
+
+    Attributes:
+        path: the checkpoint directory.
+        restarts: the restart count of the run that wrote it (the next run is
+            ``restarts + 1``).
+        finished_epochs: epochs finished when it was written (``None``: not recorded).
+        finished: it is the end of training (an epoch loop ran to its bound).
+    """
+
+    path: str
+    restarts: int
+    finished_epochs: int | None
+    finished: bool
+
+
+def resume_point(checkpoint_path: str | Path | None) -> ResumePoint | None:
+    """The :class:`ResumePoint` of the newest intact checkpoint under
+    ``checkpoint_path``, or ``None`` when there is none (or no path).
+
+    Raises:
+        adaptdl_core.checkpoint.CheckpointError: every checkpoint there is damaged.
+    """
+    if checkpoint_path is None:
+        return None
+    path = checkpoint.latest_checkpoint_dir(checkpoint_path)
+    if path is None:
+        return None
+    manifest = checkpoint.verify_checkpoint(path)
+    restarts = manifest.get("num_restarts")
+    summary = (manifest.get("summary") or {}).get(_EPOCH_STATE) or {}
+    epochs = summary.get("finished_epochs")
+    return ResumePoint(path=path,
+                       restarts=restarts if isinstance(restarts, int) and restarts >= 0 else 0,
+                       finished_epochs=epochs if isinstance(epochs, int) else None,
+                       finished=summary.get("finished") is True)
+
+
+def restarts_for(given: int | None, point: ResumePoint | None) -> int:
+    """The restart count of a run: ``given`` (``--restarts``) if not ``None``, else one
+    more than the run that wrote the checkpoint ``point`` (0 without a checkpoint). Logs
+    where it resumes from, at INFO, and warns when ``given`` is below the count."""
+    if point is None:
+        return 0 if given is None else given
+    counted = point.restarts + 1
+    state = f"the end of training ({point.finished_epochs} epochs)" if point.finished \
+        else f"{point.finished_epochs} epochs finished" if point.finished_epochs is not None \
+        else "a checkpoint"
+    if point.finished:
+        LOG.info("%s is %s: the script trains only if it asks for more epochs", point.path,
+                 state)
+    if given is None:
+        LOG.info("resuming from %s (%s): restart %d", point.path, state, counted)
+        return counted
+    if given < counted:
+        LOG.warning("--restarts %d is below the %d restarts the checkpoint %s counts; "
+                    "using --restarts as given (leave it out to count from the checkpoint)",
+                    given, counted, point.path)
+    return given
+
+
 def job_status(statuses: Sequence[int]) -> int:
     """One exit status for the job: the first failure (a status other than 0 and 143),
     else 0 if every replica finished, else 143 (the job stopped after a checkpoint)."""
@@ -132,18 +211,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--replicas", type=int, default=1, help="number of replicas")
     parser.add_argument("--checkpoint-path", default=None,
                         help="checkpoint directory (resume from it when it holds one)")
-    parser.add_argument("--restarts", type=int, default=0,
-                        help="restarts so far; increase it each time you resume")
+    parser.add_argument("--restarts", type=int, default=None,
+                        help="restarts so far (default: one more than the newest "
+                             "checkpoint's run, 0 without a checkpoint)")
     parser.add_argument("--master-port", type=int, default=None, help="default: a free port")
     parser.add_argument("script", help="the training script")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments")
     opts = parser.parse_args(argv)
     if opts.replicas < 1:
-        parser.error("--replicas must be >= 1")
-    if opts.restarts < 0:
-        parser.error("--restarts must be >= 0")
+        parser.error(f"--replicas {opts.replicas}: must be >= 1")
+    if opts.restarts is not None and opts.restarts < 0:
+        parser.error(f"--restarts {opts.restarts}: must be >= 0 (or leave it out to "
+                     "count from the checkpoint)")
+    if not logging.getLogger().handlers:
+        # (The command line's own lines; the replicas configure their logging themselves.)
+        logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+    try:
+        point = resume_point(opts.checkpoint_path)
+    except checkpoint.CheckpointError as exc:
+        parser.error(f"--checkpoint-path {opts.checkpoint_path}: {exc}")
+    restarts = restarts_for(opts.restarts, point)
     procs = start_replicas([sys.executable, opts.script, *opts.args], opts.replicas,
-                           checkpoint_path=opts.checkpoint_path, num_restarts=opts.restarts,
+                           checkpoint_path=opts.checkpoint_path, num_restarts=restarts,
                            master_port=opts.master_port)
     while True:
         try:

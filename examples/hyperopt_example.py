@@ -36,6 +36,7 @@ import torch
 
 import adaptdl_core.torch as adl
 from adaptdl_core import env
+from adaptdl_ray.tune.results import PROGRESS_COLUMNS as ADAPTDL_COLUMNS
 
 # Make `import mlp_data` work however the script is started.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -46,9 +47,10 @@ log = logging.getLogger("hyperopt_example")
 
 METRIC = "mean_accuracy"
 BATCH_SIZES = [64, 128, 256]  # the initial global batch sizes searched
-# Columns of Tune's progress table (metric name -> column title).
-PROGRESS_COLUMNS = {"epoch": "epoch", METRIC: "acc", "adaptdl/replicas": "replicas",
-                    "adaptdl/restarts": "restarts", "adaptdl/batch_size": "batch"}
+# Columns of Tune's progress table (metric name -> column title): the accuracy, then
+# AdaptDL's (epochs with the samples and passes over the data they consumed, replicas,
+# restarts, batch size).
+PROGRESS_COLUMNS = {METRIC: "acc", **ADAPTDL_COLUMNS}
 
 
 # ---------------------------------------------------------------------------------------

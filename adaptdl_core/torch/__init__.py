@@ -23,7 +23,8 @@ from adaptdl_core.torch._interrupt import (CheckpointExit, PendingCheckpoint, ex
 from adaptdl_core.torch.accumulator import Accumulator
 from adaptdl_core.torch.data import AdaptiveDataLoader, ElasticSampler, current_dataloader
 from adaptdl_core.torch.elastic_loop import ElasticLoop
-from adaptdl_core.torch.epoch import current_epoch, finished_epochs, remaining_epochs_until
+from adaptdl_core.torch.epoch import (DataProgress, current_epoch, data_progress,
+                                      finished_epochs, job_finished, remaining_epochs_until)
 from adaptdl_core.torch.parallel import AdaptiveDataParallel
 from adaptdl_core.torch.process_group import init_process_group
 
@@ -37,6 +38,9 @@ __all__ = [
     "remaining_epochs_until",
     "current_epoch",
     "finished_epochs",
+    "job_finished",
+    "data_progress",
+    "DataProgress",
     "Accumulator",
     "CheckpointExit",
     "request_checkpoint_and_exit",

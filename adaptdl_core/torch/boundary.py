@@ -98,22 +98,23 @@ def _checkpoint_and_exit() -> None:
     # In-place requests of this replica are settled by the same checkpoint: no boundary
     # follows where they could be.
     ckpt_dir = _save_for(_interrupt.take_checkpoint_requests())
-    LOG.info("checkpointed%s; exiting with status %d",
-             f" to {ckpt_dir}" if ckpt_dir else "", _interrupt.EXIT_CODE)
+    # (Replica 0's save logged the checkpoint's path once, at INFO.)
+    LOG.info("checkpointed at epoch %s; exiting with status %d", current_epoch(),
+             _interrupt.EXIT_CODE)
     raise _interrupt.CheckpointExit(ckpt_dir)
 
 
 def _checkpoint_in_place(replicas: int) -> None:
     requests = _interrupt.take_checkpoint_requests()
     start = time.perf_counter()
-    ckpt_dir = _save_for(requests)
+    _save_for(requests)
     if replicas > 1:
         # Replica 0 writes while the others would run ahead into the next step and wait
         # there for it, which would inflate that step's measured time: resume together.
         collective.broadcast(None)
     loader = loops().current
-    LOG.info("in-place checkpoint%s at epoch %s, position %s, in %.3f s (%d request(s) on "
-             "this replica); training goes on", f" to {ckpt_dir}" if ckpt_dir else "",
+    LOG.info("in-place checkpoint at epoch %s, position %s, in %.3f s (%d request(s) on "
+             "this replica); training goes on",
              current_epoch(), loader.current_index if loader is not None else None,
              time.perf_counter() - start, len(requests))
 

@@ -29,6 +29,7 @@ from adaptdl_core.torch import _metrics, boundary
 from adaptdl_core.torch.batch_control import BatchSizeController, preferred_local_sizes
 from adaptdl_core.torch.boundary import current_dataloader, loops, training_loader
 from adaptdl_core.torch.elastic_loop import LoopState, run_loop
+from adaptdl_core.torch.epoch import count_samples
 from adaptdl_core.torch.loader_steps import LoopSteps, StepTimer
 from adaptdl_core.torch.sampler import ElasticSampler, LocalBatchSampler
 from adaptdl_core.torch.step_plan import NoiseMode, StepPlan
@@ -477,7 +478,10 @@ class AdaptiveDataLoader(LoopSteps, DataLoader):
             self._stepped = False
             yield batch
             # The caller finished with the batch: it counts as consumed.
+            before = state.current_index
             state.current_index = min(state.current_index + replicas * size, pass_end)
+            if self.training:
+                count_samples(state.current_index - before, n)
             self._micro_in_step += 1
             if self._micro_in_step >= self._plan.micros:
                 ended = self._end_step(target)

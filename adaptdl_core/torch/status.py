@@ -35,14 +35,21 @@ def training_status() -> dict[str, Any]:
         - ``noise_scale``: the gradient noise scale in samples (0 before any estimate);
         - ``progress``: statistical progress in steps at the initial batch size;
         - ``epochs_done`` and ``epochs``: finished epochs and the planned number (the bound
-          of the latest ``remaining_epochs_until``; 0 before one is known).
+          of the latest ``remaining_epochs_until``; 0 before one is known);
+        - ``samples_seen``, ``epoch_samples`` and ``data_passes``: training samples
+          consumed in total and in the current epoch, and passes over the training data
+          (see :func:`adaptdl_core.torch.data_progress`: with ``autoscale_batch_size`` an
+          epoch may consume more or fewer samples than the dataset holds).
     """
+    seen = _epoch.data_progress()
     status: dict[str, Any] = {
         "replicas": env.num_replicas(), "nodes": env.num_nodes(),
         "restarts": env.num_restarts(), "batch_size": 0, "local_bsz": 0, "accum_steps": 0,
         "goodput": 0.0, "efficiency": 0.0, "gain": 1.0, "noise_scale": 0.0,
         "progress": float(_metrics.metrics().progress),
         "epochs_done": _epoch.finished_epochs(), "epochs": _epoch.target_epochs() or 0,
+        "samples_seen": seen.samples_seen, "epoch_samples": seen.epoch_samples,
+        "data_passes": float(seen.data_passes),
     }
     loader = training_loader() or current_dataloader()
     if loader is not None:

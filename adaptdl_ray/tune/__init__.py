@@ -27,6 +27,7 @@ _EXPORTS = {
     "TrialRecord": "adaptdl_ray.tune.scheduler_state",
     "model_state_dict": "adaptdl_ray.tune.checkpoint_files",
     "METRIC_PREFIX": "adaptdl_ray.tune.results",
+    "PROGRESS_COLUMNS": "adaptdl_ray.tune.results",
 }
 
 __all__ = list(_EXPORTS)

@@ -10,16 +10,28 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
-__all__ = ["METRIC_PREFIX", "STATUS_KEYS", "RESIZE_PHASES", "result_row", "order_like"]
+__all__ = ["METRIC_PREFIX", "STATUS_KEYS", "RESIZE_PHASES", "PROGRESS_COLUMNS", "result_row",
+           "order_like"]
 
 METRIC_PREFIX = "adaptdl/"
 # adaptdl_core.torch.status.training_status() keys, in the order they appear in results.
 STATUS_KEYS = ("replicas", "nodes", "restarts", "batch_size", "local_bsz", "accum_steps",
                "goodput", "efficiency", "gain", "noise_scale", "progress", "epochs_done",
-               "epochs")
+               "epochs", "samples_seen", "epoch_samples", "data_passes")
 # Phases of a relaunch (see trainable.resize_phases), reported as adaptdl/resize/<phase>.
 RESIZE_PHASES = ("checkpoint_s", "save_s", "relaunch_s", "worker_start_s", "restore_s",
                  "first_step_s")
+
+# Columns for Tune's progress table (result key -> column title), to merge with the
+# trial's own metrics: ``CLIReporter(metric_columns={"acc": "acc", **PROGRESS_COLUMNS})``.
+# The samples and passes stand beside the epochs because, with autoscale_batch_size, an
+# epoch ends by statistical progress and may consume more or fewer samples than a pass.
+PROGRESS_COLUMNS = {METRIC_PREFIX + "epochs_done": "epochs",
+                    METRIC_PREFIX + "samples_seen": "samples",
+                    METRIC_PREFIX + "data_passes": "passes",
+                    METRIC_PREFIX + "replicas": "replicas",
+                    METRIC_PREFIX + "restarts": "restarts",
+                    METRIC_PREFIX + "batch_size": "batch"}
 
 
 def result_row(metrics: Mapping[str, Any], status: Mapping[str, Any], *, launch_s: float,

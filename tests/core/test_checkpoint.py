@@ -558,7 +558,8 @@ def test_everything_the_library_writes_is_json_or_weights_only_loadable(tmp_path
             pass
         loaded[name] = torch.load(Path(latest, name), weights_only=True)
 
-    assert loaded["adaptdl-epoch"] == {"finished_epochs": 1}
+    assert loaded["adaptdl-epoch"]["finished_epochs"] == 1
+    assert loaded["adaptdl-epoch"]["finished"] is False  # (interrupted in epoch 1 of 2)
     assert loaded["adaptdl-dataloader-0"]["current_index"] == report["loader_index"] > 0
     training = loaded["adaptdl-dataparallel"]
     assert {"model", "optimizer", "lr_scheduler", "mp_scaler", "torch_rng"} <= set(training)

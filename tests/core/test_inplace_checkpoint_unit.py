@@ -153,11 +153,12 @@ def test_checkpoint_at_the_next_boundary_then_training_goes_on(training, ckpt_di
                     assert all(r.done and r.taken for r in requests)
     paths = {r.path for r in requests}
     assert paths == {str(ckpt_dir / "checkpoint-0")}  # one checkpoint for both
-    assert sorted(p.name for p in ckpt_dir.iterdir()) == ["checkpoint-0"]
+    # ...and the end of training, saved when the epoch loop ran to its bound.
+    assert sorted(p.name for p in ckpt_dir.iterdir()) == ["checkpoint-0", "checkpoint-1"]
     state = _loader_state(paths.pop())
     assert state["current_index"] == 16  # after the 4 batches handed out before it
-    assert json.loads((ckpt_dir / "checkpoint-0" / "adaptdl-epoch").read_text()) == \
-        {"finished_epochs": 0}
+    epoch_state = json.loads((ckpt_dir / "checkpoint-0" / "adaptdl-epoch").read_text())
+    assert (epoch_state["finished_epochs"], epoch_state["finished"]) == (0, False)
     # Every sample of every epoch exactly once: nothing skipped or repeated.
     for epoch in (0, 1):
         samples = [s for e, batch in seen if e == epoch for s in batch]
@@ -171,7 +172,8 @@ def test_restart_from_the_in_place_checkpoint_resumes_at_its_position(training, 
                                                                        restart):
     ddp, opt, loader = training
     first = []
-    for epoch in adl.remaining_epochs_until(2):
+    # (No final checkpoint: the restart below resumes from the in-place one.)
+    for epoch in adl.remaining_epochs_until(2, final_checkpoint=False):
         for i, (x,) in enumerate(loader):
             _step(ddp, opt, x)
             first.append((epoch, x.squeeze(1).int().tolist()))
@@ -182,7 +184,7 @@ def test_restart_from_the_in_place_checkpoint_resumes_at_its_position(training, 
     restart()
     ddp, opt, loader = _job()
     second = []
-    for epoch in adl.remaining_epochs_until(2):
+    for epoch in adl.remaining_epochs_until(2, final_checkpoint=False):
         for (x,) in loader:
             _step(ddp, opt, x)
             second.append((epoch, x.squeeze(1).int().tolist()))
@@ -217,7 +219,7 @@ def test_exit_and_checkpoint_at_the_same_boundary_take_one_checkpoint(training, 
 
 def test_a_request_after_the_last_boundary_stays_pending_until_cancelled(training, ckpt_dir):
     _, _, loader = training
-    for _ in adl.remaining_epochs_until(1):
+    for _ in adl.remaining_epochs_until(1, final_checkpoint=False):
         for _batch in loader:
             pass
     request = adl.request_checkpoint()
@@ -229,7 +231,7 @@ def test_a_request_after_the_last_boundary_stays_pending_until_cancelled(trainin
 def test_a_validation_loop_boundary_also_takes_it(training, ckpt_dir):
     _, _, loader = training
     with torch.no_grad():
-        for _ in adl.remaining_epochs_until(1):
+        for _ in adl.remaining_epochs_until(1, final_checkpoint=False):
             for i, _batch in enumerate(loader):
                 if i == 1:
                     request = adl.request_checkpoint()

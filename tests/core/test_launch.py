@@ -5,28 +5,98 @@ import sys
 
 import pytest
 
-from adaptdl_core import launch
+from adaptdl_core import checkpoint, launch
 from tests.core.harness import JOBS, read_events
 
 
-def test_cli_stops_with_143_then_resumes_on_fewer_replicas(tmp_path):
+def test_cli_stops_with_143_resumes_on_fewer_replicas_then_finds_the_job_finished(tmp_path):
+    """The same command three times: Ctrl-C-like stop (143); resume on one replica, the
+    restart count taken from the checkpoint, to the end (0), leaving the end of training
+    as the newest checkpoint; run again: nothing trained, exit 0."""
     def cli(*args):
-        return subprocess.run([sys.executable, "-m", "adaptdl_core.launch", *args],
-                              capture_output=True, text=True, timeout=180)
+        out = subprocess.run([sys.executable, "-m", "adaptdl_core.launch", *args],
+                             capture_output=True, text=True, timeout=180)
+        return out.returncode, out.stdout + out.stderr
 
+    ckpt = tmp_path / "ckpt"
     job = [str(JOBS / "elastic_job.py"), "--record", str(tmp_path), "--size", "48"]
-    first = cli("--replicas", "2", "--checkpoint-path", str(tmp_path / "ckpt"),
-                *job, "--stop-after", "3")
-    assert first.returncode == 143, first.stdout + first.stderr
-    second = cli("--replicas", "1", "--restarts", "1", "--checkpoint-path",
-                 str(tmp_path / "ckpt"), *job)
-    assert second.returncode == 0, second.stdout + second.stderr
+    status, out = cli("--replicas", "2", "--checkpoint-path", str(ckpt), *job,
+                      "--stop-after", "3")
+    assert status == 143, out
+    interrupted = launch.resume_point(ckpt)
+    assert (interrupted.restarts, interrupted.finished) == (0, False)
+    # Each checkpoint's path is logged once (by replica 0's save).
+    assert out.count(f"to {interrupted.path}") == 1, out
+
+    status, out = cli("--replicas", "1", "--checkpoint-path", str(ckpt), *job)
+    assert status == 0, out
+    assert f"resuming from {interrupted.path} (0 epochs finished): restart 1" in out, out
+    final = launch.resume_point(ckpt)
+    assert (final.restarts, final.finished, final.finished_epochs) == (1, True, 3)
+    assert out.count(f"to {final.path}") == 1, out
+
+    status, out = cli("--replicas", "2", "--checkpoint-path", str(ckpt), *job)
+    assert status == 0, out
+    assert f"{final.path} is the end of training (3 epochs)" in out, out
+    assert "job already finished (3 epochs); nothing to do" in out, out
+    assert launch.resume_point(ckpt).path == final.path  # nothing saved again
+
     events = read_events(tmp_path)
-    assert {(e["restart"], e["rank"]) for e in events} == {(0, 0), (0, 1), (1, 0)}
+    assert {(e["restart"], e["rank"]) for e in events} == \
+        {(0, 0), (0, 1), (1, 0), (2, 0), (2, 1)}
+    assert not [e for e in events if e["event"] == "batch" and e["restart"] == 2]
     for epoch in range(3):
         seen = sorted(i for e in events if e["event"] == "batch" and e["epoch"] == epoch
                       for i in e["idx"])
         assert seen == list(range(48))
+
+
+def test_the_restart_count_comes_from_the_checkpoint_unless_given(tmp_path, monkeypatch,
+                                                                  caplog):
+    assert launch.resume_point(None) is None
+    assert launch.resume_point(tmp_path / "none") is None
+    assert launch.restarts_for(None, None) == 0 and launch.restarts_for(4, None) == 4
+    monkeypatch.setenv("ADAPTDL_NUM_RESTARTS", "2")
+    monkeypatch.setenv("ADAPTDL_CHECKPOINT_PATH", str(tmp_path))
+    _Counter("restarts-test").value = 5
+    saved = checkpoint.save_all_states()
+    point = launch.resume_point(tmp_path)
+    assert point == launch.ResumePoint(saved, 2, None, False)
+    with caplog.at_level("INFO", logger="adaptdl_core.launch"):
+        assert launch.restarts_for(None, point) == 3
+        assert launch.restarts_for(7, point) == 7
+        assert launch.restarts_for(1, point) == 1
+    lines = [r.getMessage() for r in caplog.records]
+    assert f"resuming from {saved} (a checkpoint): restart 3" in lines
+    assert any(r.levelname == "WARNING" and "--restarts 1 is below the 3 restarts" in
+               r.getMessage() for r in caplog.records), lines
+
+
+def test_cli_refuses_a_negative_count_and_a_damaged_checkpoint_path(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        launch.main(["--restarts", "-1", "train.py"])
+    assert exit_info.value.code == 2
+    assert "--restarts -1: must be >= 0" in capsys.readouterr().err
+    damaged = tmp_path / "checkpoint-0"
+    damaged.mkdir()
+    (damaged / "MANIFEST.json").write_text("{")
+    with pytest.raises(SystemExit):
+        launch.main(["--checkpoint-path", str(tmp_path), "train.py"])
+    err = capsys.readouterr().err
+    assert f"--checkpoint-path {tmp_path}: no intact checkpoint" in err
+    assert str(damaged / "MANIFEST.json") in err
+
+
+class _Counter(checkpoint.State):
+    def __init__(self, name):
+        super().__init__(name)
+        self.value = 0
+
+    def save(self, fileobj):
+        checkpoint.dump_json(self.value, fileobj)
+
+    def load(self, fileobj):
+        self.value = checkpoint.load_json(fileobj)
 
 
 def test_job_status_and_env():
