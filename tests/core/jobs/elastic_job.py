@@ -9,6 +9,7 @@ replica, so tests can exercise restarts and failures. Logs at INFO level.
 """
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -171,7 +172,8 @@ def train_epochs(args, rank, model, opt, sched, train, valid, accum, emit, ask, 
                 if args.save_in_valid:
                     maybe_ask(valid_batches)
         with accum.synchronized():
-            emit(event="epoch_end", epoch=epoch, results=dict(accum))
+            emit(event="epoch_end", epoch=epoch, results=dict(accum),
+                 progress=dataclasses.asdict(adl.data_progress()))
             accum.clear()
         sched.step()
 
