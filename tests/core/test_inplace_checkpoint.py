@@ -61,8 +61,9 @@ def test_in_place_checkpoint_mid_training_then_resume_from_a_copy(tmp_path, repl
     # Trained to the end, every sample of every epoch exactly once.
     assert_exactly_once(events, SIZE, EPOCHS)
     assert sorted(e["rank"] for e in events if e["event"] == "done") == list(range(replicas))
-    # One checkpoint, mid-training, logged once by every replica.
-    assert checkpoints(ckpt) == ["checkpoint-0"]
+    # One in-place checkpoint, mid-training, logged once by every replica; and the end
+    # of training (saved when the epoch loop ran to its bound).
+    assert checkpoints(ckpt) == ["checkpoint-0", "checkpoint-1"]
     saved = ckpt / "checkpoint-0"
     epoch, index = position(saved)
     assert (0, 3 * BATCH) <= (epoch, index) and epoch < EPOCHS, (epoch, index)
@@ -127,7 +128,9 @@ def test_request_during_validation_is_agreed_through_the_store(tmp_path):
     outs = run(2, first, ckpt, 0, "--save-after", "2", "--save-rank", "1", "--save-in-valid")
     events = read_events(first)
     assert_exactly_once(events, SIZE, EPOCHS)
-    assert checkpoints(ckpt) == ["checkpoint-0"]
+    # The in-place checkpoint, and the end of training (saved when the epoch loop
+    # ran to its bound).
+    assert checkpoints(ckpt) == ["checkpoint-0", "checkpoint-1"]
     saved = ckpt / "checkpoint-0"
     train_epoch, train_index = position(saved)
     valid = json.loads((saved / "adaptdl-dataloader-1").read_text())
