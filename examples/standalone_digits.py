@@ -9,7 +9,8 @@ The digits version of AdaptDL's MNIST tutorial (step 5). It runs
 and with ADAPTDL_CHECKPOINT_PATH set it can be stopped at any batch (Ctrl-C or
 ``kill -INT`` on any replica: every replica exits with status 143 after replica 0 has
 written a checkpoint) and resumed by starting it again with the same checkpoint path, on
-any number of replicas. See examples/README.md for the exact commands.
+any number of replicas. At the end it saves its final state, marked finished: started
+again, it trains nothing. See examples/README.md for the exact commands.
 
 Compared with a plain PyTorch script, the changes are:
   1. adl.init_process_group("gloo") before anything else touches the job;
@@ -118,10 +119,10 @@ def main(argv: list[str] | None = None) -> float | None:
         # restart can happen between here and the end of the epoch.
         lr_scheduler.step()
 
-    if accuracy is None:
-        log.info("nothing to do: all %d epochs had finished before this restart",
-                 args.epochs)
-    elif env.replica_rank() == 0:
+    # A job that had finished (its newest checkpoint is the end of training) runs no
+    # epoch: remaining_epochs_until logged "job already finished (N epochs); nothing to
+    # do", and there is no new accuracy to print.
+    if accuracy is not None and env.replica_rank() == 0:
         print(f"final test accuracy: {accuracy:.4f}", flush=True)
     return accuracy
 
