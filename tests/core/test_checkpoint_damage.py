@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch.utils.data import TensorDataset
 
 import adaptdl_core.torch as adl
@@ -34,15 +33,6 @@ RESUME_AT = {"checkpoint-0": 4, "checkpoint-1": 10 + 6}
 MODEL = "adaptdl-dataparallel"
 LOADER = "adaptdl-dataloader-0"
 EPOCH = "adaptdl-epoch"
-
-
-@pytest.fixture(scope="module")
-def process_group():
-    """A one-process gloo group (torch's own init: the library's would also install
-    signal handlers in the test process)."""
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def _job():

@@ -7,22 +7,12 @@ import math
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch.utils.data import TensorDataset
 
 import adaptdl_core.torch as adl
 from adaptdl_core.torch import status
 from adaptdl_ray.tune.results import METRIC_PREFIX, PROGRESS_COLUMNS, STATUS_KEYS
 from tests.core.harness import JOBS, read_events, run_replicas
-
-
-@pytest.fixture(scope="module")
-def process_group():
-    """A one-process gloo group (torch's own init: the library's would also install
-    signal handlers in the test process)."""
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def _job(size, batch, drop_last=False):

@@ -8,7 +8,6 @@ import os
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch.utils.data import TensorDataset
 
 import adaptdl_core.torch as adl
@@ -16,15 +15,6 @@ from adaptdl_core import checkpoint, launch
 
 SIZE, BATCH = 24, 4  # 6 batches per epoch
 FINISHED = "job already finished"
-
-
-@pytest.fixture(scope="module")
-def process_group():
-    """A one-process gloo group (torch's own init: the library's would also install
-    signal handlers in the test process)."""
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def _train(epochs, stop_at=None, **kwargs):

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch.utils.data import TensorDataset
 
 import adaptdl_core.torch as adl
@@ -97,14 +96,6 @@ def test_reset_cancels_pending_requests():
 
 
 # -- one replica, in a training loop ---------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def process_group():
-    """A one-process gloo group for AdaptiveDataParallel (torch's own init, not the
-    library's: that would also install signal handlers in the test process)."""
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 @pytest.fixture
