@@ -133,18 +133,22 @@ def remaining_epochs_until(epoch: int, *, final_checkpoint: bool = True) -> Iter
             end of training, and a run from it trains the rest again.
 
     Raises:
-        ValueError: if ``epoch`` is not a non-negative integer.
+        ValueError: if ``epoch`` is not a non-negative integer, or ``final_checkpoint``
+            not a bool.
         RuntimeError: if another epoch loop is still running (loops cannot nest).
     """
     if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
         raise ValueError(f"remaining_epochs_until(epoch={epoch!r}): epoch must be a "
                          "non-negative integer")
+    if not isinstance(final_checkpoint, bool):
+        raise ValueError(f"remaining_epochs_until(final_checkpoint={final_checkpoint!r}): "
+                         "pass True (save the end of training) or False")
     state = _state()
     if state.current_epoch is not None:
         raise RuntimeError("overlapping epoch loops: remaining_epochs_until() was called "
                            f"inside epoch {state.current_epoch} of another epoch loop")
     context.current().epoch_target = epoch
-    return _epochs(state, epoch, bool(final_checkpoint))
+    return _epochs(state, epoch, final_checkpoint)
 
 
 def _epochs(state: _EpochState, end: int, final_checkpoint: bool) -> Iterator[int]:

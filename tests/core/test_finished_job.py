@@ -121,3 +121,8 @@ def test_without_a_checkpoint_path_the_job_finishes_without_saving(process_group
     ran, _ = _train(1)
     assert ran == [0] and adl.job_finished()
     assert os.environ.get("ADAPTDL_CHECKPOINT_PATH") is None
+
+
+def test_final_checkpoint_must_be_a_bool():
+    with pytest.raises(ValueError, match=r"final_checkpoint='no'\): pass True"):
+        adl.remaining_epochs_until(2, final_checkpoint="no")
