@@ -44,6 +44,9 @@ UNBOUNDED_REPLICA_CAP = 4096
 #: ``min_replicas`` is refused.
 MAX_REPLICAS_PER_JOB = 16384
 
+# max_replicas values already warned about (see JobInfo); bounded, so never a leak.
+_WARNED_MAX_REPLICAS: set = set()
+
 SpeedupFn = Callable[[np.ndarray, np.ndarray], Any]
 Allocations = Dict[Hashable, List[Hashable]]
 
@@ -131,9 +134,13 @@ class JobInfo:
                                  f"got {self.max_replicas!r}")
             self.max_replicas = int(self.max_replicas)
             if self.max_replicas > MAX_REPLICAS_PER_JOB:
-                LOG.warning("JobInfo.max_replicas=%d is more than one job is ever given; "
-                            "using MAX_REPLICAS_PER_JOB=%d", self.max_replicas,
-                            MAX_REPLICAS_PER_JOB)
+                # Once per distinct value: a scheduler rebuilds its JobInfos every round.
+                if self.max_replicas not in _WARNED_MAX_REPLICAS and \
+                        len(_WARNED_MAX_REPLICAS) < 64:
+                    _WARNED_MAX_REPLICAS.add(self.max_replicas)
+                    LOG.warning("JobInfo.max_replicas=%d is more than one job is ever given; "
+                                "using MAX_REPLICAS_PER_JOB=%d", self.max_replicas,
+                                MAX_REPLICAS_PER_JOB)
                 self.max_replicas = MAX_REPLICAS_PER_JOB
             if self.max_replicas < self.min_replicas:
                 raise ValueError(f"JobInfo.max_replicas ({self.max_replicas}) must be >= "

@@ -133,10 +133,15 @@ def _linear(n, k):
 
 
 def test_a_huge_max_replicas_is_lowered_to_the_bound_with_a_warning(caplog):
+    huge = 10 ** 9 + 17    # a value no other test uses: the warning is once per value
     with caplog.at_level(logging.WARNING, logger="adaptdl_core.policy.records"):
-        job = JobInfo({"CPU": 1}, _linear, 0.0, max_replicas=10 ** 9)
+        job = JobInfo({"CPU": 1}, _linear, 0.0, max_replicas=huge)
     assert job.max_replicas == MAX_REPLICAS_PER_JOB
-    assert "max_replicas=1000000000" in caplog.text and "MAX_REPLICAS_PER_JOB" in caplog.text
+    assert f"max_replicas={huge}" in caplog.text and "MAX_REPLICAS_PER_JOB" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="adaptdl_core.policy.records"):
+        again = JobInfo({"CPU": 1}, _linear, 0.0, max_replicas=huge)
+    assert again.max_replicas == MAX_REPLICAS_PER_JOB and caplog.text == ""
     # What once allocated a billion-entry array: now as much as the bound allows.
     result = PolluxPolicy().allocate({"a": job}, {"n": NodeInfo({"CPU": 1e12})}, now=1.0)
     assert len(result.allocations["a"]) == MAX_REPLICAS_PER_JOB
