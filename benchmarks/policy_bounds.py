@@ -33,7 +33,8 @@ resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
 logging.disable(logging.WARNING)   # the bound's warning, once per JobInfo
 import numpy as np
 from adaptdl_core.policy import JobInfo, NodeInfo, PolluxPolicy
-jobs_n, max_r, cpus, repeats = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+jobs_n, max_r, repeats = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[4])
+cpus = float(sys.argv[3])
 def linear(n, k):
     return np.asarray(k, dtype=np.float64) * np.ones(np.shape(n))
 times = []

@@ -100,7 +100,8 @@ def load_workload(spec: Union[str, Path]) -> List[WorkloadJob]:
 
     Raises:
         FileNotFoundError: see :func:`resolve_workload`.
-        ValueError: a missing column or a malformed value (names the row).
+        ValueError: a missing column or a malformed value (names the row), or a file that
+            is not a UTF-8 CSV (names the file).
     """
     path = resolve_workload(spec)
     out = []
@@ -226,15 +227,15 @@ def simulate(workload: Union[str, Path, Sequence[WorkloadJob]], policy: str = "p
 
     Args:
         traces: traces folder (default: the vendored traces).
-        interval: seconds per scheduling round.
+        interval: seconds per scheduling round (finite, ``>=`` :data:`MIN_INTERVAL_S`).
         restart_s: seconds without progress after every start or change of allocation.
         nodes, gpus_per_node: the cluster.
         seed: seeds numpy's global generator (the policies here are deterministic; kept so
             that a randomised policy is reproducible).
         interference: slowdown fraction of a multi-node job sharing a node with another
-            multi-node job (0: none, the paper's default).
-        max_time: stop after this many simulated seconds (``None``: run to completion;
-            unfinished jobs are then missing from ``jcts``).
+            multi-node job, in ``[0, 1)`` (0: none, the paper's default).
+        max_time: stop after this many simulated seconds, ``> 0`` (``None``: run to
+            completion; unfinished jobs are then missing from ``jcts``).
         use_core: pollux only: go through :mod:`adaptdl_core.decision` (``None``: when
             available).
         timeline: include ``timeline``: per round, GPUs held per job.

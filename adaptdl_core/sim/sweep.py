@@ -276,8 +276,8 @@ def simulate_arm(arm: str, *, trials: int = 100, concurrent: int = 4, nodes: int
         epochs: epochs of a complete trial (default: the model's 100).
         seed: seeds the quality draws (ignored when ``quality`` is given).
         restart_s: seconds without progress per start or change of allocation.
-        interval: seconds between the adaptive arms' policy rounds.
-        tick_s: simulation step, seconds (trial ends are seen at a tick's end).
+        interval: seconds between the adaptive arms' policy rounds (``>= 1``).
+        tick_s: simulation step, seconds, ``>= 1`` (trial ends are seen at a tick's end).
         gpus_per_trial, static_batch: arm ``a``'s fixed allocation and total batch
             (``static_batch=None``: on that fixed allocation each trial's agent chooses
             its batch by goodput, a diagnostic that isolates the batch-size gain).
