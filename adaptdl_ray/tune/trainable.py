@@ -552,10 +552,13 @@ def _custom_resources(extra: Any, num_cpus: Any, num_gpus: Any) -> dict[str, flo
     own = {"CPU": ("num_cpus_per_worker", num_cpus), "GPU": ("num_gpus_per_worker", num_gpus)}
     out = {}
     for key, value in extra.items():
-        if key in own:
-            arg, given = own[key]
+        # Ray's names are case-sensitive: {'cpu': 2} would ask for a custom resource no node
+        # has, and the trial would wait for ever.
+        upper = key.upper() if isinstance(key, str) else None
+        if upper in own:
+            arg, given = own[upper]
             raise ValueError(f"resources_per_worker[{key!r}]={value!r} conflicts with {arg}="
-                             f"{given!r}: give {key}s per replica with {arg} only")
+                             f"{given!r}: give {upper}s per replica with {arg} only")
         if not isinstance(key, str) or not key:
             raise ValueError(f"resources_per_worker: resource names must be non-empty "
                              f"strings, got {key!r}")

@@ -32,6 +32,9 @@ def ray_stays_down():
      "resources_per_worker['CPU']=1 conflicts with num_cpus_per_worker=4: give CPUs per "
      "replica with num_cpus_per_worker only"),
     ({"resources_per_worker": {"CPU": 1}}, "conflicts with num_cpus_per_worker=1.0"),
+    ({"resources_per_worker": {"cpu": 2}},
+     "resources_per_worker['cpu']=2 conflicts with num_cpus_per_worker=1.0: give CPUs"),
+    ({"resources_per_worker": {"Gpu": 1}}, "conflicts with num_gpus_per_worker=0.0"),
     ({"num_gpus_per_worker": 1, "resources_per_worker": {"GPU": 2}},
      "resources_per_worker['GPU']=2 conflicts with num_gpus_per_worker=1"),
     ({"resources_per_worker": "GPU"},
