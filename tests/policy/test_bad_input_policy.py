@@ -169,3 +169,35 @@ def test_goodput_values_stay_finite_through_the_policy():
     fn = SpeedupFunction(model(), 1024, (8, 256))
     values = fn(np.array([1, 1, 2, 3]), np.array([1, 4, 8, 64]))
     assert np.all(np.isfinite(values)) and math.isclose(values[0], 1.0)
+
+
+_HUGE_SHAPES_SCRIPT = r"""
+import resource
+resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))   # a regression fails, not OOMs
+import numpy as np
+from adaptdl_core.goodput import GoodputFunction, GradParams, PerfParams
+from adaptdl_core.policy import SpeedupFunction
+model = GoodputFunction(PerfParams(0.017, 0.0007, 0.12, 0.0024, 0.03, 0.0034, 2.0),
+                        GradParams(0.01, 0.1), 32)
+fn = SpeedupFunction(model, 4096, (8, 256))
+plain = SpeedupFunction(model, 10 ** 6, (8, 256), collapse_nodes=False)
+far = plain(np.array([300, 20000]), np.array([600, 20000]))
+direct = model.optimize(np.array([300, 20000]), np.array([600, 20000]), 10 ** 6,
+                        (8, 256))[0] / plain.base_goodput
+print(repr((float(fn(1, 10 ** 9)), far.tolist(), direct.tolist())))
+"""
+
+
+def test_a_speedup_function_asked_for_huge_shapes_allocates_nothing_by_them():
+    """SpeedupFunction(1, 10**9) once allocated a 15 GiB cache table; under a 2 GiB
+    address-space limit it now answers, and shapes outside its cache are computed exactly."""
+    import ast
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _HUGE_SHAPES_SCRIPT], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    huge, far, direct = ast.literal_eval(proc.stdout.strip())
+    assert huge == 0.0           # beyond 4096 / 8 replicas the job cannot run
+    assert np.allclose(far, direct) and far[0] > 0
