@@ -96,7 +96,10 @@ class SpeedupFunction:
     or ``N > K`` has speedup 0.
 
     Each distinct shape is evaluated once and cached (a dense table grown on demand), so
-    repeated calls within and across allocation rounds cost a numpy gather. The goodput
+    repeated calls within and across allocation rounds cost a numpy gather. Shapes beyond
+    what an allocator gives a job (more than
+    :data:`~adaptdl_core.policy.records.MAX_REPLICAS_PER_JOB` replicas, or more than 256
+    nodes) are computed at every call instead, so the table stays small. The goodput
     model is treated as immutable: build a new ``SpeedupFunction`` when the model is refitted.
 
     Args:
