@@ -5,7 +5,9 @@ in a checkpointed State, so a restarted job, on any number of replicas, continue
 epoch at the same sample (:class:`~adaptdl_core.torch.sampler.ElasticSampler` deals the
 samples). Within an epoch every sample is used exactly once, except that the last batch
 of a pass is padded with a few repeated samples when the remaining samples do not divide
-evenly among replicas (``drop_last=True`` drops that batch instead).
+evenly among replicas (``drop_last=True`` drops that batch instead;
+:func:`~adaptdl_core.torch.whole_set.drop_padding` removes the repeats, for metrics over
+a whole dataset).
 
 An autoscaled loader also chooses its batch size from the goodput model
 (:class:`~adaptdl_core.torch.batch_control.BatchSizeController`) and plans every optimizer

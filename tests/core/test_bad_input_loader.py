@@ -12,6 +12,7 @@ from torch.utils.data import IterableDataset, TensorDataset
 
 import adaptdl_core.torch as adl
 from adaptdl_core import checkpoint, collective
+from adaptdl_core.torch.batch_control import BatchSizeController
 
 
 def dataset(n):
@@ -142,6 +143,28 @@ def test_bounds_above_the_initial_batch_raise_the_local_batch():
     loader = adl.AdaptiveDataLoader(dataset(256), batch_size=4)
     loader.autoscale_batch_size(64, local_bsz_bounds=(8, 16))
     assert loader.current_local_bsz == 8  # the lower bound is honoured (not 4)
+
+
+@pytest.mark.parametrize("batch,replicas,hi,expected", [
+    (32, 1, 2, (2, 15)),    # 16 micro-batches of 2
+    (32, 1, 12, (11, 2)),   # 3 of 11 (33): the fewest micro-batches, the least excess
+    (32, 2, 8, (8, 1)),     # 16 per replica: 2 of 8
+    (32, 4, 8, (8, 0)),     # fits without accumulation
+])
+def test_initial_choice_within_the_upper_bound_accumulates(batch, replicas, hi, expected):
+    control = BatchSizeController(batch, 1, replicas, max_batch_size=64,
+                                  local_bsz_bounds=(None, hi), gradient_accumulation=True)
+    assert control.initial_choice() == expected
+    assert control.fits(*expected)
+    local, accum = expected
+    assert local <= hi and local * (accum + 1) * replicas >= batch
+
+
+def test_fits_checks_bounds_and_accumulation():
+    control = BatchSizeController(32, 1, 1, max_batch_size=64, local_bsz_bounds=(4, 16))
+    assert control.fits(4, 0) and control.fits(16, 0)
+    assert not control.fits(2, 0) and not control.fits(32, 0) and not control.fits(None, 0)
+    assert not control.fits(8, 1)  # no gradient accumulation allowed
 
 
 # -- iterable datasets point at ElasticLoop ----------------------------------------------
