@@ -260,6 +260,13 @@ def _pairs(method: str, args: tuple, kwargs: dict) -> dict:
                         "(key, value) pairs, or key=value arguments") from None
 
 
+def _refuse(what: str) -> Any:
+    """A method of _PendingUpdate that raises its "outside synchronized()" error."""
+    def method(self: "_PendingUpdate", *args: Any, **kwargs: Any) -> Any:
+        raise self._outside(what)
+    return method
+
+
 class _PendingUpdate:
     """What ``accum[key]`` returns in accumulation mode: collects ``+ v`` / ``- v``.
     Anything else done with it (reading, comparing, truth, arithmetic) raises a
@@ -299,44 +306,19 @@ class _PendingUpdate:
     def __repr__(self) -> str:
         return f"<pending update of accum[{self.key!r}]: read it inside synchronized()>"
 
-    def __bool__(self) -> bool:
-        raise self._outside("cannot take the truth value of")
-
-    def __str__(self) -> str:
-        raise self._outside("cannot print")
-
-    def __format__(self, spec: str) -> str:
-        raise self._outside("cannot format")
-
-    def __float__(self) -> float:
-        raise self._outside("cannot convert")
-
-    __int__ = __index__ = __complex__ = __float__  # type: ignore[assignment]
-
-    def __len__(self) -> int:
-        raise self._outside("cannot take the length of")
-
-    def __iter__(self) -> Any:
-        raise self._outside("cannot iterate over")
-
-    def __getitem__(self, item: Any) -> Any:
-        raise self._outside("cannot index")
-
-    def __array__(self, *args: Any, **kwargs: Any) -> Any:
-        raise self._outside("cannot convert")
-
-    def _compare(self, other: Any) -> bool:
-        raise self._outside("cannot compare")
-
-    __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = _compare  # type: ignore[assignment]
+    __bool__ = _refuse("cannot take the truth value of")
+    __str__ = _refuse("cannot print")
+    __format__ = _refuse("cannot format")
+    __float__ = __int__ = __index__ = __complex__ = __array__ = _refuse("cannot convert")
+    __len__ = _refuse("cannot take the length of")
+    __iter__ = _refuse("cannot iterate over")
+    __getitem__ = _refuse("cannot index")
+    __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = _refuse("cannot compare")
     __hash__ = None  # type: ignore[assignment]
-
-    def _arithmetic(self, *other: Any) -> Any:
-        raise self._outside("cannot compute with")
-
-    __radd__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __rtruediv__ = _arithmetic
-    __floordiv__ = __rfloordiv__ = __mod__ = __rmod__ = __pow__ = __rpow__ = _arithmetic
-    __matmul__ = __rmatmul__ = __neg__ = __pos__ = __abs__ = __round__ = _arithmetic
+    __radd__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __rtruediv__ = \
+        __floordiv__ = __rfloordiv__ = __mod__ = __rmod__ = __pow__ = __rpow__ = \
+        __matmul__ = __rmatmul__ = __neg__ = __pos__ = __abs__ = __round__ = \
+        _refuse("cannot compute with")
 
 
 def _plain(value: Any) -> Any:
