@@ -214,8 +214,7 @@ def _addable(key: Any, value: Any, op: str) -> Any:
     held until the next synchronized()). Raises TypeError for anything else."""
     if isinstance(value, torch.Tensor):
         return value.detach()
-    if (isinstance(value, (int, float, complex)) and not isinstance(value, _PendingUpdate)) \
-            or isinstance(value, (np.number, np.bool_)) \
+    if isinstance(value, (int, float, complex, np.number, np.bool_)) \
             or (isinstance(value, np.ndarray) and value.dtype.kind in "biufc"):
         return value
     raise TypeError(f"accum[{key!r}] {op} {value!r}: an Accumulator adds numbers (int, "
