@@ -21,6 +21,11 @@ with training, and every replica must call the collectives in the same order.
 
 The same store also serves as the rendezvous for ``torch.distributed`` (see
 :func:`adaptdl_core.torch.init_process_group`), so a job needs one port only.
+
+Under torchrun the store is usually its agent's (:func:`adaptdl_core.env.shared_store_scope`):
+then no replica hosts one, every replica connects as a client, and the keys live under a
+prefix of their own per torchrun restart, world size and round of workers, since that store
+outlives the workers and keeps every earlier round's keys.
 """
 
 from __future__ import annotations
@@ -143,17 +148,20 @@ class _Group:
     """The connection of this replica to the job's store, plus the operation counter."""
 
     def __init__(self, addr: str, port: int, rank: int, size: int, timeout_s: float,
-                 deadline: float | None = None):
+                 deadline: float | None = None, scope: str | None = None):
         self.addr, self.rank, self.size, self.timeout_s = addr, rank, size, timeout_s
         # Replicas known to be gone (a collective timed out waiting for them): teardown
         # does not wait for them to leave.
         self.lost: set[int] = set()
-        if rank != 0 and deadline is not None:
+        # Replica 0 hosts the store unless the launcher does (scope given).
+        self.hosts = rank == 0 and scope is None
+        if not self.hosts and deadline is not None:
             _connect_deadline(addr, port, deadline)
-        self.store = dist.TCPStore(addr, port, size, is_master=(rank == 0),
-                                   timeout=timedelta(seconds=timeout_s),
-                                   wait_for_workers=False)
-        self.port = self.store.port
+        raw = dist.TCPStore(addr, port, size, is_master=self.hosts,
+                            timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
+        self.port = raw.port
+        self.prefix = None if scope is None else _round_prefix(raw, scope, size)
+        self.store = raw if self.prefix is None else dist.PrefixStore(self.prefix, raw)
         self.op = 0
         self.executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="adaptdl-collective")
@@ -284,7 +292,7 @@ class _Group:
         try:
             if self.rank != 0:
                 self.store.set(f"adaptdl/left/{self.rank}", b"1")
-            elif wait:
+            elif wait and self.hosts:
                 others = [r for r in range(1, self.size) if r not in self.lost]
                 if others:
                     self.store.wait([f"adaptdl/left/{r}" for r in others],
@@ -310,6 +318,20 @@ class _Group:
                 missing) from exc
 
 
+def _round_prefix(store: dist.Store, scope: str, size: int) -> str:
+    """The key prefix of this round of workers in a launcher's long-lived store.
+
+    Every worker of a round counts itself in under ``scope`` and the world size; with
+    ``size`` workers joining each round, the ``g``-th round's workers all draw numbers in
+    ``(g * size, (g + 1) * size]``. (A round in which some worker never got this far
+    shifts the count: the next round of the same size then fails its rendezvous with a
+    timeout naming the missing replicas, and torchrun's restart moves on to a new scope.)
+    """
+    base = f"adaptdl/{scope}/w{size}"
+    generation = (int(store.add(f"{base}/joins", 1)) - 1) // size
+    return f"{base}/g{generation}/"
+
+
 # The group lives in the job context (context.current().group); this lock orders its
 # creation and removal.
 _LOCK = threading.Lock()
@@ -329,7 +351,9 @@ def initialize(master_addr: str | None = None, master_port: int | None = None,
     rank) has one deadline, ``timeout`` seconds after the call; replica 0 may take up to
     two seconds more to hand its verdict to the replicas that joined.
 
-    Arguments default to the ``ADAPTDL_*`` environment (see :mod:`adaptdl_core.env`).
+    Arguments default to the ``ADAPTDL_*`` environment (see :mod:`adaptdl_core.env`);
+    when the port comes from there too and torchrun's agent hosts the store there
+    (:func:`adaptdl_core.env.shared_store_scope`), every replica connects to that store.
 
     Arguments:
         master_addr: address of replica 0.
@@ -349,6 +373,7 @@ def initialize(master_addr: str | None = None, master_port: int | None = None,
     """
     addr = master_addr if master_addr is not None else env.master_addr()
     port = master_port if master_port is not None else env.master_port()
+    scope = env.shared_store_scope() if master_port is None else None
     size = num_replicas if num_replicas is not None else env.num_replicas()
     rank = replica_rank if replica_rank is not None else env.replica_rank()
     timeout_s = timeout if timeout is not None else env.timeout()
@@ -377,7 +402,7 @@ def initialize(master_addr: str | None = None, master_port: int | None = None,
             raise RuntimeError("adaptdl_core.collective is already initialized; "
                                "call teardown() first")
         try:
-            group = _Group(addr, port, rank, size, float(timeout_s), deadline)
+            group = _Group(addr, port, rank, size, float(timeout_s), deadline, scope)
         except TimeoutError as exc:
             raise RendezvousTimeoutError(
                 f"replica 0 of {size} (the master, hosting the store at {addr}:{port}) could "
@@ -452,8 +477,9 @@ def new_store_client() -> dist.Store:
         RuntimeError: if not initialized.
     """
     group = _require_group()
-    return dist.TCPStore(group.addr, group.port, group.size, is_master=False,
-                         timeout=timedelta(seconds=group.timeout_s))
+    client = dist.TCPStore(group.addr, group.port, group.size, is_master=False,
+                           timeout=timedelta(seconds=group.timeout_s))
+    return client if group.prefix is None else dist.PrefixStore(group.prefix, client)
 
 
 def _require_group() -> _Group:

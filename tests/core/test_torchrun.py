@@ -1,0 +1,180 @@
+"""An unchanged adaptdl_core script under torchrun: torchrun's variables stand in for unset
+ADAPTDL_* ones, the collectives share torchrun's agent store without reading an earlier
+round's keys, and a SIGTERM to torchrun checkpoints the job at a batch boundary, from which
+a torchrun with another number of processes resumes it exactly once."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import timedelta
+
+import pytest
+import torch.distributed as dist
+
+from adaptdl_core import collective, env
+from tests.core.harness import JOBS, read_events
+from tests.exactly_once import assert_exactly_once
+
+JOB = JOBS / "elastic_job.py"
+SIZE = 96
+
+TORCHRUN_VARS = {"TORCHELASTIC_RUN_ID": "run-7", "RANK": "1", "WORLD_SIZE": "3",
+                 "MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "29999", "GROUP_WORLD_SIZE": "2",
+                 "TORCHELASTIC_RESTART_COUNT": "2", "LOCAL_RANK": "1"}
+
+
+@pytest.fixture
+def no_torchrun(monkeypatch):
+    """No torchrun variable from the environment the tests run in."""
+    for name in (*TORCHRUN_VARS, "TORCHELASTIC_USE_AGENT_STORE"):
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+def test_torchrun_variables_stand_in_for_unset_adaptdl_ones(no_torchrun):
+    for name, value in TORCHRUN_VARS.items():
+        no_torchrun.setenv(name, value)
+    assert env.under_torchrun()
+    assert (env.replica_rank(), env.num_replicas(), env.num_nodes()) == (1, 3, 2)
+    assert (env.master_addr(), env.master_port()) == ("10.0.0.5", 29999)
+    assert (env.num_restarts(), env.local_rank()) == (2, 1)
+
+
+def test_adaptdl_variables_win(no_torchrun):
+    for name, value in TORCHRUN_VARS.items():
+        no_torchrun.setenv(name, value)
+    no_torchrun.setenv("ADAPTDL_NUM_REPLICAS", "5")
+    no_torchrun.setenv("ADAPTDL_REPLICA_RANK", "4")
+    no_torchrun.setenv("ADAPTDL_MASTER_PORT", "31000")
+    no_torchrun.setenv("ADAPTDL_NUM_RESTARTS", "0")
+    assert (env.replica_rank(), env.num_replicas(), env.master_port()) == (4, 5, 31000)
+    assert env.num_restarts() == 0
+    assert env.master_addr() == "10.0.0.5"  # (not set as ADAPTDL_*: torchrun's)
+
+
+def test_plain_names_are_ignored_outside_torchrun(no_torchrun):
+    for name, value in TORCHRUN_VARS.items():
+        if name != "TORCHELASTIC_RUN_ID":
+            no_torchrun.setenv(name, value)
+    assert not env.under_torchrun()
+    assert (env.replica_rank(), env.num_replicas(), env.master_port()) == (0, 1, 0)
+    assert env.master_addr() == "127.0.0.1" and env.num_restarts() == 0
+
+
+def test_bad_torchrun_value_names_torchrun_variable(no_torchrun):
+    no_torchrun.setenv("TORCHELASTIC_RUN_ID", "r")
+    no_torchrun.setenv("WORLD_SIZE", "2")
+    no_torchrun.setenv("RANK", "2")
+    with pytest.raises(ValueError, match="RANK=2 must be < WORLD_SIZE=2"):
+        env.replica_rank()
+    no_torchrun.setenv("RANK", "one")
+    with pytest.raises(ValueError, match="RANK='one' is not an integer"):
+        env.replica_rank()
+    no_torchrun.setenv("LOCAL_RANK", "-1")
+    with pytest.raises(ValueError, match="LOCAL_RANK=-1"):
+        env.local_rank()
+
+
+def test_shared_store_scope(no_torchrun):
+    assert env.shared_store_scope() is None
+    no_torchrun.setenv("TORCHELASTIC_RUN_ID", "run-7")
+    no_torchrun.setenv("TORCHELASTIC_RESTART_COUNT", "3")
+    assert env.shared_store_scope() is None          # agent store not shared
+    no_torchrun.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    assert env.shared_store_scope() == "torchrun/run-7/3"
+    no_torchrun.setenv("ADAPTDL_MASTER_PORT", "31000")
+    assert env.shared_store_scope() is None          # the job hosts its own store
+
+
+def test_collectives_in_agent_store_never_see_an_earlier_round(no_torchrun, restart):
+    # The test plays torchrun's agent: it hosts a store that outlives the "workers".
+    agent = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=timedelta(seconds=10),
+                          wait_for_workers=False)
+    for name, value in {"TORCHELASTIC_RUN_ID": "run-7", "TORCHELASTIC_RESTART_COUNT": "0",
+                        "TORCHELASTIC_USE_AGENT_STORE": "True", "RANK": "0",
+                        "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                        "MASTER_PORT": str(agent.port)}.items():
+        no_torchrun.setenv(name, value)
+    prefixes = []
+    for round_ in range(2):
+        collective.initialize()
+        group = collective.current_group()
+        assert not group.hosts and group.port == agent.port
+        group.store.set("mark", str(round_).encode())
+        prefixes.append(group.prefix)
+        collective.teardown()
+        restart()
+    assert prefixes[0] != prefixes[1]
+    assert all(p.startswith("adaptdl/torchrun/run-7/0/") for p in prefixes)
+    no_torchrun.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    collective.initialize()
+    assert collective.current_group().prefix.startswith("adaptdl/torchrun/run-7/1/")
+    assert not collective.current_group().store.check(["mark"])
+    collective.teardown()
+
+
+def _torchrun(tmp_path, nproc, *args, extra=()):
+    """Start ``elastic_job.py`` under torchrun (standalone, ``nproc`` processes)."""
+    env_vars = {k: v for k, v in os.environ.items()
+                if not k.startswith(("ADAPTDL_", "TORCHELASTIC_"))}
+    env_vars.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+                    ADAPTDL_CHECKPOINT_PATH=str(tmp_path / "ckpt"))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc-per-node={nproc}", *extra, str(JOB), "--record", str(tmp_path),
+           "--size", str(SIZE), *args]
+    return subprocess.Popen(cmd, env=env_vars, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def _finish(proc, timeout=60):
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+        pytest.fail(f"torchrun did not finish within {timeout} s:\n{out[-4000:]}")
+    return proc.returncode, out
+
+
+def test_sigterm_to_torchrun_checkpoints_then_one_process_resumes_exactly_once(tmp_path):
+    marker = tmp_path / "started"
+    proc = _torchrun(tmp_path, 2, "--signal-file", str(marker), "--sleep", "0.05")
+    deadline = time.time() + 40
+    while not marker.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    assert marker.exists(), _finish(proc)[1][-4000:]
+    proc.send_signal(signal.SIGTERM)
+    status, out = _finish(proc)
+    assert status != 0, "torchrun should report the stop"
+    assert out.count("checkpointed") == 2 and "exiting with status 143" in out, out[-4000:]
+    assert any(p.name.startswith("checkpoint-") for p in (tmp_path / "ckpt").iterdir())
+    before = [e for e in read_events(tmp_path) if e["event"] == "batch" and e["rank"] == 0]
+
+    status, out = _finish(_torchrun(tmp_path, 1))
+    assert status == 0, out[-4000:]
+    events = read_events(tmp_path)
+    assert_exactly_once(events, SIZE, epochs=3)
+    starts = [e["replicas"] for e in events if e["event"] == "start" and e["rank"] == 0]
+    assert starts == [2, 1]
+    # The one-process run starts at the sample where the two-process run stopped.
+    rank0 = [e for e in events if e["event"] == "batch" and e["rank"] == 0]
+    after = rank0[len(before)]
+    assert after["local_bsz"] == 8 and after["epoch"] == before[-1]["epoch"]
+    assert after["index"] == before[-1]["index"] + 8 or before[-1]["index"] == SIZE
+
+
+def test_torchrun_restart_resumes_from_the_checkpoint(tmp_path):
+    # Replica 1 stops the job after 20 steps (status 143, a failure to torchrun), which
+    # restarts both workers: they resume from the checkpoint in the same agent store.
+    status, out = _finish(_torchrun(tmp_path, 2, "--stop-after", "20", "--stop-rank", "1",
+                                    extra=("--max-restarts=1",)))
+    assert status == 0, out[-4000:]
+    events = read_events(tmp_path)
+    assert_exactly_once(events, SIZE, epochs=3)
+    starts = sorted((e["restart"], e["replicas"]) for e in events
+                    if e["event"] == "start" and e["rank"] == 0)
+    assert starts == [(0, 2), (1, 2)]
