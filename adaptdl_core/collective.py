@@ -22,10 +22,12 @@ with training, and every replica must call the collectives in the same order.
 The same store also serves as the rendezvous for ``torch.distributed`` (see
 :func:`adaptdl_core.torch.init_process_group`), so a job needs one port only.
 
-Under torchrun the store is usually its agent's (:func:`adaptdl_core.env.shared_store_scope`):
-then no replica hosts one, every replica connects as a client, and the keys live under a
-prefix of their own per torchrun restart, world size and round of workers, since that store
-outlives the workers and keeps every earlier round's keys.
+Under torchrun, ``MASTER_PORT`` is usually the port of its agent's own store
+(:func:`adaptdl_core.env.shared_store_scope`). Replica 0 then hosts the job's store on a
+free port and publishes it there; the others look it up. That store outlives the workers
+and keeps every earlier round's keys, so what a replica reads there may be an address of a
+previous round's store: it connects only to a store that holds the identifier published
+with the address, and keeps looking until the rendezvous deadline.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import math
 import logging
 import pickle
 import socket
+import uuid
 import sys
 import threading
 import time
@@ -153,15 +156,19 @@ class _Group:
         # Replicas known to be gone (a collective timed out waiting for them): teardown
         # does not wait for them to leave.
         self.lost: set[int] = set()
-        # Replica 0 hosts the store unless the launcher does (scope given).
-        self.hosts = rank == 0 and scope is None
-        if not self.hosts and deadline is not None:
+        # With a scope, addr:port is the launcher's store, where replica 0 publishes the
+        # port of its own (picked free) and the others look it up.
+        launcher_port = port
+        if scope is not None:
+            port = 0 if rank == 0 else _find_published(addr, port, scope, size, deadline)
+        if rank != 0 and deadline is not None:
             _connect_deadline(addr, port, deadline)
-        raw = dist.TCPStore(addr, port, size, is_master=self.hosts,
-                            timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
-        self.port = raw.port
-        self.prefix = None if scope is None else _round_prefix(raw, scope, size)
-        self.store = raw if self.prefix is None else dist.PrefixStore(self.prefix, raw)
+        self.store = dist.TCPStore(addr, port, size, is_master=(rank == 0),
+                                   timeout=timedelta(seconds=timeout_s),
+                                   wait_for_workers=False)
+        self.port = self.store.port
+        if scope is not None and rank == 0:
+            _publish(self.store, addr, launcher_port, scope, size, timeout_s)
         self.op = 0
         self.executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="adaptdl-collective")
@@ -292,7 +299,7 @@ class _Group:
         try:
             if self.rank != 0:
                 self.store.set(f"adaptdl/left/{self.rank}", b"1")
-            elif wait and self.hosts:
+            elif wait:
                 others = [r for r in range(1, self.size) if r not in self.lost]
                 if others:
                     self.store.wait([f"adaptdl/left/{r}" for r in others],
@@ -318,18 +325,59 @@ class _Group:
                 missing) from exc
 
 
-def _round_prefix(store: dist.Store, scope: str, size: int) -> str:
-    """The key prefix of this round of workers in a launcher's long-lived store.
+# In a launcher's store: where replica 0 publishes its store (port and identifier). In
+# the job's store: the identifier, which proves that a store is the one published.
+_PUBLISHED = "adaptdl/{scope}/store"
+_STORE_ID = "adaptdl/store-id"
 
-    Every worker of a round counts itself in under ``scope`` and the world size; with
-    ``size`` workers joining each round, the ``g``-th round's workers all draw numbers in
-    ``(g * size, (g + 1) * size]``. (A round in which some worker never got this far
-    shifts the count: the next round of the same size then fails its rendezvous with a
-    timeout naming the missing replicas, and torchrun's restart moves on to a new scope.)
+
+def _publish(store: dist.Store, addr: str, launcher_port: int, scope: str, size: int,
+             timeout_s: float) -> None:
+    """Replica 0: label its new store with a fresh identifier and publish its port and
+    that identifier in the launcher's store at ``addr:launcher_port``."""
+    store_id = uuid.uuid4().hex
+    store.set(_STORE_ID, store_id.encode())
+    launcher = dist.TCPStore(addr, launcher_port, size, is_master=False,
+                             timeout=timedelta(seconds=timeout_s))
+    launcher.set(_PUBLISHED.format(scope=scope),
+                 json.dumps({"port": store.port, "id": store_id}).encode())
+
+
+def _find_published(addr: str, launcher_port: int, scope: str, size: int,
+                    deadline: float | None) -> int:
+    """The others: the port of replica 0's store, read from the launcher's store and
+    checked against the identifier published with it (an entry left by an earlier round
+    names a store that is gone, or one that holds another identifier).
+
+    Raises:
+        TimeoutError: when no published store answered with its identifier by
+            ``deadline`` (monotonic seconds; ``None``: the default timeout from now).
     """
-    base = f"adaptdl/{scope}/w{size}"
-    generation = (int(store.add(f"{base}/joins", 1)) - 1) // size
-    return f"{base}/g{generation}/"
+    if deadline is None:
+        deadline = time.monotonic() + env.timeout()
+    key = _PUBLISHED.format(scope=scope)
+    _connect_deadline(addr, launcher_port, deadline)
+    launcher = dist.TCPStore(addr, launcher_port, size, is_master=False,
+                             timeout=timedelta(seconds=max(deadline - time.monotonic(), 1.0)))
+    pause = _POLL_S[0]
+    while True:
+        if launcher.check([key]):
+            entry = json.loads(launcher.get(key).decode())
+            try:
+                # (A short wait each: a stale entry must not use up the deadline.)
+                _connect_deadline(addr, entry["port"], min(deadline, time.monotonic() + 1.0))
+                probe = dist.TCPStore(addr, entry["port"], size, is_master=False,
+                                      timeout=timedelta(seconds=2))
+                if (probe.check([_STORE_ID])
+                        and probe.get(_STORE_ID).decode() == entry["id"]):
+                    return int(entry["port"])
+            except (TimeoutError, OSError, RuntimeError) as exc:
+                LOG.debug("published store %s is not this round's: %s", entry, exc)
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"no store of replica 0 was published in the launcher's store "
+                               f"at {addr}:{launcher_port}")
+        time.sleep(pause)
+        pause = min(pause * 2, _POLL_S[1])
 
 
 # The group lives in the job context (context.current().group); this lock orders its
@@ -352,8 +400,9 @@ def initialize(master_addr: str | None = None, master_port: int | None = None,
     two seconds more to hand its verdict to the replicas that joined.
 
     Arguments default to the ``ADAPTDL_*`` environment (see :mod:`adaptdl_core.env`);
-    when the port comes from there too and torchrun's agent hosts the store there
-    (:func:`adaptdl_core.env.shared_store_scope`), every replica connects to that store.
+    when the port comes from there too and torchrun's agent hosts a store there
+    (:func:`adaptdl_core.env.shared_store_scope`), replica 0 publishes its own store's
+    port in it and the others look it up (see the module docstring).
 
     Arguments:
         master_addr: address of replica 0.
@@ -477,9 +526,8 @@ def new_store_client() -> dist.Store:
         RuntimeError: if not initialized.
     """
     group = _require_group()
-    client = dist.TCPStore(group.addr, group.port, group.size, is_master=False,
-                           timeout=timedelta(seconds=group.timeout_s))
-    return client if group.prefix is None else dist.PrefixStore(group.prefix, client)
+    return dist.TCPStore(group.addr, group.port, group.size, is_master=False,
+                         timeout=timedelta(seconds=group.timeout_s))
 
 
 def _require_group() -> _Group:

@@ -37,8 +37,7 @@ An ``ADAPTDL_*`` variable that is set always wins. Outside torchrun the plain na
 ignored (other launchers, Ray's workers among them, set ``MASTER_ADDR`` for their own
 purposes). When torchrun's agent hosts the store the workers share
 (``TORCHELASTIC_USE_AGENT_STORE=True``, its default) and ``ADAPTDL_MASTER_PORT`` is unset,
-the job's collectives use that store too, under a key scope of their own
-(:func:`shared_store_scope`).
+replica 0 publishes its own store's port in that store (:func:`shared_store_scope`).
 """
 
 from __future__ import annotations
@@ -234,18 +233,16 @@ def local_rank() -> int | None:
 
 
 def shared_store_scope() -> str | None:
-    """Where the job's collectives keep their keys when its launcher hosts the store.
+    """Whether :func:`master_addr` / :func:`master_port` name a launcher's store, and the
+    key scope the job uses there.
 
-    ``None`` (the usual case): replica 0 hosts the job's store at :func:`master_addr` /
-    :func:`master_port`. Under torchrun with ``TORCHELASTIC_USE_AGENT_STORE=True`` (its
-    default) and ``ADAPTDL_MASTER_PORT`` unset, torchrun's agent already hosts a store
-    there, which outlives the workers and every restart of them: the result is then a key
-    prefix naming the torchrun run and its restart, ``"torchrun/<run id>/<restart>"``, so
-    that no two rounds of workers read each other's keys.
+    ``None`` (the usual case): replica 0 hosts the job's store at that port. Under
+    torchrun with ``TORCHELASTIC_USE_AGENT_STORE=True`` (its default) and
+    ``ADAPTDL_MASTER_PORT`` unset, torchrun's agent already hosts a store there: the
+    result is then ``"torchrun/<run id>"``, under which replica 0 publishes where its own
+    store is (:mod:`adaptdl_core.collective`).
     """
     if (not under_torchrun() or os.environ.get("ADAPTDL_MASTER_PORT", "").strip()
             or os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "") != "True"):
         return None
-    run_id = os.environ["TORCHELASTIC_RUN_ID"].strip()
-    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "").strip() or "0"
-    return f"torchrun/{run_id}/{restart}"
+    return f"torchrun/{os.environ['TORCHELASTIC_RUN_ID'].strip()}"

@@ -5,8 +5,10 @@ a torchrun with another number of processes resumes it exactly once."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -15,7 +17,7 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from adaptdl_core import collective, env
+from adaptdl_core import env
 from tests.core.harness import JOBS, read_events
 from tests.exactly_once import assert_exactly_once
 
@@ -82,39 +84,58 @@ def test_bad_torchrun_value_names_torchrun_variable(no_torchrun):
 def test_shared_store_scope(no_torchrun):
     assert env.shared_store_scope() is None
     no_torchrun.setenv("TORCHELASTIC_RUN_ID", "run-7")
-    no_torchrun.setenv("TORCHELASTIC_RESTART_COUNT", "3")
     assert env.shared_store_scope() is None          # agent store not shared
     no_torchrun.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
-    assert env.shared_store_scope() == "torchrun/run-7/3"
+    assert env.shared_store_scope() == "torchrun/run-7"
     no_torchrun.setenv("ADAPTDL_MASTER_PORT", "31000")
-    assert env.shared_store_scope() is None          # the job hosts its own store
+    assert env.shared_store_scope() is None          # the job's own port: no launcher store
 
 
-def test_collectives_in_agent_store_never_see_an_earlier_round(no_torchrun, restart):
-    # The test plays torchrun's agent: it hosts a store that outlives the "workers".
-    agent = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=timedelta(seconds=10),
+REPLICA = """
+import json, sys
+from adaptdl_core import collective, env
+collective.initialize()
+total = collective.allreduce(env.replica_rank() + 1)
+print(json.dumps({"sum": total, "port": collective.store_address()[1]}))
+collective.teardown()
+"""
+
+
+@pytest.mark.parametrize("stale", ["gone", "other"])
+def test_replicas_find_this_rounds_store_through_the_agent_store(no_torchrun, stale):
+    # The test plays torchrun's agent: it hosts the store named by MASTER_PORT, which
+    # still holds an earlier round's entry: a store that is gone, or one that is up but
+    # is not this round's (another identifier).
+    agent = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=timedelta(seconds=30),
                           wait_for_workers=False)
-    for name, value in {"TORCHELASTIC_RUN_ID": "run-7", "TORCHELASTIC_RESTART_COUNT": "0",
-                        "TORCHELASTIC_USE_AGENT_STORE": "True", "RANK": "0",
-                        "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-                        "MASTER_PORT": str(agent.port)}.items():
-        no_torchrun.setenv(name, value)
-    prefixes = []
-    for round_ in range(2):
-        collective.initialize()
-        group = collective.current_group()
-        assert not group.hosts and group.port == agent.port
-        group.store.set("mark", str(round_).encode())
-        prefixes.append(group.prefix)
-        collective.teardown()
-        restart()
-    assert prefixes[0] != prefixes[1]
-    assert all(p.startswith("adaptdl/torchrun/run-7/0/") for p in prefixes)
-    no_torchrun.setenv("TORCHELASTIC_RESTART_COUNT", "1")
-    collective.initialize()
-    assert collective.current_group().prefix.startswith("adaptdl/torchrun/run-7/1/")
-    assert not collective.current_group().store.check(["mark"])
-    collective.teardown()
+    other = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=timedelta(seconds=30),
+                          wait_for_workers=False)
+    other.set("adaptdl/store-id", b"an-earlier-round")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        gone = s.getsockname()[1]
+    stale_port = gone if stale == "gone" else other.port
+    key = "adaptdl/torchrun/run-7/store"
+    agent.set(key, json.dumps({"port": stale_port, "id": "an-earlier-round"}).encode())
+    base = {k: v for k, v in os.environ.items() if not k.startswith("ADAPTDL_")}
+    base.update(TORCHELASTIC_RUN_ID="run-7", TORCHELASTIC_USE_AGENT_STORE="True",
+                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(agent.port), WORLD_SIZE="2",
+                ADAPTDL_TIMEOUT="30", OMP_NUM_THREADS="1")
+    procs = []
+    for rank in (1, 0):  # (the other replica is looking before replica 0 publishes)
+        procs.append(subprocess.Popen([sys.executable, "-c", REPLICA], text=True,
+                                      env={**base, "RANK": str(rank)},
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+        time.sleep(0.5)
+    results = []
+    for proc in procs:
+        out, _ = proc.communicate(timeout=90)
+        assert proc.returncode == 0, out[-3000:]
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    assert [r["sum"] for r in results] == [3, 3]
+    port = results[0]["port"]
+    assert results[1]["port"] == port and port not in (agent.port, stale_port)
+    assert json.loads(agent.get(key).decode())["port"] == port
 
 
 def _torchrun(tmp_path, nproc, *args, extra=()):
