@@ -17,9 +17,10 @@ nodes of this shape", the head node included if it has that shape.
 from __future__ import annotations
 
 import logging
-import math
 import threading
 from typing import Any, Callable, Dict, List, Mapping, Optional
+
+from adaptdl_core.policy import NodeInfo
 
 LOG = logging.getLogger(__name__)
 
@@ -29,24 +30,17 @@ RequestFn = Callable[..., Any]
 
 
 def _check_template(node_template: Any) -> Dict[str, float]:
-    if not isinstance(node_template, Mapping) or not node_template:
-        raise ValueError(f"node_template must be a non-empty dict of resource name -> amount "
-                         f"(one node's resources, e.g. {{'CPU': 8, 'GPU': 1}}), "
-                         f"got {node_template!r}")
-    out: Dict[str, float] = {}
-    for name, amount in node_template.items():
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"node_template: resource names must be non-empty strings, "
-                             f"got {name!r}")
-        if (isinstance(amount, bool) or not isinstance(amount, (int, float))
-                or not math.isfinite(amount) or amount < 0):
-            raise ValueError(f"node_template[{name!r}] must be a finite number >= 0, "
-                             f"got {amount!r}")
-        out[name] = amount
-    if not any(v > 0 for v in out.values()):
+    """The template as a plain dict, checked as the policy checks a node's resources."""
+    try:
+        resources = dict(NodeInfo(node_template).resources)
+    except ValueError as exc:
+        raise ValueError(f"node_template: {exc} (one node's resources, e.g. "
+                         "{'CPU': 8, 'GPU': 1})") from None
+    if not any(v > 0 for v in resources.values()):
         raise ValueError(f"node_template must give a positive amount of some resource, "
                          f"got {node_template!r}")
-    return out
+    # (Whole amounts stay ints: Ray's bundles read better that way.)
+    return {k: int(v) if float(v).is_integer() else v for k, v in resources.items()}
 
 
 def _ray_request_resources(**kwargs: Any) -> None:
