@@ -13,7 +13,9 @@ lower ``L`` (default 1/2):
 
 * **grow** while the goodput per GPU stays above ``U``: the desired size is the largest
   ``n`` above the current size whose utility is at least ``U`` (when there is one), less
-  any trailing nodes that add no goodput at all;
+  any trailing nodes that add no goodput at all. Sizes are tried upwards until one falls
+  below ``U`` with every job running (beyond it more nodes only add replicas to running
+  jobs, which with concave speedups lowers the goodput per GPU further);
 * **hold** the current size while its utility is at least ``L``;
 * **shrink** otherwise, aiming for ``L``: the largest ``n`` below the current size whose
   utility is at least ``L``, or, if none reaches it, the size with the best utility
@@ -32,7 +34,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Dict, Hashable, Mapping, Optional
+from typing import Any, Dict, Hashable, Mapping, Optional, Tuple
 
 from .allocator import PolluxPolicy
 from .records import JobInfo, NodeInfo, _is_int, _is_real
@@ -60,7 +62,8 @@ class ClusterSizeDecision:
         current_nodes: the size it was asked about (as given, before clamping).
         action: ``"grow"``, ``"shrink"`` or ``"hold"`` (``desired_nodes`` against
             ``current_nodes``).
-        utilities: cluster size -> utility, for every size the rule evaluated.
+        utilities: cluster size -> utility, for every size the rule evaluated (one
+            allocation each).
         reason: one line for logs saying why.
     """
 
@@ -135,13 +138,19 @@ class ClusterSizeRule:
         """
         if not _is_int(num_nodes) or num_nodes < 0:
             raise ValueError(f"num_nodes must be an integer >= 0, got {num_nodes!r}")
+        return self._evaluate(jobs, int(num_nodes), float(now))[0]
+
+    def _evaluate(self, jobs: Mapping[Hashable, JobInfo], num_nodes: int, now: float
+                  ) -> Tuple[float, int]:
+        """``(utility, jobs left idle)`` at ``num_nodes`` template nodes."""
         if num_nodes == 0 or not jobs:
-            return 0.0
-        nodes = {i: NodeInfo(self.node_template) for i in range(int(num_nodes))}
+            return 0.0, len(jobs)
+        nodes = {i: NodeInfo(self.node_template) for i in range(num_nodes)}
         result = self.policy.allocate(jobs, nodes, None, now=now)
         used = sum(float(result.speedups[key]) * job.resources.get(self.resource, 0.0)
                    for key, job in jobs.items())
-        return used / (num_nodes * self.node_template[self.resource])
+        idle = sum(1 for key in jobs if not result.allocations[key])
+        return used / (num_nodes * self.node_template[self.resource]), idle
 
     def decide(self, jobs: Mapping[Hashable, JobInfo], current_nodes: int, *, now: float
                ) -> ClusterSizeDecision:
@@ -167,14 +176,23 @@ class ClusterSizeRule:
             raise ValueError(f"now must be a finite number of seconds, got {now!r}")
         start = min(max(int(current_nodes), self.min_nodes), self.max_nodes)
         utilities: Dict[int, float] = {}
+        idle: Dict[int, int] = {}
 
         def u(n: int) -> float:
             if n not in utilities:
-                utilities[n] = self.utility(jobs, n, now=float(now))
+                utilities[n], idle[n] = self._evaluate(jobs, n, float(now))
             return utilities[n]
 
         desired, why = start, ""
-        grow = [n for n in range(start + 1, self.max_nodes + 1) if u(n) >= self.upper]
+        grow = []
+        for n in range(start + 1, self.max_nodes + 1):
+            if u(n) >= self.upper:
+                grow.append(n)
+            elif idle[n] == 0:
+                # Every job runs: more nodes only add replicas to running jobs, whose
+                # goodput per GPU falls with more (concave speedups), so no larger size
+                # gets back above U.
+                break
         if grow:
             desired = max(grow)
             # A node that adds no goodput is not worth paying for, even while the
@@ -189,9 +207,10 @@ class ClusterSizeRule:
             if u(start) >= self.upper:
                 why = f"utility {u(start):.3f} at {start} nodes; more would fall below upper"
         else:
-            below = [n for n in range(self.min_nodes, start) if u(n) >= self.lower]
-            if below:
-                desired = max(below)
+            below = next((n for n in range(start - 1, self.min_nodes - 1, -1)
+                          if u(n) >= self.lower), None)
+            if below is not None:
+                desired = below
                 why = (f"utility {u(start):.3f} at {start} nodes < lower {self.lower:.3f}; "
                        f"{desired} nodes reach {u(desired):.3f}")
             else:

@@ -107,6 +107,20 @@ def test_waiting_job_that_needs_two_nodes_gets_them():
     assert d.desired_nodes == 2 and d.utilities[3] == pytest.approx(2 / 3)
 
 
+def test_grow_looks_past_sizes_where_a_job_cannot_run_yet():
+    # 12 replicas minimum: idle on 1 and 2 nodes, linear on 3.
+    jobs = {"a": job(linear, min_replicas=12, max_replicas=12)}
+    d = rule(max_nodes=6).decide(jobs, 1, now=NOW)
+    assert d.utilities[2] == 0.0 and d.desired_nodes == 3
+
+
+def test_grow_stops_trying_sizes_once_all_jobs_run_below_upper():
+    # Saturating, c = 0.05: utility falls below U at 3 nodes with the job running, so
+    # larger sizes are not evaluated (each costs an allocation).
+    d = rule().decide({"a": job(saturating(0.05))}, 1, now=NOW)
+    assert d.desired_nodes == 2 and max(d.utilities) == 3
+
+
 def test_utility_counts_gpus_per_replica():
     # Two GPUs per replica, linear: every GPU is used ideally.
     r = rule(max_nodes=2)
