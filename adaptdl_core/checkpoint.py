@@ -42,7 +42,8 @@ from typing import IO, Any, Callable
 from adaptdl_core import context, env
 
 __all__ = ["State", "save_state", "load_state", "save_all_states", "latest_checkpoint_dir",
-           "state_names", "verify_checkpoint", "register_content_check", "CheckpointError"]
+           "state_names", "verify_checkpoint", "register_content_check", "CheckpointError",
+           "check_checkpoint_root"]
 
 LOG = logging.getLogger(__name__)
 
@@ -488,6 +489,29 @@ def _commit(root: str, tmp: str, names: list[str], entries: dict[str, dict]) -> 
         if entry.startswith(".tmp-") and os.path.join(root, entry) != tmp:
             shutil.rmtree(os.path.join(root, entry), ignore_errors=True)
     return final
+
+
+def check_checkpoint_root(root: str | os.PathLike | None) -> None:
+    """Check, before training starts, that checkpoints can be written under ``root``
+    (``None``: no checkpoints, nothing to check): the directory is created if missing
+    and a probe file is written and removed, so an unwritable path fails now rather
+    than at the first checkpoint, after the training it was to save.
+
+    Raises:
+        ValueError: naming the path and the operating system's reason.
+    """
+    if root is None:
+        return
+    root = os.fspath(root)
+    try:
+        os.makedirs(root, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".tmp-probe-", dir=root)
+        os.close(fd)
+        os.remove(probe)
+    except OSError as exc:
+        raise ValueError(f"ADAPTDL_CHECKPOINT_PATH={root!r} cannot hold checkpoints "
+                         f"({exc.strerror or exc}); set it to a writable directory, or "
+                         "unset it to run without checkpoints") from None
 
 
 def _new_tmp_dir(root: str) -> str:

@@ -18,10 +18,13 @@ describes a one-replica job with no checkpointing.
 | ``ADAPTDL_TIMEOUT``        | :func:`timeout`       | ``30`` seconds              |
 
 Values are read on every call (not cached) so that tests and launchers can change them;
-invalid values raise :class:`ValueError` naming the variable and what is expected.
+invalid values raise :class:`ValueError` naming the variable and what is expected. An
+empty value means the default, except for ``ADAPTDL_CHECKPOINT_PATH``, where it is
+refused (a job meant to checkpoint would otherwise silently save nothing).
 
 **Under torchrun** (``python -m torch.distributed.run``, detected by its
-``TORCHELASTIC_RUN_ID``), an unset ``ADAPTDL_*`` variable falls back to torchrun's own:
+``TORCHELASTIC_RUN_ID``), an unset (or empty) ``ADAPTDL_*`` variable falls back to
+torchrun's own:
 
 | ``ADAPTDL_*`` variable     | torchrun's variable            |
 |----------------------------|--------------------------------|
@@ -114,8 +117,18 @@ def checkpoint_path() -> str | None:
     """Directory where checkpoints are written and read (``ADAPTDL_CHECKPOINT_PATH``).
 
     Returns ``None`` when unset: the job then neither loads nor saves checkpoints.
+
+    Raises:
+        ValueError: if the variable is set but empty (or blank): unlike the other
+            variables, an empty value is not taken as the default, since a job that
+            meant to checkpoint would then stop ("checkpointed") having saved nothing.
     """
-    return _get_str("ADAPTDL_CHECKPOINT_PATH")
+    raw = os.environ.get("ADAPTDL_CHECKPOINT_PATH")
+    if raw is not None and not raw.strip():
+        raise ValueError(f"ADAPTDL_CHECKPOINT_PATH={raw!r} is set but empty: set it to the "
+                         "directory to checkpoint into, or unset it to run without "
+                         "checkpoints")
+    return raw
 
 
 def share_path() -> str | None:

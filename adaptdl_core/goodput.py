@@ -34,6 +34,8 @@ from typing import NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from adaptdl_core import validation
+
 __all__ = ["PerfParams", "GradParams", "GoodputFunction", "fit_perf_params",
            "check_perf_params", "efficiency"]
 
@@ -119,6 +121,27 @@ def check_perf_params(perf: PerfParams) -> PerfParams:
     return perf
 
 
+def _checked_array(name: str, value: ArrayLike, minimum: float, *,
+                   strict: bool = False) -> np.ndarray:
+    """``value`` as a float array whose entries are all finite and ``>= minimum`` (``>``
+    with ``strict``).
+
+    Raises:
+        ValueError: naming ``name``, the first offending entry and what is needed.
+    """
+    try:
+        arr = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number or an array of numbers, "
+                         f"got {value!r}") from None
+    ok = np.isfinite(arr) & ((arr > minimum) if strict else (arr >= minimum))
+    if not np.all(ok):
+        where = "" if arr.ndim == 0 else f" (entry {int(np.flatnonzero(~ok)[0])})"
+        raise ValueError(f"{name} must hold finite numbers {'>' if strict else '>='} "
+                         f"{minimum:g}, got {float(arr[~ok].flat[0])!r}{where}")
+    return arr
+
+
 def _check_int_arg(name: str, value, minimum: int) -> int:
     if isinstance(value, (bool, np.bool_)):
         raise ValueError(f"{name} must be an integer, got {value!r}")
@@ -140,11 +163,27 @@ def efficiency(noise_scale: float, init_batch_size: float, batch_size: ArrayLike
     no benefit from larger batches). The one formula of the library (the AdaScale gain
     ``E(M) * M / M0`` follows from it).
 
-    Arguments broadcast (numpy); ``noise_scale >= 0`` and ``init_batch_size > 0`` are the
-    caller's to ensure.
+    Arguments broadcast (numpy).
+
+    Raises:
+        ValueError: for a ``noise_scale`` that is not a finite number ``>= 0``, an
+            ``init_batch_size`` that is not a finite number ``> 0``, or a ``batch_size``
+            with an entry that is not a finite number ``>= 0`` (the message names it).
     """
-    m = np.maximum(_as_float_array(batch_size), float(init_batch_size))
-    return (noise_scale + init_batch_size) / (noise_scale + m)
+    phi = validation.number("noise_scale", noise_scale, 0.0, what="a finite number of samples")
+    m0 = validation.number("init_batch_size", init_batch_size, 0.0, low_open=True,
+                           what="a finite number of samples")
+    m = np.maximum(_checked_array("batch_size", batch_size, 0.0), m0)
+    return (phi + m0) / (phi + m)
+
+
+def _checked_config(num_nodes: ArrayLike, num_replicas: ArrayLike, atomic_bsz: ArrayLike,
+                    accum_steps: ArrayLike) -> Tuple[np.ndarray, ...]:
+    """The four configuration arguments as float arrays, checked (see ``throughput``)."""
+    return (_checked_array("num_nodes", num_nodes, 0.0),
+            _checked_array("num_replicas", num_replicas, 0.0),
+            _checked_array("atomic_bsz", atomic_bsz, 0.0, strict=True),
+            _checked_array("accum_steps", accum_steps, 0.0))
 
 
 class GoodputFunction:
@@ -225,22 +264,36 @@ class GoodputFunction:
 
         All arguments broadcast against each other (numpy rules); ``accum_steps`` is the
         number of *extra* micro-batches ``s`` per optimizer step.
+
+        Raises:
+            ValueError: see :meth:`throughput`.
         """
-        k = _as_float_array(num_replicas)
-        b = _as_float_array(atomic_bsz)
-        s = _as_float_array(accum_steps)
-        return self.throughput(num_nodes, k, b, s) * self.efficiency(k * b * (s + 1.0))
+        n, k, b, s = _checked_config(num_nodes, num_replicas, atomic_bsz, accum_steps)
+        return self._evaluate(n, k, b, s)
+
+    def _evaluate(self, n: np.ndarray, k: np.ndarray, b: np.ndarray,
+                  s: np.ndarray) -> np.ndarray:
+        # Unchecked: optimize() passes only configurations it has made valid.
+        return self._throughput(n, k, b, s) * efficiency(self._noise_scale,
+                                                         self._init_batch_size,
+                                                         k * b * (s + 1.0))
 
     def throughput(self, num_nodes: ArrayLike, num_replicas: ArrayLike, atomic_bsz: ArrayLike,
                    accum_steps: ArrayLike) -> np.ndarray:
         """Predicted training throughput ``X = K * b * (s + 1) / T_iter`` in samples/s.
 
         Arguments broadcast against each other; see the module docstring for the model.
+
+        Raises:
+            ValueError: unless every entry is finite, ``num_nodes >= 0``,
+                ``num_replicas >= 0``, ``atomic_bsz > 0`` and ``accum_steps >= 0`` (the
+                message names the argument and the entry).
         """
-        n = _as_float_array(num_nodes)
-        k = _as_float_array(num_replicas)
-        b = _as_float_array(atomic_bsz)
-        s = _as_float_array(accum_steps)
+        return self._throughput(*_checked_config(num_nodes, num_replicas, atomic_bsz,
+                                                 accum_steps))
+
+    def _throughput(self, n: np.ndarray, k: np.ndarray, b: np.ndarray,
+                    s: np.ndarray) -> np.ndarray:
         p = self._perf_params
         t_c = p.alpha_c + p.beta_c * b
         t_o = _overlap(t_c, _sync_time(p, n, k), p.gamma)
@@ -254,6 +307,9 @@ class GoodputFunction:
         gradient statistics are unusable (non-finite, ``sqr <= 0`` or ``var <= 0``) then
         ``phi = 0`` is used, i.e. ``E = M0 / M`` (pessimistic: no benefit from larger batches,
         never above 1, never NaN for finite batch sizes).
+
+        Raises:
+            ValueError: for a ``batch_size`` entry that is not a finite number ``>= 0``.
         """
         return efficiency(self._noise_scale, self._init_batch_size, batch_size)
 
@@ -341,7 +397,7 @@ class GoodputFunction:
         feasible = valid & (bsz >= lo)
         bsz = np.maximum(bsz, float(lo))
 
-        goodput = self.evaluate(n, k, bsz, accum)
+        goodput = self._evaluate(n, k, bsz, accum)
         goodput = np.where(feasible & np.isfinite(goodput), goodput, -np.inf)
         best = np.argmax(goodput, axis=1)
         rows = np.arange(goodput.shape[0])

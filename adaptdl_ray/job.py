@@ -8,6 +8,7 @@ checkpoint-restart as its goodput model says more replicas pay off, within the c
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any, Callable, Mapping
 
 from ray import tune
@@ -18,6 +19,20 @@ from adaptdl_ray.tune.trainable import AdaptDLTrainableCreator
 LOG = logging.getLogger(__name__)
 
 __all__ = ["run_job"]
+
+
+def _check_arguments(config: Any, name: Any, storage_path: Any, verbose: Any) -> None:
+    """run_job's own arguments (the creator and the scheduler check theirs)."""
+    if config is not None and not isinstance(config, Mapping):
+        raise ValueError(f"config must be a dict of the job's settings (passed to train_fn) "
+                         f"or None, got {config!r}")
+    for arg, value in (("name", name), ("storage_path", storage_path)):
+        if value is not None and (not isinstance(value, (str, os.PathLike))
+                                  or not os.fspath(value)):
+            raise ValueError(f"{arg} must be a non-empty string or None, got {value!r}")
+    if isinstance(verbose, bool) or not isinstance(verbose, int) or not 0 <= verbose <= 3:
+        raise ValueError(f"verbose must be Tune's verbosity, an integer in [0, 3], "
+                         f"got {verbose!r}")
 
 
 def run_job(train_fn: Callable[[dict], Any], config: Mapping[str, Any] | None = None, *,
@@ -43,8 +58,11 @@ def run_job(train_fn: Callable[[dict], Any], config: Mapping[str, Any] | None = 
 
     Raises:
         RuntimeError: if the job failed (the message carries the replica's error).
-        ValueError: for invalid arguments (from the creator and the scheduler).
+        ValueError: for invalid arguments, before anything starts: a ``config`` that is not
+            a dict, a ``name`` or ``storage_path`` that is not a non-empty string, a
+            ``verbose`` outside 0..3, and what the creator and the scheduler refuse.
     """
+    _check_arguments(config, name, storage_path, verbose)
     trainable = AdaptDLTrainableCreator(train_fn, num_cpus_per_worker=num_cpus_per_worker,
                                         num_gpus_per_worker=num_gpus_per_worker,
                                         min_replicas=min_replicas, max_replicas=max_replicas)

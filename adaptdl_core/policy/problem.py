@@ -138,8 +138,8 @@ class _Problem:
         if fair_share and J:
             for j in range(J):
                 nodes_f, replicas_f = self.fair_share(j)
-                base = float(np.asarray(self.jobs[j].speedup_fn(
-                    np.array([nodes_f]), np.array([replicas_f])), dtype=np.float64)[0])
+                base = float(self._call_speedup_fn(j, np.array([nodes_f]),
+                                                   np.array([replicas_f]))[0])
                 if math.isfinite(base) and base > 0:
                     self.scale[j] = 1.0 / base
 
@@ -171,12 +171,7 @@ class _Problem:
                 return np.array([v])
         # Bulk (or missing) shapes: one vectorised call, then remember every value.
         self.calls += 1
-        try:
-            vals = np.asarray(self.jobs[j].speedup_fn(n_nodes, n_replicas), dtype=np.float64)
-            if vals.shape != n_nodes.shape:
-                vals = np.broadcast_to(vals, n_nodes.shape)
-        except ValueError as exc:
-            raise ValueError(f"jobs[{self.job_keys[j]!r}].speedup_fn failed: {exc}") from exc
+        vals = self._call_speedup_fn(j, n_nodes, n_replicas)
         vals = np.where(n_replicas > 0, vals, 0.0)
         if not np.all(np.isfinite(vals)) or np.any(vals < 0):
             raise ValueError(f"jobs[{self.job_keys[j]!r}].speedup_fn must return finite "
@@ -184,6 +179,27 @@ class _Problem:
         if self.scale[j] != 1.0:
             vals = vals * self.scale[j]
         cache.update(zip(zip(n_nodes.tolist(), n_replicas.tolist()), vals.tolist()))
+        return vals
+
+    def _call_speedup_fn(self, j: int, n_nodes: np.ndarray, n_replicas: np.ndarray
+                         ) -> np.ndarray:
+        """Job ``j``'s speedup function at the shapes, as a float array of their shape.
+
+        Raises:
+            ValueError: whatever the user's function raised (``ZeroDivisionError``,
+                ``TypeError``...) or a result of the wrong shape, naming the job; the
+                original error is chained.
+        """
+        try:
+            vals = np.asarray(self.jobs[j].speedup_fn(n_nodes, n_replicas), dtype=np.float64)
+            if vals.shape != n_nodes.shape:
+                vals = np.broadcast_to(vals, n_nodes.shape)
+        except MemoryError:
+            raise
+        except Exception as exc:  # any bug in the user's function: name the job
+            raise ValueError(f"jobs[{self.job_keys[j]!r}].speedup_fn failed at num_nodes="
+                             f"{n_nodes.tolist()[:8]}, num_replicas={n_replicas.tolist()[:8]}"
+                             f": {type(exc).__name__}: {exc}") from exc
         return vals
 
     def effective(self, j: int, counts: np.ndarray) -> Tuple[float, float]:

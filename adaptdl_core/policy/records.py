@@ -9,11 +9,14 @@ as many times as the job has replicas on it; ``[]`` means the job does not run).
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Hashable, List, Mapping, Optional
 
 import numpy as np
+
+LOG = logging.getLogger(__name__)
 
 __all__ = [
     "DEFAULT_RESTART_COST_S",
@@ -21,6 +24,7 @@ __all__ = [
     "NodeInfo",
     "AllocationResult",
     "UNBOUNDED_REPLICA_CAP",
+    "MAX_REPLICAS_PER_JOB",
 ]
 
 #: Restart cost (seconds) assumed when a job has not measured its own. Pollux reports
@@ -32,6 +36,16 @@ DEFAULT_RESTART_COST_S = 30.0
 #: (``max_useful_replicas``) bounds it: the allocator's work grows with the replica counts it
 #: considers, and must not grow with a node's capacity (a node may report 1e9 CPUs).
 UNBOUNDED_REPLICA_CAP = 4096
+
+#: Most replicas the allocator gives one job, whatever its ``max_replicas`` and the nodes'
+#: capacity: an allocation lists one node key per replica and the allocator's work grows
+#: with the replica counts it considers (a round for one job at this bound takes about half
+#: a second). A larger ``max_replicas`` is lowered to it with a warning; a larger
+#: ``min_replicas`` is refused.
+MAX_REPLICAS_PER_JOB = 16384
+
+# max_replicas values already warned about (see JobInfo); bounded, so never a leak.
+_WARNED_MAX_REPLICAS: set = set()
 
 SpeedupFn = Callable[[np.ndarray, np.ndarray], Any]
 Allocations = Dict[Hashable, List[Hashable]]
@@ -74,11 +88,12 @@ class JobInfo:
         speedup_fn: vectorised ``f(num_nodes, num_replicas) -> speedup`` (see
             :mod:`adaptdl_core.policy.speedup`), 0 at 0 replicas.
         creation_timestamp: when the job was submitted, seconds (same clock as ``now``).
-        min_replicas: fewest replicas the job may run with when it runs (``>= 0``); below
-            that it waits with 0 replicas.
+        min_replicas: fewest replicas the job may run with when it runs (``0`` to
+            :data:`MAX_REPLICAS_PER_JOB`); below that it waits with 0 replicas.
         max_replicas: most replicas it may use; ``None``: the cluster and the speedup
             function's ``max_useful_replicas`` limit it (:data:`UNBOUNDED_REPLICA_CAP` for a
-            speedup function without one).
+            speedup function without one). Above :data:`MAX_REPLICAS_PER_JOB` it is lowered
+            to that, with a warning.
         preemptible: ``False`` pins a running job to its current allocation and keeps it
             off preemptible nodes.
         num_restarts: checkpoint-restarts the job has gone through so far (``>= 0``).
@@ -108,8 +123,9 @@ class JobInfo:
             raise ValueError("JobInfo.creation_timestamp must be a finite number of seconds, "
                              f"got {self.creation_timestamp!r}")
         self.creation_timestamp = float(self.creation_timestamp)
-        if not _is_int(self.min_replicas) or self.min_replicas < 0:
-            raise ValueError(f"JobInfo.min_replicas must be an integer >= 0, "
+        if not _is_int(self.min_replicas) or not 0 <= self.min_replicas <= MAX_REPLICAS_PER_JOB:
+            raise ValueError(f"JobInfo.min_replicas must be an integer in [0, "
+                             f"{MAX_REPLICAS_PER_JOB}] (MAX_REPLICAS_PER_JOB), "
                              f"got {self.min_replicas!r}")
         self.min_replicas = int(self.min_replicas)
         if self.max_replicas is not None:
@@ -117,6 +133,15 @@ class JobInfo:
                 raise ValueError(f"JobInfo.max_replicas must be None or an integer >= 0, "
                                  f"got {self.max_replicas!r}")
             self.max_replicas = int(self.max_replicas)
+            if self.max_replicas > MAX_REPLICAS_PER_JOB:
+                # Once per distinct value: a scheduler rebuilds its JobInfos every round.
+                if self.max_replicas not in _WARNED_MAX_REPLICAS and \
+                        len(_WARNED_MAX_REPLICAS) < 64:
+                    _WARNED_MAX_REPLICAS.add(self.max_replicas)
+                    LOG.warning("JobInfo.max_replicas=%d is more than one job is ever given; "
+                                "using MAX_REPLICAS_PER_JOB=%d", self.max_replicas,
+                                MAX_REPLICAS_PER_JOB)
+                self.max_replicas = MAX_REPLICAS_PER_JOB
             if self.max_replicas < self.min_replicas:
                 raise ValueError(f"JobInfo.max_replicas ({self.max_replicas}) must be >= "
                                  f"min_replicas ({self.min_replicas})")

@@ -17,7 +17,9 @@ A shrink serves other jobs, so only the first rule applies to it.
 from __future__ import annotations
 
 import dataclasses
-import math
+import operator
+
+from adaptdl_core import validation
 
 __all__ = ["ResizeVerdict", "resize_verdict", "MIN_COST_MULTIPLES"]
 
@@ -41,6 +43,13 @@ class ResizeVerdict:
     saved_s: float | None = None
 
 
+def _count(name: str, value: object) -> int:
+    """A replica count: an integer (numpy integers included, bools not) ``>= 1``."""
+    if not isinstance(value, bool) and hasattr(value, "__index__"):
+        value = operator.index(value)
+    return validation.integer(name, value, 1)
+
+
 def resize_verdict(*, current: int, target: int, remaining_s: float | None, cost_s: float,
                    speedup_now: float | None = None, speedup_new: float | None = None,
                    min_cost_multiples: float = MIN_COST_MULTIPLES) -> ResizeVerdict:
@@ -56,13 +65,22 @@ def resize_verdict(*, current: int, target: int, remaining_s: float | None, cost
         min_cost_multiples: see :data:`MIN_COST_MULTIPLES`.
 
     Raises:
-        ValueError: for a negative or non-finite cost, counts below 1, or a growth with a
-            known remaining time but no speedups.
+        ValueError: for counts that are not integers ``>= 1``, a ``remaining_s`` or
+            ``cost_s`` that is not a finite number of seconds ``>= 0``, a speedup that is
+            not a finite number ``>= 0``, a ``min_cost_multiples`` that is not a finite
+            number ``>= 0``, or a growth with a known remaining time but no speedups (the
+            message names the argument).
     """
-    if current < 1 or target < 1:
-        raise ValueError(f"replica counts must be >= 1, got current={current}, target={target}")
-    if not (math.isfinite(cost_s) and cost_s >= 0):
-        raise ValueError(f"cost_s must be a finite number of seconds >= 0, got {cost_s!r}")
+    current = _count("current", current)
+    target = _count("target", target)
+    if remaining_s is not None:
+        remaining_s = validation.number("remaining_s", remaining_s, 0.0,
+                                        what="None or a finite number of seconds")
+    cost_s = validation.number("cost_s", cost_s, 0.0, what="a finite number of seconds")
+    for name, value in (("speedup_now", speedup_now), ("speedup_new", speedup_new)):
+        if value is not None:
+            validation.number(name, value, 0.0, what="None or a finite speedup")
+    min_cost_multiples = validation.number("min_cost_multiples", min_cost_multiples, 0.0)
     if target == current:
         return ResizeVerdict(False, "no change")
     if remaining_s is None:

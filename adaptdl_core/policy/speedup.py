@@ -26,6 +26,12 @@ from typing import Any, Optional, Protocol, Tuple, Union
 
 import numpy as np
 
+from .records import MAX_REPLICAS_PER_JOB
+
+# Node counts the dense cache of a SpeedupFunction covers (with collapse_nodes only 1 and
+# 2 are ever used): 257 x 32768 float64 entries at most, 64 MiB.
+_MAX_CACHED_NODES = 256
+
 __all__ = ["SpeedupFunction", "LinearSpeedup", "GoodputOptimizer"]
 
 ArrayLike = Union[int, float, np.ndarray, "list[int]"]
@@ -90,7 +96,10 @@ class SpeedupFunction:
     or ``N > K`` has speedup 0.
 
     Each distinct shape is evaluated once and cached (a dense table grown on demand), so
-    repeated calls within and across allocation rounds cost a numpy gather. The goodput
+    repeated calls within and across allocation rounds cost a numpy gather. Shapes beyond
+    what an allocator gives a job (more than
+    :data:`~adaptdl_core.policy.records.MAX_REPLICAS_PER_JOB` replicas, or more than 256
+    nodes) are computed at every call instead, so the table stays small. The goodput
     model is treated as immutable: build a new ``SpeedupFunction`` when the model is refitted.
 
     Args:
@@ -198,6 +207,23 @@ class SpeedupFunction:
         n_ok, k_ok = nodes[ok], replicas[ok]
         if self._collapse:
             n_ok = np.minimum(n_ok, 2)
+        # The dense cache covers what an allocator can give a job, on up to
+        # _MAX_CACHED_NODES nodes (its size is their product); other shapes (asked
+        # directly) are computed each time, so memory never grows with the numbers asked.
+        big = (k_ok > MAX_REPLICAS_PER_JOB) | (n_ok > _MAX_CACHED_NODES)
+        if np.any(big):
+            values = np.empty(k_ok.shape)
+            values[big] = self._goodput(n_ok[big], k_ok[big]) / self._base_goodput
+            values[~big] = self._cached(n_ok[~big], k_ok[~big])
+        else:
+            values = self._cached(n_ok, k_ok)
+        out[ok] = values
+        return out[()]
+
+    def _cached(self, n_ok: np.ndarray, k_ok: np.ndarray) -> np.ndarray:
+        """Speedups at valid shapes within the table's bounds, through the table."""
+        if k_ok.size == 0:
+            return np.zeros(0)
         self._grow(int(n_ok.max()), int(k_ok.max()))
         values = self._table[n_ok, k_ok]
         missing = np.isnan(values)
@@ -207,8 +233,7 @@ class SpeedupFunction:
             n_new, k_new = np.divmod(key, int(k_ok.max()) + 1)
             self._table[n_new, k_new] = self._goodput(n_new, k_new) / self._base_goodput
             values = self._table[n_ok, k_ok]
-        out[ok] = values
-        return out[()]
+        return values
 
     def __repr__(self) -> str:
         return (f"SpeedupFunction(base_goodput={self._base_goodput:.4g}, "

@@ -7,13 +7,12 @@ Prints a one-line summary and, with ``--out``, writes the full result (see
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
-from pathlib import Path
 from typing import List, Optional
 
 from .cluster import POLICIES, simulate, synthetic_workload
+from .output import check_out_path, save_result
 from .sweep import add_sweep_parser, run_sweep_cli
 
 
@@ -55,6 +54,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         if (args.workload is None) == (args.synthetic is None):
             parser.error("cluster: give exactly one of --workload FILE and --synthetic JOBS")
         try:
+            if args.out:
+                check_out_path(args.out)
             workload = (args.workload if args.workload is not None
                         else synthetic_workload(args.synthetic, args.nodes, seed=args.seed))
             result = simulate(workload, args.policy, traces=args.traces,
@@ -74,7 +75,7 @@ def main(argv: Optional[List[str]] = None) -> int:
               f"GPU-h, decision median {result['decision_s']['median'] * 1e3:.1f} ms "
               f"max {result['decision_s']['max'] * 1e3:.1f} ms, wall {result['wall_s']:.1f} s")
         if args.out:
-            Path(args.out).write_text(json.dumps(result, indent=1, sort_keys=True))
+            return save_result(args.out, result)
     return 0
 
 

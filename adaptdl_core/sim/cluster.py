@@ -31,16 +31,22 @@ from typing import Dict, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
+from adaptdl_core import validation
+
 from .job_model import DATA_DIR, SimJob, get_application
 
 __all__ = ["WorkloadJob", "POLICIES", "WORKLOADS_DIR", "PUBLISHED_DIR", "load_workload",
-           "resolve_workload", "published", "make_policy", "simulate", "synthetic_workload"]
+           "resolve_workload", "published", "make_policy", "simulate", "synthetic_workload",
+           "MIN_INTERVAL_S"]
 
 logger = logging.getLogger(__name__)
 
 POLICIES = ("pollux", "tiresias", "optimus")
 WORKLOADS_DIR = DATA_DIR / "workloads"
 PUBLISHED_DIR = DATA_DIR / "published"
+#: Shortest scheduling round (seconds) :func:`simulate` accepts: the round count is the
+#: workload's makespan over the interval, and below a second rounds model nothing real.
+MIN_INTERVAL_S = 1.0
 #: ncf does not scale out: the paper runs it on one GPU at a fixed batch under Pollux.
 POLLUX_FIXED_BATCH = {"ncf": 32768}
 
@@ -55,6 +61,16 @@ class WorkloadJob:
     application: str
     num_replicas: int
     batch_size: int
+
+    def __post_init__(self) -> None:
+        """Raises ValueError for an empty name, a time that is not a finite number of
+        seconds ``>= 0``, or a count that is not an integer ``>= 1``: a job of 0 replicas
+        would never finish, and the simulation would never end."""
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"name must be a non-empty string, got {self.name!r}")
+        validation.number("time", self.time, 0.0, what="a finite number of seconds")
+        validation.integer("num_replicas", self.num_replicas, 1)
+        validation.integer("batch_size", self.batch_size, 1)
 
 
 def resolve_workload(spec: Union[str, Path]) -> Path:
@@ -84,18 +100,25 @@ def load_workload(spec: Union[str, Path]) -> List[WorkloadJob]:
 
     Raises:
         FileNotFoundError: see :func:`resolve_workload`.
-        ValueError: a missing column or a malformed value (names the row).
+        ValueError: a missing column or a malformed value (names the row), or a file that
+            is not a UTF-8 CSV (names the file).
     """
     path = resolve_workload(spec)
     out = []
-    with open(path, newline="") as f:
-        for i, row in enumerate(csv.DictReader(f)):
-            try:
-                out.append(WorkloadJob(row["name"], float(row["time"]), row["application"],
-                                       int(row["num_replicas"]), int(row["batch_size"])))
-            except (KeyError, ValueError) as e:
-                raise ValueError(f"{path}: row {i + 1} malformed ({e}); columns must be name, "
-                                 "time, application, num_replicas, batch_size") from None
+    with open(path, newline="", encoding="utf-8") as f:
+        try:
+            rows = list(csv.DictReader(f))
+        except (UnicodeDecodeError, csv.Error) as e:
+            raise ValueError(f"workload {str(path)!r} is not a UTF-8 CSV file ({e}); give a "
+                             "CSV with columns name, time, application, num_replicas, "
+                             "batch_size") from None
+    for i, row in enumerate(rows):
+        try:
+            out.append(WorkloadJob(row["name"], float(row["time"]), row["application"],
+                                   int(row["num_replicas"]), int(row["batch_size"])))
+        except (KeyError, ValueError, TypeError) as e:
+            raise ValueError(f"{path}: row {i + 1} malformed ({e}); columns must be name, "
+                             "time, application, num_replicas, batch_size") from None
     if not out:
         raise ValueError(f"{path}: no jobs")
     return out
@@ -204,15 +227,15 @@ def simulate(workload: Union[str, Path, Sequence[WorkloadJob]], policy: str = "p
 
     Args:
         traces: traces folder (default: the vendored traces).
-        interval: seconds per scheduling round.
+        interval: seconds per scheduling round (finite, ``>=`` :data:`MIN_INTERVAL_S`).
         restart_s: seconds without progress after every start or change of allocation.
         nodes, gpus_per_node: the cluster.
         seed: seeds numpy's global generator (the policies here are deterministic; kept so
             that a randomised policy is reproducible).
         interference: slowdown fraction of a multi-node job sharing a node with another
-            multi-node job (0: none, the paper's default).
-        max_time: stop after this many simulated seconds (``None``: run to completion;
-            unfinished jobs are then missing from ``jcts``).
+            multi-node job, in ``[0, 1)`` (0: none, the paper's default).
+        max_time: stop after this many simulated seconds, ``> 0`` (``None``: run to
+            completion; unfinished jobs are then missing from ``jcts``).
         use_core: pollux only: go through :mod:`adaptdl_core.decision` (``None``: when
             available).
         timeline: include ``timeline``: per round, GPUs held per job.
@@ -229,16 +252,45 @@ def simulate(workload: Union[str, Path, Sequence[WorkloadJob]], policy: str = "p
     """
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}")
-    for name, v in (("interval", interval), ("nodes", nodes), ("gpus_per_node", gpus_per_node)):
-        if not v > 0:
-            raise ValueError(f"{name} must be > 0, got {v!r}")
-    if restart_s < 0:
-        raise ValueError(f"restart_s must be >= 0, got {restart_s!r}")
+    interval, restart_s, interference, max_time = _check_settings(
+        interval=interval, restart_s=restart_s, nodes=nodes, gpus_per_node=gpus_per_node,
+        interference=interference, max_time=max_time)
     with _one_blas_thread():
         return _simulate(workload, policy, traces=traces, interval=interval,
                          restart_s=restart_s, nodes=nodes, gpus_per_node=gpus_per_node,
                          seed=seed, interference=interference, max_time=max_time,
                          use_core=use_core, timeline=timeline)
+
+
+def _check_settings(*, interval: float, restart_s: float, nodes: int, gpus_per_node: int,
+                   interference: float, max_time: Optional[float]
+                   ) -> tuple[float, float, float, Optional[float]]:
+    """The arguments of :func:`simulate` that are numbers, checked; returns ``interval``,
+    ``restart_s``, ``interference`` and ``max_time`` as floats.
+
+    Raises:
+        ValueError: naming the argument, its value and the range it needs: ``interval`` a
+            finite number of seconds ``>=`` :data:`MIN_INTERVAL_S`, ``restart_s`` ``>= 0``,
+            ``nodes`` and ``gpus_per_node`` integers ``>= 1``, ``interference`` in
+            ``[0, 1)``, ``max_time`` ``None`` or ``> 0``.
+    """
+    try:
+        interval = validation.number("interval", interval, MIN_INTERVAL_S,
+                                     what="a finite number of seconds")
+    except ValueError as e:
+        raise ValueError(f"{e}: shorter rounds model no real scheduler and multiply the "
+                         "rounds to simulate (the paper's setting is 60 s)") from None
+    restart_s = validation.number("restart_s", restart_s, 0.0,
+                                  what="a finite number of seconds")
+    validation.integer("nodes", nodes, 1)
+    validation.integer("gpus_per_node", gpus_per_node, 1)
+    # 1 would stop a multi-node job sharing a node for good, and the run would not end.
+    interference = validation.number("interference", interference, 0.0, 1.0, high_open=True,
+                                     what="a slowdown fraction")
+    if max_time is not None:
+        max_time = validation.number("max_time", max_time, 0.0, low_open=True,
+                                     what="None or a finite number of seconds")
+    return interval, restart_s, interference, max_time
 
 
 def _one_blas_thread():

@@ -86,8 +86,12 @@ def canonical_placement(placement: Sequence[int]) -> Tuple[int, ...]:
 
 
 def _read_csv(path: Path) -> Dict[str, list]:
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
+    with open(path, newline="", encoding="utf-8") as f:
+        try:
+            rows = list(csv.DictReader(f))
+        except (UnicodeDecodeError, csv.Error) as e:
+            raise ValueError(f"trace file {str(path)!r} is not a UTF-8 CSV file ({e}); check "
+                             "the traces folder") from None
     if not rows:
         raise ValueError(f"{path}: no rows")
     return {k: [r[k] for r in rows] for k in rows[0]}

@@ -51,6 +51,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from .baselines import pack
+from .cluster import MIN_INTERVAL_S
 from .job_model import TRACES_DIR, Application, SimJob, fixed_batch_config
 
 __all__ = ["ARMS", "AshaRule", "QualityModel", "TrialRecord", "simulate_arm", "run_sweep",
@@ -275,8 +276,8 @@ def simulate_arm(arm: str, *, trials: int = 100, concurrent: int = 4, nodes: int
         epochs: epochs of a complete trial (default: the model's 100).
         seed: seeds the quality draws (ignored when ``quality`` is given).
         restart_s: seconds without progress per start or change of allocation.
-        interval: seconds between the adaptive arms' policy rounds.
-        tick_s: simulation step, seconds (trial ends are seen at a tick's end).
+        interval: seconds between the adaptive arms' policy rounds (``>= 1``).
+        tick_s: simulation step, seconds, ``>= 1`` (trial ends are seen at a tick's end).
         gpus_per_trial, static_batch: arm ``a``'s fixed allocation and total batch
             (``static_batch=None``: on that fixed allocation each trial's agent chooses
             its batch by goodput, a diagnostic that isolates the batch-size gain).
@@ -313,6 +314,10 @@ def simulate_arm(arm: str, *, trials: int = 100, concurrent: int = 4, nodes: int
     gpus_per_trial = _check_int("gpus_per_trial", gpus_per_trial, 1)
     interval = _check_pos("interval", interval)
     tick_s = _check_pos("tick_s", tick_s)
+    for name, value in (("interval", interval), ("tick_s", tick_s)):
+        if value < MIN_INTERVAL_S:  # the step count would be absurd (a run that never ends)
+            raise ValueError(f"{name} must be >= {MIN_INTERVAL_S:g} s, got {value!r}: "
+                             "steps shorter than a second multiply the steps to simulate")
     if isinstance(restart_s, bool) or not isinstance(restart_s, (int, float)) \
             or not restart_s >= 0:
         raise ValueError(f"restart_s must be a number of seconds >= 0, got {restart_s!r}")
@@ -664,11 +669,16 @@ def format_summary(result: Mapping) -> str:
 
 
 def run_sweep_cli(args) -> int:
-    """Run the ``sweep`` subcommand from parsed ``args``; returns the exit status."""
-    import json
+    """Run the ``sweep`` subcommand from parsed ``args``; returns the exit status (2 for
+    bad arguments, found before the simulation, and 1 when ``--out`` could not be written
+    at the end: the result JSON then goes to stdout)."""
     import sys
 
+    from .output import check_out_path, save_result
+
     try:
+        if args.out:
+            check_out_path(args.out)
         result = run_sweep(arms=[a.strip() for a in args.arms.split(",") if a.strip()],
                            trials=args.trials, concurrent=args.concurrent, nodes=args.nodes,
                            gpus_per_node=args.gpus_per_node, epochs=args.epochs,
@@ -680,7 +690,7 @@ def run_sweep_cli(args) -> int:
         return 2
     print(format_summary(result))
     if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=1, sort_keys=True))
+        return save_result(args.out, result)
     return 0
 
 

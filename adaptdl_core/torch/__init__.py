@@ -15,7 +15,9 @@ A training script changes a few lines::
 and can then be interrupted (Ctrl-C, SIGTERM) at any batch, checkpointed and restarted on
 any number of replicas, or checkpointed in place while it trains
 (:func:`request_checkpoint`). A custom iterable is made elastic with
-:class:`ElasticLoop`.
+:class:`ElasticLoop`. A metric over a whole (sharded) validation set: add each
+replica's sums to an :class:`Accumulator` after :func:`drop_padding` (see
+:mod:`adaptdl_core.torch.whole_set`).
 """
 
 from adaptdl_core.torch._interrupt import (CheckpointExit, PendingCheckpoint, exit_requested,
@@ -26,6 +28,7 @@ from adaptdl_core.torch.elastic_loop import ElasticLoop
 from adaptdl_core.torch.epoch import current_epoch, finished_epochs, remaining_epochs_until
 from adaptdl_core.torch.parallel import AdaptiveDataParallel
 from adaptdl_core.torch.process_group import init_process_group
+from adaptdl_core.torch.whole_set import drop_padding
 
 __all__ = [
     "init_process_group",
@@ -38,6 +41,7 @@ __all__ = [
     "current_epoch",
     "finished_epochs",
     "Accumulator",
+    "drop_padding",
     "CheckpointExit",
     "request_checkpoint_and_exit",
     "exit_requested",

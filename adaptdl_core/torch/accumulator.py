@@ -49,11 +49,27 @@ class Accumulator(collections.abc.MutableMapping):
 
     Create accumulators outside data loader loops and in the same order on every replica.
 
+    What it takes: ``+=`` and ``-=`` add numbers (``int``, ``float``, ``complex``, bools),
+    numpy numbers and arrays, and torch tensors; a tensor that requires grad is added
+    detached (``accum["loss"] += loss`` keeps its value, not the autograd graph of every
+    batch). Anything else (a ``Fraction``, a string, ``None``) raises TypeError at the
+    ``+=``, as it could not be summed over the replicas or loaded back from a checkpoint.
+    Inside ``synchronized()`` values may also be strings, None, and lists, tuples and
+    dicts of such values. Reading, comparing or printing an entry outside
+    ``synchronized()`` raises TypeError: its value is known only once the replicas'
+    updates are summed.
+
+    For a metric over a whole validation set on any number of replicas, see
+    :mod:`adaptdl_core.torch.whole_set` (each replica adds its shard's sums, without
+    the padding of the last batch, and ``synchronized()`` adds them up).
+
     Arguments:
         *args, **kwargs: initial contents, as for ``dict``.
 
     Raises:
         RuntimeError: if created while a data loader is being iterated.
+        TypeError: for initial contents that are not a mapping or pairs, or that a
+            checkpoint could not load back.
     """
 
     def __init__(self, *args: Any, **kwargs: Any):
@@ -98,13 +114,22 @@ class Accumulator(collections.abc.MutableMapping):
 
     def update(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
         """Add each ``key: value`` pair to the accumulated values (unlike ``dict.update``,
-        which replaces them)."""
-        for key, value in dict(*args, **kwargs).items():
+        which replaces them).
+
+        Raises:
+            TypeError: if the arguments are not a mapping, pairs or ``key=value``
+                arguments, or a value cannot be added (see :class:`Accumulator`).
+        """
+        for key, value in _pairs("update", args, kwargs).items():
             self[key] += value
 
     def subtract(self, *args: Any, **kwargs: Any) -> None:
-        """Subtract each ``key: value`` pair from the accumulated values."""
-        for key, value in dict(*args, **kwargs).items():
+        """Subtract each ``key: value`` pair from the accumulated values.
+
+        Raises:
+            TypeError: as :meth:`update`.
+        """
+        for key, value in _pairs("subtract", args, kwargs).items():
             self[key] -= value
 
     def __iadd__(self, other: Any) -> "Accumulator":
@@ -125,7 +150,15 @@ class Accumulator(collections.abc.MutableMapping):
         return _PendingUpdate(self, key)
 
     def __setitem__(self, key: Any, value: Any) -> None:
+        """Store a value (synchronized mode), or finish an in-place update
+        (``accum[key] += v``) in accumulation mode.
+
+        Raises:
+            TypeError: for a plain assignment in accumulation mode, or a value that a
+                checkpoint could not load back (see :class:`Accumulator`).
+        """
         if self._synchronized is not None:
+            _check_storable(key, value)
             self._synchronized[key] = value
             return
         # ``accum[k] += v`` is getitem, then ``tmp + v``, then setitem(k, tmp): the
@@ -175,10 +208,71 @@ class Accumulator(collections.abc.MutableMapping):
         return self._synchronized if self._synchronized is not None else {}
 
 
+def _addable(key: Any, value: Any, op: str) -> Any:
+    """``value`` as an Accumulator adds it: a number, a numpy number or array, or a
+    tensor (detached: its value, not its autograd graph, whose memory would otherwise be
+    held until the next synchronized()). Raises TypeError for anything else."""
+    if isinstance(value, torch.Tensor):
+        return value.detach()
+    if isinstance(value, (int, float, complex, np.number, np.bool_)) \
+            or (isinstance(value, np.ndarray) and value.dtype.kind in "biufc"):
+        return value
+    raise TypeError(f"accum[{key!r}] {op} {value!r}: an Accumulator adds numbers (int, "
+                    "float, complex), numpy numbers and arrays, and torch tensors, which "
+                    "sum over the replicas and load back from a checkpoint; got a "
+                    f"{type(value).__name__}. Convert it first, e.g. float(value) or "
+                    "tensor.item()")
+
+
+def _check_storable(key: Any, value: Any) -> None:
+    """Raise TypeError if ``value`` (stored under ``key``) could be saved in a checkpoint
+    but not loaded back (``torch.load(weights_only=True)``): only numbers, bools,
+    strings, None, numpy numbers and arrays, tensors, and lists, tuples and dicts of
+    them are."""
+    if type(value) in (bool, int, float, complex, str, type(None)) \
+            or isinstance(value, (torch.Tensor, np.number, np.bool_)):
+        return
+    if isinstance(value, np.ndarray) and value.dtype.kind in "biufc":
+        return
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _check_storable(key, k)
+            _check_storable(key, v)
+        return
+    if isinstance(value, (list, tuple)):
+        for v in value:
+            _check_storable(key, v)
+        return
+    raise TypeError(f"accum[{key!r}] = ...: a {type(value).__name__} ({value!r}) cannot be "
+                    "loaded back from a checkpoint; store numbers, bools, strings, None, "
+                    "numpy numbers or arrays, tensors, or lists, tuples and dicts of them "
+                    "(e.g. float(value))")
+
+
+def _pairs(method: str, args: tuple, kwargs: dict) -> dict:
+    """``dict(*args, **kwargs)``, with an error that names the method and the fix."""
+    try:
+        return dict(*args, **kwargs)
+    except (TypeError, ValueError):
+        shown = ", ".join([repr(a) for a in args] + [f"{k}={v!r}" for k, v in kwargs.items()])
+        raise TypeError(f"Accumulator.{method}({shown}): pass a mapping ({{'loss': 0.5}}), "
+                        "(key, value) pairs, or key=value arguments") from None
+
+
+def _refuse(what: str) -> Any:
+    """A method of _PendingUpdate that raises its "outside synchronized()" error."""
+    def method(self: "_PendingUpdate", *args: Any, **kwargs: Any) -> Any:
+        raise self._outside(what)
+    return method
+
+
 class _PendingUpdate:
-    """What ``accum[key]`` returns in accumulation mode: collects ``+ v`` / ``- v``."""
+    """What ``accum[key]`` returns in accumulation mode: collects ``+ v`` / ``- v``.
+    Anything else done with it (reading, comparing, truth, arithmetic) raises a
+    TypeError that explains synchronized()."""
 
     __slots__ = ("accum", "key", "delta")
+    __array_ufunc__ = None  # (numpy defers to our reflected operators, which raise)
 
     def __init__(self, accum: Accumulator, key: Any):
         self.accum, self.key, self.delta = accum, key, 0
@@ -186,14 +280,44 @@ class _PendingUpdate:
     def __add__(self, value: Any) -> "_PendingUpdate":
         if isinstance(value, _PendingUpdate):
             raise TypeError("cannot add two accumulator entries in accumulation mode")
-        self.delta = self.delta + value
+        self.delta = self.delta + _addable(self.key, value, "+=")
         return self
 
     def __sub__(self, value: Any) -> "_PendingUpdate":
         if isinstance(value, _PendingUpdate):
             raise TypeError("cannot subtract accumulator entries in accumulation mode")
-        self.delta = self.delta - value
+        self.delta = self.delta - _addable(self.key, value, "-=")
         return self
+
+    def _outside(self, what: str) -> TypeError:
+        return TypeError(
+            f"{what} accum[{self.key!r}] outside `with accum.synchronized():`. In "
+            "accumulation mode an entry only takes `+= value` and `-= value`: each "
+            "replica's updates are pending until synchronized() sums them over all "
+            "replicas. Read the value inside `with accum.synchronized():` (a collective: "
+            "every replica enters it together).")
+
+    def __getattr__(self, name: str) -> Any:
+        # (Only for attributes that do not exist, e.g. .item(): an AttributeError, as
+        # hasattr() expects, with the explanation.)
+        raise AttributeError(str(self._outside(f"cannot use .{name} of")))
+
+    def __repr__(self) -> str:
+        return f"<pending update of accum[{self.key!r}]: read it inside synchronized()>"
+
+    __bool__ = _refuse("cannot take the truth value of")
+    __str__ = _refuse("cannot print")
+    __format__ = _refuse("cannot format")
+    __float__ = __int__ = __index__ = __complex__ = __array__ = _refuse("cannot convert")
+    __len__ = _refuse("cannot take the length of")
+    __iter__ = _refuse("cannot iterate over")
+    __getitem__ = _refuse("cannot index")
+    __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = _refuse("cannot compare")
+    __hash__ = None  # type: ignore[assignment]
+    __radd__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __rtruediv__ = \
+        __floordiv__ = __rfloordiv__ = __mod__ = __rmod__ = __pow__ = __rpow__ = \
+        __matmul__ = __rmatmul__ = __neg__ = __pos__ = __abs__ = __round__ = \
+        _refuse("cannot compute with")
 
 
 def _plain(value: Any) -> Any:
@@ -223,8 +347,11 @@ class _AccumulatorState(checkpoint.State):
         epoch = current_epoch()
         prefix = f"adaptdl-accumulator-epoch{epoch}-"
         count = context.current().states.count_prefix(prefix)
+        results = _pairs("__init__", args, kwargs)
+        for key, value in results.items():
+            _check_storable(key, value)
         super().__init__(f"{prefix}{count}")
-        self.results: dict = dict(*args, **kwargs)
+        self.results: dict = results
         self.results_history: dict = {}
         self.updates: dict = {}
 

@@ -120,8 +120,25 @@ class BatchSizeController:
         return max(local_bsz if hi is None else min(local_bsz, hi), lo or 1)
 
     def initial_choice(self) -> tuple[int, int]:
-        """The configuration of the initial batch size: ``(local batch, 0)``."""
-        return self.bounded(self.initial_local_bsz()), 0
+        """The configuration of the initial batch size: ``(local batch, accumulation
+        steps)`` within the micro-batch bounds: ``(local batch, 0)``, or, when the upper
+        bound is below the local batch and accumulation is allowed, the fewest
+        micro-batches within the bound that make at least the initial batch."""
+        local = self.initial_local_bsz()
+        hi = (self.local_bsz_bounds or (None, None))[1]
+        if hi is not None and local > hi and self.gradient_accumulation:
+            micros = math.ceil(local / hi)
+            return self.bounded(math.ceil(local / micros)), micros - 1
+        return self.bounded(local), 0
+
+    def fits(self, local_bsz: int | None, accum_steps: int) -> bool:
+        """Whether ``(local_bsz, accum_steps)`` is a configuration this controller may
+        use: a local batch within the bounds, accumulation only where it is allowed."""
+        if local_bsz is None:
+            return False
+        lo, hi = self.local_bsz_bounds or (None, None)
+        return (lo is None or local_bsz >= lo) and (hi is None or local_bsz <= hi) \
+            and (accum_steps == 0 or self.gradient_accumulation)
 
     def decision_due(self, noise_ratio: float, fits: int) -> bool:
         """Called every ``DECIDE_EVERY_STEPS`` steps: whether a goodput decision could

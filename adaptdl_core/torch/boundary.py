@@ -21,7 +21,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from adaptdl_core import checkpoint, collective, context
+from adaptdl_core import checkpoint, collective, context, env
 from adaptdl_core.torch import _interrupt
 from adaptdl_core.torch.epoch import current_epoch
 
@@ -98,8 +98,12 @@ def _checkpoint_and_exit() -> None:
     # In-place requests of this replica are settled by the same checkpoint: no boundary
     # follows where they could be.
     ckpt_dir = _save_for(_interrupt.take_checkpoint_requests())
-    LOG.info("checkpointed%s; exiting with status %d",
-             f" to {ckpt_dir}" if ckpt_dir else "", _interrupt.EXIT_CODE)
+    if env.checkpoint_path() is None:
+        LOG.warning("stopping without a checkpoint (no ADAPTDL_CHECKPOINT_PATH is set); "
+                    "exiting with status %d", _interrupt.EXIT_CODE)
+    else:
+        LOG.info("checkpointed%s; exiting with status %d",
+                 f" to {ckpt_dir}" if ckpt_dir else "", _interrupt.EXIT_CODE)
     raise _interrupt.CheckpointExit(ckpt_dir)
 
 

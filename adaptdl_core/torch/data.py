@@ -5,7 +5,9 @@ in a checkpointed State, so a restarted job, on any number of replicas, continue
 epoch at the same sample (:class:`~adaptdl_core.torch.sampler.ElasticSampler` deals the
 samples). Within an epoch every sample is used exactly once, except that the last batch
 of a pass is padded with a few repeated samples when the remaining samples do not divide
-evenly among replicas (``drop_last=True`` drops that batch instead).
+evenly among replicas (``drop_last=True`` drops that batch instead;
+:func:`~adaptdl_core.torch.whole_set.drop_padding` removes the repeats, for metrics over
+a whole dataset).
 
 An autoscaled loader also chooses its batch size from the goodput model
 (:class:`~adaptdl_core.torch.batch_control.BatchSizeController`) and plans every optimizer
@@ -117,7 +119,29 @@ class _LoaderState(LoopState):
                 "limits": {"dataset_len": self.dataset_len, "batch_size": self.batch_size,
                            "max_batch_size": self.max_batch_size}}
 
-    # (load: LoopState's; the limits are this run's, set by the loader, not the saved ones.)
+    def from_dict(self, data: dict[str, Any]) -> None:
+        """Take the saved position; the limits stay this run's (set by the loader).
+
+        Raises:
+            ValueError: if the position is inside a loop over a dataset of another
+                length than this run's (its samples cannot be mapped onto this one's:
+                some would be skipped or repeated); the message names both lengths.
+        """
+        super().from_dict(data)
+        saved = (data.get("limits") or {}).get("dataset_len")
+        if saved is None or saved == self.dataset_len:
+            return
+        if self.current_index > 0:
+            raise ValueError(
+                f"the checkpoint was taken {self.current_index} samples into a loop over a "
+                f"dataset of {saved} samples, but this run's dataset has {self.dataset_len}: "
+                "the position cannot be carried over (samples would be skipped or "
+                "repeated); resume with the same dataset, or start from an empty "
+                "checkpoint directory")
+        # Between loops nothing depends on the old length: the new dataset is used.
+        LOG.warning("%s: the dataset has %d samples, the checkpoint's had %d; no loop was "
+                    "in progress, so the next loop uses the new dataset", self.name,
+                    self.dataset_len, saved)
 
 
 class AdaptiveDataLoader(LoopSteps, DataLoader):
@@ -139,13 +163,17 @@ class AdaptiveDataLoader(LoopSteps, DataLoader):
     Arguments:
         dataset: a map-style dataset.
         batch_size: global batch size (int >= 1).
-        shuffle: reshuffle every epoch (deterministically, the same on all replicas).
+        shuffle: reshuffle every epoch (deterministically, the same on all replicas); a
+            bool.
         **kwargs: other DataLoader arguments (``num_workers``, ``collate_fn``,
-            ``drop_last``, ``pin_memory``, ...).
+            ``drop_last`` (a bool), ``pin_memory``, ...).
 
     Raises:
-        ValueError: for a bad ``batch_size``, a ``sampler``/``batch_sampler``/``shuffle``
-            conflict, or an iterable dataset.
+        ValueError: for a bad ``batch_size``, a ``sampler`` or ``batch_sampler``, a
+            ``shuffle`` or ``drop_last`` that is not a bool, ``drop_last=True`` with a
+            dataset smaller than one batch, or an iterable dataset.
+        adaptdl_core.checkpoint.CheckpointError: when the job resumes inside a loop
+            over a dataset of another length than this one (the message names both).
     """
 
     def __init__(self, dataset: Any, batch_size: int = 1, shuffle: bool = False, **kwargs: Any):
@@ -158,11 +186,22 @@ class AdaptiveDataLoader(LoopSteps, DataLoader):
             kwargs.pop(key, None)
         if isinstance(dataset, IterableDataset):
             raise ValueError("AdaptiveDataLoader(dataset=...): iterable datasets are not "
-                             "supported; wrap the data in a map-style Dataset with __len__")
+                             "supported; wrap the data in a map-style Dataset with __len__, "
+                             "or iterate the stream with adaptdl_core.torch.ElasticLoop, "
+                             "which makes any iterable restart-consistent")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"AdaptiveDataLoader(batch_size={batch_size!r}): the global batch "
                              "size must be an integer >= 1")
-        drop_last = bool(kwargs.pop("drop_last", False))
+        drop_last = kwargs.pop("drop_last", False)
+        for key, value in (("shuffle", shuffle), ("drop_last", drop_last)):
+            if not isinstance(value, bool):  # ('no' would be true, and would shuffle)
+                raise ValueError(f"AdaptiveDataLoader({key}={value!r}): pass True or False")
+        if drop_last and hasattr(dataset, "__len__") and 0 < len(dataset) < batch_size:
+            # (Plain PyTorch would run epochs of no batch at all.)
+            raise ValueError(f"AdaptiveDataLoader(batch_size={batch_size}, drop_last=True): "
+                             f"the dataset has only {len(dataset)} samples, fewer than one "
+                             "batch, so every batch would be dropped; use a batch_size <= "
+                             f"{len(dataset)} or drop_last=False")
         sampler = ElasticSampler(dataset, shuffle=shuffle)
         batch_sampler = LocalBatchSampler(sampler, 1, drop_last)
         super().__init__(dataset, batch_sampler=batch_sampler, **kwargs)
@@ -269,8 +308,11 @@ class AdaptiveDataLoader(LoopSteps, DataLoader):
             gradient_accumulation: allow several micro-batches per optimizer step.
 
         Raises:
-            ValueError: for a max_batch_size below batch_size or not an int, or bounds
-                that are not a pair of positive ints with min <= max <= max_batch_size.
+            ValueError: for a max_batch_size below batch_size or not an int, or above the
+                dataset's length with ``drop_last=True``; bounds that are not a pair of
+                positive ints with min <= max_batch_size and min <= max, or whose max
+                cannot make the initial batch on this job's replicas without
+                ``gradient_accumulation``.
         """
         if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) \
                 or max_batch_size < self._target_batch_size:
@@ -287,6 +329,13 @@ class AdaptiveDataLoader(LoopSteps, DataLoader):
                                  "use (min, max) with positive ints or None, min <= max, "
                                  "and min <= max_batch_size")
             local_bsz_bounds = (lo, hi)
+        n = len(self.dataset)  # type: ignore[arg-type]
+        if self._local_batch_sampler.drop_last and max_batch_size > n:
+            raise ValueError(f"autoscale_batch_size(max_batch_size={max_batch_size}) with "
+                             f"drop_last=True: the dataset has {n} samples, and a batch "
+                             "larger than that would be dropped in every pass; use "
+                             f"max_batch_size <= {n} or drop_last=False")
+        self._check_bounds_make_batch(local_bsz_bounds, bool(gradient_accumulation))
         self._max_batch_size = max_batch_size
         self._state.max_batch_size = max_batch_size
         self._local_bsz_bounds = local_bsz_bounds
@@ -297,7 +346,25 @@ class AdaptiveDataLoader(LoopSteps, DataLoader):
         loops().training = self
         _metrics.set_batch_size_limits(self._target_batch_size, max_batch_size,
                                        local_bsz_bounds, gradient_accumulation)
+        if not self._control.fits(self._state.local_bsz, self._state.accum_steps):
+            # (The constructor's choice knew no bounds; a restored one may predate them.)
+            self._state.local_bsz, self._state.accum_steps = self._control.initial_choice()
         self._decide_batch_size(initial=True)
+
+    def _check_bounds_make_batch(self, bounds: tuple[int | None, int | None] | None,
+                                 accumulate: bool) -> None:
+        """Raise ValueError if the micro-batch upper bound cannot make the initial batch
+        on this job's replicas without gradient accumulation (the bound would be broken)."""
+        hi = (bounds or (None, None))[1]
+        replicas = self._world[1]
+        need = math.ceil(self._target_batch_size / replicas)
+        if hi is not None and need > hi and not accumulate:
+            raise ValueError(
+                f"autoscale_batch_size(local_bsz_bounds={bounds!r}): the initial batch_size "
+                f"{self._target_batch_size} on {replicas} replica(s) needs local batches of "
+                f"{need}, above the bound {hi}; raise the bound, lower batch_size, or pass "
+                f"gradient_accumulation=True (then micro-batches of at most {hi} are "
+                "accumulated into each step)")
 
     def _decision_due(self) -> bool:
         """Whether a goodput decision could change anything now (the controller's
@@ -416,6 +483,18 @@ class AdaptiveDataLoader(LoopSteps, DataLoader):
         writer.add_scalar(tag_prefix + "Accumulation_Steps", self.accumulation_steps, global_step)
 
     @property
+    def batch_padding(self) -> int:
+        """How many samples at the end of the batch handed out last are padding: repeats
+        of samples from the start of the pass, dealt only so that every replica's last
+        batch of a pass has the same size (0 for all other batches, and outside a loop
+        over this loader). Leave them out of metrics over the whole dataset (see
+        :func:`~adaptdl_core.torch.whole_set.drop_padding`)."""
+        if loops().current is not self or not self._last_micro:
+            return 0
+        return self._last_micro - self._elastic_sampler.distinct_count(
+            self._state.current_index, self._last_micro)
+
+    @property
     def current_index(self) -> int:
         """Global position in the current pass (samples consumed by all replicas)."""
         return self._state.current_index
@@ -433,6 +512,7 @@ class AdaptiveDataLoader(LoopSteps, DataLoader):
         while not self._loop_done(target, n):
             if self.training:
                 self._decide_batch_size(initial=True)
+            self._check_pass_has_a_batch(n)
             restarted = yield from self._one_pass(epoch, n, target)
             if not restarted and not self._autoscaled():
                 break
@@ -442,6 +522,21 @@ class AdaptiveDataLoader(LoopSteps, DataLoader):
         choice = boundary.agree(self._world[1])
         if choice is not None:
             self._state.local_bsz, self._state.accum_steps = choice
+
+    def _check_pass_has_a_batch(self, n: int) -> None:
+        """Raise RuntimeError before a whole pass in which ``drop_last`` would drop every
+        batch: a loop that ends by progress would otherwise spin through empty passes
+        for ever, and a fixed one would run an epoch of no step."""
+        replicas = self._world[1]
+        share = math.ceil(n / replicas)
+        local = self.current_local_bsz
+        if self._state.current_index % n == 0 and self._local_batch_sampler.drop_last \
+                and share < local:
+            raise RuntimeError(
+                f"drop_last=True drops every batch: each of the {replicas} replicas gets "
+                f"{share} of the {n} samples per pass, fewer than its local batch of "
+                f"{local} (local_bsz_bounds={self._local_bsz_bounds!r}); use "
+                "drop_last=False, or a lower local_bsz_bounds minimum or batch_size")
 
     def _one_pass(self, epoch: int | None, n: int, target: float | None
                   ) -> Iterator[Any]:

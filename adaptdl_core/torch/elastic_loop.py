@@ -60,8 +60,12 @@ class LoopState(checkpoint.State):
         checkpoint.dump_json(self.to_dict(), fileobj)
 
     def load(self, fileobj: IO[bytes]) -> None:
-        """Read the position written by :meth:`save`."""
-        data = checkpoint.load_json(fileobj)
+        """Read the position written by :meth:`save` (see :meth:`from_dict`)."""
+        self.from_dict(checkpoint.load_json(fileobj))
+
+    def from_dict(self, data: dict[str, Any]) -> None:
+        """Take the position from the dict :meth:`to_dict` made (a subclass that saves
+        more, or checks what it reads, extends it)."""
         self.current_index = int(data["current_index"])
         self.last_position = {str(k): int(v) for k, v in data["last_position"].items()}
         self.local_bsz = data.get("local_bsz")

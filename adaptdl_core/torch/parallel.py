@@ -57,8 +57,12 @@ class AdaptiveDataParallel(DistributedDataParallel):
 
     Raises:
         RuntimeError: if no process group has been initialised.
-        ValueError: if ``optimizer`` is not a torch optimizer, ``lr_scheduler`` has no
-            ``state_dict``/``load_state_dict``, or the name is taken.
+        ValueError: if ``model`` is not a torch Module, ``optimizer`` is not a torch
+            optimizer or updates none of the model's parameters, ``lr_scheduler`` or
+            ``mp_scaler`` has no ``state_dict``/``load_state_dict``, or the name is taken.
+        adaptdl_core.checkpoint.CheckpointError: when resuming from a checkpoint that
+            this model or optimizer cannot load (another optimizer type, other parameter
+            shapes); the message says what differs.
     """
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -68,9 +72,19 @@ class AdaptiveDataParallel(DistributedDataParallel):
         if not dist.is_initialized():
             raise RuntimeError("AdaptiveDataParallel needs a process group: call "
                                "adaptdl_core.torch.init_process_group('gloo' or 'nccl') first")
+        if not isinstance(model, torch.nn.Module):
+            raise ValueError(f"AdaptiveDataParallel(model={model!r}): expected the "
+                             f"torch.nn.Module to train, got a {type(model).__name__}")
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise ValueError(f"AdaptiveDataParallel(optimizer=...): expected a "
                              f"torch.optim.Optimizer, got {type(optimizer).__name__}")
+        _check_optimizer_trains(model, optimizer)
+        if mp_scaler is not None and not (callable(getattr(mp_scaler, "state_dict", None))
+                                          and callable(getattr(mp_scaler, "load_state_dict",
+                                                               None))):
+            raise ValueError(f"AdaptiveDataParallel(mp_scaler={mp_scaler!r}): expected a "
+                             "torch.amp.GradScaler (anything with state_dict() and "
+                             f"load_state_dict()) or None, got a {type(mp_scaler).__name__}")
         if scaling_rule is not None and not isinstance(scaling_rule, ScalingRuleBase):
             raise ValueError("AdaptiveDataParallel(scaling_rule=...): expected a ScalingRuleBase "
                              f"such as AdaScale(), got {type(scaling_rule).__name__}")
@@ -220,6 +234,7 @@ class AdaptiveDataParallel(DistributedDataParallel):
         torch.save({
             "model": self.module.state_dict(),
             "optimizer": self.adaptdl_optimizer.state_dict(),
+            "optimizer_type": _type_name(self.adaptdl_optimizer),
             "lr_scheduler": (self.adaptdl_lr_scheduler.state_dict()
                              if self.adaptdl_lr_scheduler is not None else None),
             "mp_scaler": (self.adaptdl_mp_scaler.state_dict()
@@ -232,8 +247,18 @@ class AdaptiveDataParallel(DistributedDataParallel):
     def _load_state(self, fileobj: IO[bytes]) -> None:
         device = next(self.module.parameters()).device
         data = torch.load(fileobj, map_location=device, weights_only=True)
-        self.module.load_state_dict(data["model"])
-        self.adaptdl_optimizer.load_state_dict(data["optimizer"])
+        try:
+            self.module.load_state_dict(data["model"])
+        except RuntimeError as exc:
+            # torch's first line is only "Error(s) in loading state_dict for Linear:";
+            # what differs (sizes, keys) is on the lines below it.
+            details = "; ".join(line.strip().rstrip(".") for line in
+                                str(exc).splitlines()[1:] if line.strip())
+            raise ValueError(f"the checkpoint's model does not fit this "
+                             f"{type(self.module).__name__}: {details or exc}. Build the "
+                             "model as the run that wrote the checkpoint did, or start from "
+                             "an empty checkpoint directory") from exc
+        self._load_optimizer(data)
         if self.adaptdl_lr_scheduler is not None and data["lr_scheduler"] is not None:
             self.adaptdl_lr_scheduler.load_state_dict(data["lr_scheduler"])
         if self.adaptdl_mp_scaler is not None and data["mp_scaler"] is not None:
@@ -242,6 +267,26 @@ class AdaptiveDataParallel(DistributedDataParallel):
         self._gns_saved = data.get("gns")
         if data.get("scaling_rule"):
             self.scaling_rule.load_state_dict(data["scaling_rule"])
+
+    def _load_optimizer(self, data: dict) -> None:
+        """Load the saved optimizer state; a state of another optimizer type, or one
+        that does not fit, is refused with both types named (torch would say only, for
+        example, ``KeyError: 'betas'``)."""
+        optimizer = self.adaptdl_optimizer
+        saved = data.get("optimizer_type")
+        mine = _type_name(optimizer)
+        if saved is not None and saved != mine:
+            raise ValueError(f"the checkpoint holds the state of a {saved!r} optimizer, but "
+                             f"this run's optimizer is {mine!r}; resume with {saved!r}, or "
+                             "start from an empty checkpoint directory")
+        try:
+            optimizer.load_state_dict(data["optimizer"])
+        except (KeyError, ValueError, RuntimeError) as exc:
+            was = f"{saved!r}" if saved is not None else "the checkpoint's optimizer"
+            raise ValueError(f"the optimizer state saved by {was} does not fit this run's "
+                             f"{mine!r} ({type(exc).__name__}: {exc}); resume with the "
+                             "optimizer and parameter groups that wrote it, or start from "
+                             "an empty checkpoint directory") from exc
 
     # -- gradient noise ----------------------------------------------------------------
     def _update_noise(self, loader: "_data.AdaptiveDataLoader", batch_size: int) -> None:
@@ -261,6 +306,28 @@ def current_model() -> "AdaptiveDataParallel | None":
     ref = context.current().model
     return None if ref is None else ref()
 
+
+
+def _type_name(obj: Any) -> str:
+    return type(obj).__qualname__
+
+
+def _check_optimizer_trains(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Raise ValueError if ``optimizer`` updates none of ``model``'s parameters (training
+    would then never change the model); warn about parameters it updates outside the
+    model (DistributedDataParallel does not average their gradients over replicas)."""
+    own = {id(p) for p in model.parameters()}
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    inside = sum(id(p) in own for p in params)
+    if params and inside == 0:
+        raise ValueError(f"AdaptiveDataParallel(model, optimizer): the {type(optimizer).__name__}"
+                         f" updates {len(params)} parameter tensor(s), none of them "
+                         f"{type(model).__name__}'s, so training would never change the "
+                         "model; build the optimizer over model.parameters() of this model")
+    if inside < len(params):
+        LOG.warning("the %s updates %d parameter tensor(s) that are not the model's: their "
+                    "gradients are not averaged over the replicas, nor are they saved with "
+                    "the model", type(optimizer).__name__, len(params) - inside)
 
 
 class _TrainingState(checkpoint.State):

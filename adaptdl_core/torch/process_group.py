@@ -10,7 +10,7 @@ from urllib.parse import urlparse
 import torch
 import torch.distributed as dist
 
-from adaptdl_core import collective, context, env
+from adaptdl_core import checkpoint, collective, context, env
 from adaptdl_core.torch import _interrupt
 
 __all__ = ["init_process_group"]
@@ -48,7 +48,8 @@ def init_process_group(backend: str, init_method: str | None = None,
         rank: this replica's rank (default ``ADAPTDL_REPLICA_RANK``, else 0).
 
     Raises:
-        ValueError: for an invalid backend, init method, rank or world size.
+        ValueError: for an invalid backend, init method, rank or world size, or (on
+            replica 0) an ``ADAPTDL_CHECKPOINT_PATH`` that is empty or not writable.
         RuntimeError: if already initialised, or if torch.distributed fails to connect
             the replicas after they all joined.
         adaptdl_core.collective.RendezvousTimeoutError: if some replicas do not join
@@ -67,6 +68,10 @@ def init_process_group(backend: str, init_method: str | None = None,
         raise ValueError(f"init_process_group(world_size={size!r}): must be an integer >= 1")
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < size:
         raise ValueError(f"init_process_group(rank={rank!r}): must be an integer in [0, {size})")
+    if rank == 0:
+        # Only replica 0 writes checkpoints; found now, not after the training it was
+        # to save (the other replicas then time out naming replica 0).
+        checkpoint.check_checkpoint_root(env.checkpoint_path())
     # The rest of the library reads the shape of the job from the environment.
     os.environ["ADAPTDL_NUM_REPLICAS"] = str(size)
     os.environ["ADAPTDL_REPLICA_RANK"] = str(rank)

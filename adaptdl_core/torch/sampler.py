@@ -38,7 +38,7 @@ class ElasticSampler(Sampler[int]):
         seed: base seed of the shuffle.
 
     Raises:
-        ValueError: for an empty or unsized dataset.
+        ValueError: for an empty or unsized dataset, or a ``shuffle`` that is not a bool.
     """
 
     def __init__(self, dataset: Sized, shuffle: bool = True, seed: int = 0):
@@ -47,6 +47,8 @@ class ElasticSampler(Sampler[int]):
                              "(map-style); iterable datasets are not supported")
         if len(dataset) == 0:
             raise ValueError("ElasticSampler(dataset=...): the dataset is empty")
+        if not isinstance(shuffle, bool):
+            raise ValueError(f"ElasticSampler(shuffle={shuffle!r}): pass True or False")
         self.dataset = dataset
         self.shuffle = bool(shuffle)
         self.seed = int(seed)
@@ -93,6 +95,23 @@ class ElasticSampler(Sampler[int]):
         if start + (count - 1) * step >= 2 * n:  # (more replicas than samples left)
             return iter([order[(start + k * step) % n] for k in range(count)])
         return iter((order + order[:step])[start:start + count * step:step])
+
+    def distinct_count(self, index: int, size: int) -> int:
+        """How many leading samples of this replica's local batch of ``size`` samples
+        from global position ``index`` are distinct samples of the pass; the rest (at
+        the end of the batch) repeat samples from the pass's start, dealt only so that
+        every replica's last batch has the same size.
+
+        Raises:
+            ValueError: for a negative ``index`` or ``size``.
+        """
+        if index < 0 or size < 0:
+            raise ValueError(f"distinct_count(index={index}, size={size}): both must be >= 0")
+        n = len(self.dataset)
+        pass_end = (index // n + 1) * n
+        # Position index + rank + k * replicas is this replica's k-th sample.
+        left = pass_end - index - self.rank
+        return max(0, min(size, -(-left // self.num_replicas)))
 
     def __len__(self) -> int:
         """Number of indices this replica yields from the current position."""

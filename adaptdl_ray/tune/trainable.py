@@ -540,6 +540,36 @@ def _check_seconds(name: str, value: Any, *, optional: bool = False) -> None:
         raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
 
 
+def _custom_resources(extra: Any, num_cpus: Any, num_gpus: Any) -> dict[str, float]:
+    """``resources_per_worker`` checked: a dict of custom resource name -> finite amount
+    ``>= 0`` that leaves CPUs and GPUs to their own arguments (a ``"CPU"`` entry once
+    replaced ``num_cpus_per_worker`` without a word)."""
+    if extra is None:
+        return {}
+    if not isinstance(extra, Mapping):
+        raise ValueError(f"resources_per_worker must be a dict of custom resource name -> "
+                         f"amount per replica (e.g. {{'TPU': 1}}) or None, got {extra!r}")
+    own = {"CPU": ("num_cpus_per_worker", num_cpus), "GPU": ("num_gpus_per_worker", num_gpus)}
+    out = {}
+    for key, value in extra.items():
+        # Ray's names are case-sensitive: {'cpu': 2} would ask for a custom resource no node
+        # has, and the trial would wait for ever.
+        upper = key.upper() if isinstance(key, str) else None
+        if upper in own:
+            arg, given = own[upper]
+            raise ValueError(f"resources_per_worker[{key!r}]={value!r} conflicts with {arg}="
+                             f"{given!r}: give {upper}s per replica with {arg} only")
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"resources_per_worker: resource names must be non-empty "
+                             f"strings, got {key!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                not math.isfinite(value) or value < 0:
+            raise ValueError(f"resources_per_worker[{key!r}] must be a finite number >= 0, "
+                             f"got {value!r}")
+        out[key] = float(value)
+    return out
+
+
 def AdaptDLTrainableCreator(train_fn: Callable[..., Any], *,  # noqa: N802 (AdaptDL's name)
                             num_cpus_per_worker: float = 1.0, num_gpus_per_worker: float = 0.0,
                             resources_per_worker: Mapping[str, float] | None = None,
@@ -563,7 +593,8 @@ def AdaptDLTrainableCreator(train_fn: Callable[..., Any], *,  # noqa: N802 (Adap
             and run in each worker actor.
         num_cpus_per_worker: CPUs of each replica's bundle (also its torch threads).
         num_gpus_per_worker: GPUs of each replica's bundle.
-        resources_per_worker: extra custom resources per replica.
+        resources_per_worker: extra custom resources per replica (``{"TPU": 1}``; CPUs and
+            GPUs are given by the two arguments above).
         min_replicas, max_replicas: bounds on the replica count (``max`` ``None``: the
             cluster is the limit).
         stop_timeout_s: how long a checkpoint may wait for the replicas to reach a batch
@@ -582,8 +613,10 @@ def AdaptDLTrainableCreator(train_fn: Callable[..., Any], *,  # noqa: N802 (Adap
 
     Raises:
         ValueError: for a non-callable ``train_fn``, a function that cannot take a config
-            argument, non-finite or negative resources or timeouts, or ``min_replicas >
-            max_replicas`` (the message names the argument).
+            argument, non-finite or negative resources or timeouts, a
+            ``resources_per_worker`` that is not a dict or names ``"CPU"`` / ``"GPU"``
+            (those are ``num_cpus_per_worker`` / ``num_gpus_per_worker``), or
+            ``min_replicas > max_replicas`` (the message names the argument).
     """
     if not callable(train_fn) or isinstance(train_fn, type):
         raise ValueError(f"train_fn must be a function fn(config), got "
@@ -608,7 +641,8 @@ def AdaptDLTrainableCreator(train_fn: Callable[..., Any], *,  # noqa: N802 (Adap
     if name is not None and (not isinstance(name, str) or not name):
         raise ValueError(f"name must be a non-empty string or None, got {name!r}")
     resources = {"CPU": float(num_cpus_per_worker), "GPU": float(num_gpus_per_worker)}
-    resources.update(resources_per_worker or {})
+    resources.update(_custom_resources(resources_per_worker, num_cpus_per_worker,
+                                       num_gpus_per_worker))
     spec = ReplicaSpec(resources, min_replicas=min_replicas, max_replicas=max_replicas)
     cls_name = name or f"AdaptDL_{getattr(train_fn, '__name__', 'trainable')}"
     return type(cls_name, (AdaptDLTrainable,), {
