@@ -359,7 +359,7 @@ def _find_published(addr: str, launcher_port: int, scope: str, size: int,
     _connect_deadline(addr, launcher_port, deadline)
     launcher = dist.TCPStore(addr, launcher_port, size, is_master=False,
                              timeout=timedelta(seconds=max(deadline - time.monotonic(), 1.0)))
-    pause = _POLL_S[0]
+    pause, seen = _POLL_S[0], None
     while True:
         if launcher.check([key]):
             entry = json.loads(launcher.get(key).decode())
@@ -368,11 +368,15 @@ def _find_published(addr: str, launcher_port: int, scope: str, size: int,
                 _connect_deadline(addr, entry["port"], min(deadline, time.monotonic() + 1.0))
                 probe = dist.TCPStore(addr, entry["port"], size, is_master=False,
                                       timeout=timedelta(seconds=2))
-                if (probe.check([_STORE_ID])
-                        and probe.get(_STORE_ID).decode() == entry["id"]):
-                    return int(entry["port"])
+                answer = (probe.get(_STORE_ID).decode() if probe.check([_STORE_ID])
+                          else "no identifier")
             except (TimeoutError, OSError, RuntimeError) as exc:
-                LOG.debug("published store %s is not this round's: %s", entry, exc)
+                answer = f"unreachable: {exc}"
+            if answer == entry["id"]:
+                return int(entry["port"])
+            if entry != seen:
+                LOG.debug("the published store %s is not this round's (%s)", entry, answer)
+                seen = entry
         if time.monotonic() >= deadline:
             raise TimeoutError(f"no store of replica 0 was published in the launcher's store "
                                f"at {addr}:{launcher_port}")

@@ -92,7 +92,9 @@ def test_shared_store_scope(no_torchrun):
 
 
 REPLICA = """
-import json, sys
+import json, logging, sys
+logging.basicConfig(level=logging.WARNING, stream=sys.stdout)
+logging.getLogger("adaptdl_core.collective").setLevel(logging.DEBUG)
 from adaptdl_core import collective, env
 collective.initialize()
 total = collective.allreduce(env.replica_rank() + 1)
@@ -104,13 +106,13 @@ collective.teardown()
 @pytest.mark.parametrize("stale", ["gone", "other"])
 def test_replicas_find_this_rounds_store_through_the_agent_store(no_torchrun, stale):
     # The test plays torchrun's agent: it hosts the store named by MASTER_PORT, which
-    # still holds an earlier round's entry: a store that is gone, or one that is up but
-    # is not this round's (another identifier).
+    # still holds an earlier round's entry, naming a store that is gone, or a port that
+    # another store took since (with another identifier).
     agent = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=timedelta(seconds=30),
                           wait_for_workers=False)
     other = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=timedelta(seconds=30),
                           wait_for_workers=False)
-    other.set("adaptdl/store-id", b"an-earlier-round")
+    other.set("adaptdl/store-id", b"another-job")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         gone = s.getsockname()[1]
@@ -121,16 +123,22 @@ def test_replicas_find_this_rounds_store_through_the_agent_store(no_torchrun, st
     base.update(TORCHELASTIC_RUN_ID="run-7", TORCHELASTIC_USE_AGENT_STORE="True",
                 MASTER_ADDR="127.0.0.1", MASTER_PORT=str(agent.port), WORLD_SIZE="2",
                 ADAPTDL_TIMEOUT="30", OMP_NUM_THREADS="1")
-    procs = []
-    for rank in (1, 0):  # (the other replica is looking before replica 0 publishes)
+    procs, early = [], []
+    for rank in (1, 0):
         procs.append(subprocess.Popen([sys.executable, "-c", REPLICA], text=True,
                                       env={**base, "RANK": str(rank)},
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
-        time.sleep(0.5)
+        if rank == 1:
+            # Replica 0 starts only once replica 1 has found the stale entry wanting.
+            for line in procs[0].stdout:
+                early.append(line)
+                if "is not this round's" in line:
+                    break
+            assert "is not this round's" in "".join(early), "".join(early)[-3000:]
     results = []
-    for proc in procs:
+    for proc, before in zip(procs, ("".join(early), "")):
         out, _ = proc.communicate(timeout=90)
-        assert proc.returncode == 0, out[-3000:]
+        assert proc.returncode == 0, (before + out)[-3000:]
         results.append(json.loads(out.strip().splitlines()[-1]))
     assert [r["sum"] for r in results] == [3, 3]
     port = results[0]["port"]
