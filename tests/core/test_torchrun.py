@@ -171,7 +171,9 @@ def _finish(proc, timeout=60):
 
 def test_sigterm_to_torchrun_checkpoints_then_one_process_resumes_exactly_once(tmp_path):
     marker = tmp_path / "started"
-    proc = _torchrun(tmp_path, 2, "--signal-file", str(marker), "--sleep", "0.05")
+    # (0.2 s a batch: training lasts several seconds after the first batch, far longer
+    # than torchrun takes to forward the signal, even on a busy machine.)
+    proc = _torchrun(tmp_path, 2, "--signal-file", str(marker), "--sleep", "0.2")
     deadline = time.time() + 40
     while not marker.exists() and time.time() < deadline and proc.poll() is None:
         time.sleep(0.05)
