@@ -42,6 +42,7 @@ def saturating(c: float):
 
 
 def main() -> None:
+    """Time the decisions and print the table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)

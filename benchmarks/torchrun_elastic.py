@@ -37,12 +37,14 @@ SIZE, EPOCHS = 96, 3
 
 
 def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (the rendezvous endpoint)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
 def agent(record: Path, port: int, sleep: float, env: dict, log: Path) -> subprocess.Popen:
+    """Start one torchrun agent (one process) of the elastic job, output into ``log``."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1:2",
            "--nproc-per-node=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
            "--rdzv-id=bench", "--rdzv-conf=last_call_timeout=1,join_timeout=60",
@@ -53,6 +55,7 @@ def agent(record: Path, port: int, sleep: float, env: dict, log: Path) -> subpro
 
 
 def first_batch(path: Path) -> bool:
+    """True once the record file ``path`` holds a training batch."""
     if not path.exists():
         return False
     return any(json.loads(line).get("event") == "batch"
@@ -60,6 +63,7 @@ def first_batch(path: Path) -> bool:
 
 
 def exactly_once(record: Path) -> bool:
+    """Every epoch trained on every sample exactly once, over all record files."""
     seen = collections.defaultdict(collections.Counter)
     for path in record.glob("r*-rank*.jsonl"):
         for line in path.read_text().splitlines():
@@ -72,6 +76,12 @@ def exactly_once(record: Path) -> bool:
 
 
 def one_run(sleep: float, shared: bool, timeout: float = 300) -> dict:
+    """One join: agent A alone, then agent B; returns exit statuses, seconds from B's start
+    to the checkpoint and to the first two-process step, and the exactly-once verdict.
+
+    Raises:
+        RuntimeError: when A's job never starts or the agents outlive ``timeout`` seconds.
+    """
     with tempfile.TemporaryDirectory(prefix="torchrun-elastic-") as tmp:
         record = Path(tmp)
         env = {k: v for k, v in os.environ.items()
@@ -111,6 +121,7 @@ def one_run(sleep: float, shared: bool, timeout: float = 300) -> dict:
 
 
 def main() -> None:
+    """Parse the options, run the joins and print the table and medians."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--sleep", type=float, default=0.3,
