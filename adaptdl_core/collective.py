@@ -21,6 +21,13 @@ with training, and every replica must call the collectives in the same order.
 
 The same store also serves as the rendezvous for ``torch.distributed`` (see
 :func:`adaptdl_core.torch.init_process_group`), so a job needs one port only.
+
+Under torchrun, ``MASTER_PORT`` is usually the port of its agent's own store
+(:func:`adaptdl_core.env.shared_store_scope`). Replica 0 then hosts the job's store on a
+free port and publishes it there; the others look it up. That store outlives the workers
+and keeps every earlier round's keys, so what a replica reads there may be an address of a
+previous round's store: it connects only to a store that holds the identifier published
+with the address, and keeps looking until the rendezvous deadline.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ import math
 import logging
 import pickle
 import socket
+import uuid
 import sys
 import threading
 import time
@@ -143,17 +151,24 @@ class _Group:
     """The connection of this replica to the job's store, plus the operation counter."""
 
     def __init__(self, addr: str, port: int, rank: int, size: int, timeout_s: float,
-                 deadline: float | None = None):
+                 deadline: float | None = None, scope: str | None = None):
         self.addr, self.rank, self.size, self.timeout_s = addr, rank, size, timeout_s
         # Replicas known to be gone (a collective timed out waiting for them): teardown
         # does not wait for them to leave.
         self.lost: set[int] = set()
+        # With a scope, addr:port is the launcher's store, where replica 0 publishes the
+        # port of its own (picked free) and the others look it up.
+        launcher_port = port
+        if scope is not None:
+            port = 0 if rank == 0 else _find_published(addr, port, scope, size, deadline)
         if rank != 0 and deadline is not None:
             _connect_deadline(addr, port, deadline)
         self.store = dist.TCPStore(addr, port, size, is_master=(rank == 0),
                                    timeout=timedelta(seconds=timeout_s),
                                    wait_for_workers=False)
         self.port = self.store.port
+        if scope is not None and rank == 0:
+            _publish(self.store, addr, launcher_port, scope, size, timeout_s)
         self.op = 0
         self.executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="adaptdl-collective")
@@ -310,6 +325,65 @@ class _Group:
                 missing) from exc
 
 
+# In a launcher's store: where replica 0 publishes its store (port and identifier). In
+# the job's store: the identifier, which proves that a store is the one published.
+_PUBLISHED = "adaptdl/{scope}/store"
+_STORE_ID = "adaptdl/store-id"
+
+
+def _publish(store: dist.Store, addr: str, launcher_port: int, scope: str, size: int,
+             timeout_s: float) -> None:
+    """Replica 0: label its new store with a fresh identifier and publish its port and
+    that identifier in the launcher's store at ``addr:launcher_port``."""
+    store_id = uuid.uuid4().hex
+    store.set(_STORE_ID, store_id.encode())
+    launcher = dist.TCPStore(addr, launcher_port, size, is_master=False,
+                             timeout=timedelta(seconds=timeout_s))
+    launcher.set(_PUBLISHED.format(scope=scope),
+                 json.dumps({"port": store.port, "id": store_id}).encode())
+
+
+def _find_published(addr: str, launcher_port: int, scope: str, size: int,
+                    deadline: float | None) -> int:
+    """The others: the port of replica 0's store, read from the launcher's store and
+    checked against the identifier published with it (an entry left by an earlier round
+    names a store that is gone, or one that holds another identifier).
+
+    Raises:
+        TimeoutError: when no published store answered with its identifier by
+            ``deadline`` (monotonic seconds; ``None``: the default timeout from now).
+    """
+    if deadline is None:
+        deadline = time.monotonic() + env.timeout()
+    key = _PUBLISHED.format(scope=scope)
+    _connect_deadline(addr, launcher_port, deadline)
+    launcher = dist.TCPStore(addr, launcher_port, size, is_master=False,
+                             timeout=timedelta(seconds=max(deadline - time.monotonic(), 1.0)))
+    pause, seen = _POLL_S[0], None
+    while True:
+        if launcher.check([key]):
+            entry = json.loads(launcher.get(key).decode())
+            try:
+                # (A short wait each: a stale entry must not use up the deadline.)
+                _connect_deadline(addr, entry["port"], min(deadline, time.monotonic() + 1.0))
+                probe = dist.TCPStore(addr, entry["port"], size, is_master=False,
+                                      timeout=timedelta(seconds=2))
+                answer = (probe.get(_STORE_ID).decode() if probe.check([_STORE_ID])
+                          else "no identifier")
+            except (TimeoutError, OSError, RuntimeError) as exc:
+                answer = f"unreachable: {exc}"
+            if answer == entry["id"]:
+                return int(entry["port"])
+            if entry != seen:
+                LOG.debug("the published store %s is not this round's (%s)", entry, answer)
+                seen = entry
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"no store of replica 0 was published in the launcher's store "
+                               f"at {addr}:{launcher_port}")
+        time.sleep(pause)
+        pause = min(pause * 2, _POLL_S[1])
+
+
 # The group lives in the job context (context.current().group); this lock orders its
 # creation and removal.
 _LOCK = threading.Lock()
@@ -329,7 +403,10 @@ def initialize(master_addr: str | None = None, master_port: int | None = None,
     rank) has one deadline, ``timeout`` seconds after the call; replica 0 may take up to
     two seconds more to hand its verdict to the replicas that joined.
 
-    Arguments default to the ``ADAPTDL_*`` environment (see :mod:`adaptdl_core.env`).
+    Arguments default to the ``ADAPTDL_*`` environment (see :mod:`adaptdl_core.env`);
+    when the port comes from there too and torchrun's agent hosts a store there
+    (:func:`adaptdl_core.env.shared_store_scope`), replica 0 publishes its own store's
+    port in it and the others look it up (see the module docstring).
 
     Arguments:
         master_addr: address of replica 0.
@@ -349,6 +426,7 @@ def initialize(master_addr: str | None = None, master_port: int | None = None,
     """
     addr = master_addr if master_addr is not None else env.master_addr()
     port = master_port if master_port is not None else env.master_port()
+    scope = env.shared_store_scope() if master_port is None else None
     size = num_replicas if num_replicas is not None else env.num_replicas()
     rank = replica_rank if replica_rank is not None else env.replica_rank()
     timeout_s = timeout if timeout is not None else env.timeout()
@@ -377,7 +455,7 @@ def initialize(master_addr: str | None = None, master_port: int | None = None,
             raise RuntimeError("adaptdl_core.collective is already initialized; "
                                "call teardown() first")
         try:
-            group = _Group(addr, port, rank, size, float(timeout_s), deadline)
+            group = _Group(addr, port, rank, size, float(timeout_s), deadline, scope)
         except TimeoutError as exc:
             raise RendezvousTimeoutError(
                 f"replica 0 of {size} (the master, hosting the store at {addr}:{port}) could "

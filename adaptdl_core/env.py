@@ -21,6 +21,26 @@ Values are read on every call (not cached) so that tests and launchers can chang
 invalid values raise :class:`ValueError` naming the variable and what is expected. An
 empty value means the default, except for ``ADAPTDL_CHECKPOINT_PATH``, where it is
 refused (a job meant to checkpoint would otherwise silently save nothing).
+
+**Under torchrun** (``python -m torch.distributed.run``, detected by its
+``TORCHELASTIC_RUN_ID``), an unset (or empty) ``ADAPTDL_*`` variable falls back to
+torchrun's own:
+
+| ``ADAPTDL_*`` variable     | torchrun's variable            |
+|----------------------------|--------------------------------|
+| ``ADAPTDL_MASTER_ADDR``    | ``MASTER_ADDR``                |
+| ``ADAPTDL_MASTER_PORT``    | ``MASTER_PORT``                |
+| ``ADAPTDL_REPLICA_RANK``   | ``RANK``                       |
+| ``ADAPTDL_NUM_REPLICAS``   | ``WORLD_SIZE``                 |
+| ``ADAPTDL_NUM_NODES``      | ``GROUP_WORLD_SIZE`` (agents)  |
+| ``ADAPTDL_NUM_RESTARTS``   | ``TORCHELASTIC_RESTART_COUNT`` |
+| (none)                     | ``LOCAL_RANK`` (:func:`local_rank`) |
+
+An ``ADAPTDL_*`` variable that is set always wins. Outside torchrun the plain names are
+ignored (other launchers, Ray's workers among them, set ``MASTER_ADDR`` for their own
+purposes). When torchrun's agent hosts the store the workers share
+(``TORCHELASTIC_USE_AGENT_STORE=True``, its default) and ``ADAPTDL_MASTER_PORT`` is unset,
+replica 0 publishes its own store's port in that store (:func:`shared_store_scope`).
 """
 
 from __future__ import annotations
@@ -39,13 +59,42 @@ __all__ = [
     "num_nodes",
     "num_restarts",
     "timeout",
+    "local_rank",
+    "under_torchrun",
+    "shared_store_scope",
 ]
 
 DEFAULT_TIMEOUT_S = 30.0
 MAX_TIMEOUT_S = 7 * 24 * 3600.0  # a week: beyond that a wait is a hang, not a timeout
 
 
+# torchrun's name for each ADAPTDL_* variable it also sets (see the module docstring).
+_TORCHRUN_NAMES = {
+    "ADAPTDL_MASTER_ADDR": "MASTER_ADDR",
+    "ADAPTDL_MASTER_PORT": "MASTER_PORT",
+    "ADAPTDL_REPLICA_RANK": "RANK",
+    "ADAPTDL_NUM_REPLICAS": "WORLD_SIZE",
+    "ADAPTDL_NUM_NODES": "GROUP_WORLD_SIZE",
+    "ADAPTDL_NUM_RESTARTS": "TORCHELASTIC_RESTART_COUNT",
+}
+
+
+def under_torchrun() -> bool:
+    """True in a worker started by torchrun (its ``TORCHELASTIC_RUN_ID`` is set)."""
+    return bool(os.environ.get("TORCHELASTIC_RUN_ID", "").strip())
+
+
+def _source(name: str) -> str:
+    """The variable that gives ``name``'s value: ``name`` itself when set, else its
+    torchrun counterpart when running under torchrun and that one is set."""
+    if os.environ.get(name, "").strip() or not under_torchrun():
+        return name
+    other = _TORCHRUN_NAMES.get(name)
+    return other if other and os.environ.get(other, "").strip() else name
+
+
 def _get_int(name: str, default: int, minimum: int) -> int:
+    name = _source(name)
     raw = os.environ.get(name)
     if raw is None or raw.strip() == "":
         return default
@@ -60,7 +109,7 @@ def _get_int(name: str, default: int, minimum: int) -> int:
 
 
 def _get_str(name: str) -> str | None:
-    raw = os.environ.get(name)
+    raw = os.environ.get(_source(name))
     return raw if raw else None
 
 
@@ -112,7 +161,7 @@ def master_port() -> int:
     """
     port = _get_int("ADAPTDL_MASTER_PORT", 0, 0)
     if port > 65535:
-        raise ValueError(f"ADAPTDL_MASTER_PORT={port} must be <= 65535")
+        raise ValueError(f"{_source('ADAPTDL_MASTER_PORT')}={port} must be <= 65535")
     return port
 
 
@@ -134,7 +183,8 @@ def replica_rank() -> int:
     rank = _get_int("ADAPTDL_REPLICA_RANK", 0, 0)
     replicas = num_replicas()
     if rank >= replicas:
-        raise ValueError(f"ADAPTDL_REPLICA_RANK={rank} must be < ADAPTDL_NUM_REPLICAS={replicas}")
+        raise ValueError(f"{_source('ADAPTDL_REPLICA_RANK')}={rank} must be < "
+                         f"{_source('ADAPTDL_NUM_REPLICAS')}={replicas}")
     return rank
 
 
@@ -149,7 +199,8 @@ def num_nodes() -> int:
     replicas = num_replicas()
     nodes = _get_int("ADAPTDL_NUM_NODES", replicas, 1)
     if nodes > replicas:
-        raise ValueError(f"ADAPTDL_NUM_NODES={nodes} must be <= ADAPTDL_NUM_REPLICAS={replicas}")
+        raise ValueError(f"{_source('ADAPTDL_NUM_NODES')}={nodes} must be <= "
+                         f"{_source('ADAPTDL_NUM_REPLICAS')}={replicas}")
     return nodes
 
 
@@ -179,3 +230,32 @@ def timeout() -> float:
         raise ValueError(f"ADAPTDL_TIMEOUT={raw!r} must be a finite number of seconds in "
                          f"(0, {MAX_TIMEOUT_S:g}]")
     return value
+
+
+def local_rank() -> int | None:
+    """This process's rank among the job's processes on its machine (``LOCAL_RANK``, as
+    torchrun sets it), or ``None`` when unset (then the caller decides, e.g. from the
+    rank and the device count).
+
+    Raises:
+        ValueError: if the value is not an integer >= 0.
+    """
+    if not os.environ.get("LOCAL_RANK", "").strip():
+        return None
+    return _get_int("LOCAL_RANK", 0, 0)
+
+
+def shared_store_scope() -> str | None:
+    """Whether :func:`master_addr` / :func:`master_port` name a launcher's store, and the
+    key scope the job uses there.
+
+    ``None`` (the usual case): replica 0 hosts the job's store at that port. Under
+    torchrun with ``TORCHELASTIC_USE_AGENT_STORE=True`` (its default) and
+    ``ADAPTDL_MASTER_PORT`` unset, torchrun's agent already hosts a store there: the
+    result is then ``"torchrun/<run id>"``, under which replica 0 publishes where its own
+    store is (:mod:`adaptdl_core.collective`).
+    """
+    if (not under_torchrun() or os.environ.get("ADAPTDL_MASTER_PORT", "").strip()
+            or os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "") != "True"):
+        return None
+    return f"torchrun/{os.environ['TORCHELASTIC_RUN_ID'].strip()}"

@@ -12,12 +12,15 @@ from .allocator import (
     power_mean,
     restart_penalty,
 )
+from .cluster_size import ClusterSizeDecision, ClusterSizeRule
 from .resize import MIN_COST_MULTIPLES, ResizeVerdict, resize_verdict
 from .speedup import GoodputOptimizer, LinearSpeedup, SpeedupFunction
 
 __all__ = [
     "DEFAULT_RESTART_COST_S",
     "AllocationResult",
+    "ClusterSizeDecision",
+    "ClusterSizeRule",
     "GoodputOptimizer",
     "JobInfo",
     "LinearSpeedup",

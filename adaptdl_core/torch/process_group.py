@@ -36,7 +36,9 @@ def init_process_group(backend: str, init_method: str | None = None,
     store and initialise ``torch.distributed`` with ``backend``.
 
     Without arguments everything comes from the ``ADAPTDL_*`` variables, and a single
-    process needs none of them.
+    process needs none of them. Under torchrun its own variables stand in for unset ones
+    (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ...; see :mod:`adaptdl_core.env`), so an
+    unchanged script runs under ``torchrun --nproc-per-node=K`` as well.
 
     Arguments:
         backend: ``"gloo"`` (CPU) or ``"nccl"`` (GPU), as for torch.distributed.
@@ -85,7 +87,9 @@ def init_process_group(backend: str, init_method: str | None = None,
         collective.initialize(addr, port, rank, size)
         store = dist.PrefixStore("adaptdl/torch", collective.new_store_client())
     if backend == "nccl" and torch.cuda.is_available():
-        local_rank = int(os.environ.get("LOCAL_RANK", rank % max(torch.cuda.device_count(), 1)))
+        local_rank = env.local_rank()
+        if local_rank is None:
+            local_rank = rank % max(torch.cuda.device_count(), 1)
         torch.cuda.set_device(local_rank)
     try:
         dist.init_process_group(backend, store=store, rank=rank, world_size=size,
