@@ -117,11 +117,17 @@ def train_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
 
 
 def evaluate(model: torch.nn.Module, loader: Iterable, accum: Any) -> None:
-    """Count correct predictions on ``loader`` into ``accum["correct"]`` and
-    ``accum["test_n"]`` (read them inside ``accum.synchronized()``)."""
+    """Count correct predictions on ``loader`` (an AdaptiveDataLoader) into
+    ``accum["correct"]`` and ``accum["test_n"]`` (read them inside
+    ``accum.synchronized()``: the whole test set on any number of replicas)."""
+    import adaptdl_core.torch as adl
+
     model.eval()
     with torch.no_grad():
-        for images, labels in loader:
+        for batch in loader:
+            # Without the repeats that pad a replica's last batch: the sums over all
+            # replicas then cover the test set exactly once (adl.drop_padding).
+            images, labels = adl.drop_padding(batch)
             accum["correct"] += (model(images).argmax(dim=1) == labels).sum().item()
             accum["test_n"] += len(labels)
 
