@@ -57,7 +57,7 @@ from adaptdl_core.decision import (DecisionCore, JobProgress, SolveRequest, Stat
                                    cluster_capacity, job_info)
 from adaptdl_core.policy import NodeInfo, PolluxPolicy, resize_verdict
 from adaptdl_ray.tune import checkpoint_files, control
-from adaptdl_ray.tune.interrupts import InterruptRelay
+from adaptdl_ray.tune.interrupts import InterruptRelay, unsaved_trials
 from adaptdl_ray.tune.resources import cluster_nodes, num_replicas_of, placement_group_factory
 from adaptdl_ray.tune.results import METRIC_PREFIX
 from adaptdl_ray.tune.scheduler_state import SchedulerState
@@ -199,6 +199,7 @@ class AdaptDLScheduler(TrialScheduler):
         self._control: Any = None
         self._relay = InterruptRelay()
         self._interrupt: dict[str, Any] | None = None
+        self._interrupt_done = False  # the held-back signal went to Tune
         self._solve_wait_s = solve_wait_s
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._inflight: tuple[SolveRequest, concurrent.futures.Future] | None = None
@@ -303,6 +304,8 @@ class AdaptDLScheduler(TrialScheduler):
             self._announce_pause(trial)
         if decision != TrialScheduler.CONTINUE or result.get("done"):
             return decision
+        if self._relay.requested_at is not None:
+            return decision  # interrupted: the trial saves where it is, no resize begins
         self._maybe_decide(tune_controller)
         verdict = self._core.decision_for(trial.trial_id)
         # A trial is never preempted to zero here: Tune admits trials itself.
@@ -348,11 +351,16 @@ class AdaptDLScheduler(TrialScheduler):
             self._last_check = now
             self._hook()
             self._handle_interrupt(tune_controller)
-            self._maybe_decide(tune_controller)
-            self._flush_save()
-            trial = self._next_resized_trial(tune_controller)
-            if trial is not None:
-                return trial
+            if self._relay.requested_at is None:
+                self._maybe_decide(tune_controller)
+                self._flush_save()
+                trial = self._next_resized_trial(tune_controller)
+                if trial is not None:
+                    return trial
+        if self._relay.requested_at is not None:
+            # Interrupted: no trial starts or resumes (it would only be stopped again,
+            # and a start begun now could outlive the run's stop).
+            return None
         choice = self._base.choose_trial_to_run(tune_controller)
         # FIFO-like bases resume any PAUSED trial; resized ones wait for their room.
         if choice is not None and choice.trial_id in self._queue:
@@ -588,25 +596,28 @@ class AdaptDLScheduler(TrialScheduler):
     def _handle_interrupt(self, tune_controller: Any) -> None:
         """After the driver's first Ctrl-C/SIGTERM: have the running trials save, then let
         Tune stop the run (see :mod:`.interrupts`)."""
-        if self._relay.requested_at is None:
+        if self._relay.requested_at is None or self._interrupt_done:
             return
-        running = {t.trial_id: t for t in tune_controller.get_trials()
-                   if t.status == Trial.RUNNING}
+        trials = tune_controller.get_trials()
         if self._interrupt is None:
-            timeouts = [stop_timeout_of(t.get_trainable_cls()) for t in running.values()]
-            self._interrupt = {"expect": set(running), "deadline": time.monotonic() +
-                               max(timeouts, default=0.0) + _INTERRUPT_MARGIN_S}
+            live = [t for t in trials if t.status in (Trial.RUNNING, Trial.PENDING)
+                    or t.is_saving]
+            timeouts = [stop_timeout_of(t.get_trainable_cls()) for t in live]
+            self._interrupt = {"deadline": time.monotonic() + max(timeouts, default=0.0)
+                               + _INTERRUPT_MARGIN_S}
             if self._control is not None:
                 self._control.interrupt.remote()
-            LOG.warning("saving %d running trial(s) before stopping", len(running))
-        waiting = {t for t in self._interrupt["expect"]
-                   if t in running and not running[t].is_saving}
-        if waiting and self._control is not None:
-            waiting -= set(ray.get(self._control.acks.remote(), timeout=10))
+            LOG.warning("saving %d running trial(s) before stopping",
+                        sum(t.status == Trial.RUNNING for t in trials))
+        acked: list[str] = []
+        if self._control is not None:
+            acked = ray.get(self._control.acks.remote(), timeout=10)
+        waiting = unsaved_trials(((t.trial_id, t.status, t.is_saving) for t in trials), acked)
         if waiting and time.monotonic() < self._interrupt["deadline"]:
             return
         if waiting:
             LOG.warning("trials %s did not save in time; stopping anyway", sorted(waiting))
+        self._interrupt_done = True
         self._save()
         self._writer.flush(_FINAL_FLUSH_S)
         self._relay.release()
