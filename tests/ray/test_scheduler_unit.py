@@ -392,7 +392,12 @@ def test_resize_verdict_rules():
     assert grow.pays and grow.saved_s == pytest.approx(100 * (1 - 1 / 1.9))
     assert not resize_verdict(current=1, target=2, remaining_s=100, cost_s=8,
                               speedup_now=1.0, speedup_new=1.05).pays
-    assert resize_verdict(current=1, target=2, remaining_s=None, cost_s=8).pays
+    # Issue 25: a trial whose remaining training is unknown is not resized until known,
+    # neither grown nor shrunk.
+    for target in (2, 1):
+        unknown = resize_verdict(current=2 if target == 1 else 1, target=target,
+                                 remaining_s=None, cost_s=8)
+        assert not unknown.pays and "not known yet" in unknown.reason
     with pytest.raises(ValueError, match="cost_s"):
         resize_verdict(current=1, target=2, remaining_s=1, cost_s=float("nan"))
 
