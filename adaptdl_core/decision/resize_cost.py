@@ -21,9 +21,10 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-from typing import Iterable
+from typing import Any, Iterable, Mapping
 
-__all__ = ["CostSample", "ResizeCostEstimate", "estimate_resize_cost", "RECENT_RESIZES"]
+__all__ = ["CostSample", "ResizeCostEstimate", "estimate_resize_cost", "describe_resize",
+           "RECENT_RESIZES"]
 
 #: How many of the most recent measured resizes the estimate is the median of.
 RECENT_RESIZES = 3
@@ -105,3 +106,22 @@ def estimate_resize_cost(samples: Iterable[CostSample], *, target: int | None = 
         return ResizeCostEstimate(float(longest), "no resize measured yet: the longest "
                                                   "start-up measured")
     return ResizeCostEstimate(float(prior_s), "no resize measured yet: the prior")
+
+
+def describe_resize(job_id: Any, entry: Mapping[str, Any]) -> str:
+    """One line for a resize of ``job_id``: from -> to replicas, why, the predicted saving,
+    the predicted cost (and its basis), then the measured cost.
+
+    Args:
+        job_id: the job (trial id).
+        entry: its ``resize_log`` entry (``from``, ``to``, ``reason``, ``saved_s``,
+            ``cost_s``, optional ``cost_basis`` and ``measured_s``).
+    """
+    saved = entry.get("saved_s")
+    basis = entry.get("cost_basis")
+    measured = entry.get("measured_s")
+    return (f"trial {job_id} resized {entry['from']} -> {entry['to']} replicas "
+            f"({entry['reason']}); predicted saving "
+            f"{'n/a' if saved is None else f'{saved:.1f} s'}, predicted cost "
+            f"{entry['cost_s']:.1f} s{f' ({basis})' if basis else ''}, measured cost "
+            f"{'not measured' if measured is None else f'{measured:.1f} s'}")

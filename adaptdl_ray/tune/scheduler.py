@@ -55,6 +55,7 @@ from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
 from adaptdl_core.decision import (DecisionCore, JobProgress, SolveRequest, StateWriter,
                                    cluster_capacity, job_info)
+from adaptdl_core.decision.resize_cost import describe_resize
 from adaptdl_core.policy import NodeInfo, PolluxPolicy, resize_verdict
 from adaptdl_ray.tune import checkpoint_files, control
 from adaptdl_ray.tune.interrupts import InterruptRelay, unsaved_trials
@@ -64,6 +65,11 @@ from adaptdl_ray.tune.scheduler_state import SchedulerState
 from adaptdl_ray.tune.trainable import replica_spec_of, stop_timeout_of
 
 LOG = logging.getLogger(__name__)
+# One line per resize, for users: Ray shows its "ray" logger tree at INFO by default (also
+# at verbose=0) and Python shows other loggers only from WARNING, so this child of Tune's
+# logger makes the lines visible at Tune's default verbosity and from run_job. Silence
+# them with logging.getLogger("ray.tune.adaptdl").setLevel(logging.WARNING).
+RESIZE_LOG = logging.getLogger("ray.tune.adaptdl")
 
 __all__ = ["AdaptDLScheduler"]
 
@@ -295,10 +301,14 @@ class AdaptDLScheduler(TrialScheduler):
         current = num_replicas_of(trial.placement_group_factory)
         # Its size first: a count that changed through a resize begun here is not a new one.
         self._core.running(trial.trial_id, replicas=current)
+        record = self._core.state.trials[trial.trial_id]
+        resizing = record.resize_pending
         if self._core.update(trial.trial_id, progress=self._progress(result)):
             self._save()  # a relaunch happened (rare): its measured cost is worth keeping
         else:
             self._flush_save()
+        if resizing and not record.resize_pending and record.resize_log:
+            RESIZE_LOG.info(describe_resize(trial.trial_id, record.resize_log[-1]))
         decision = self._base.on_trial_result(tune_controller, trial, result)
         if decision == TrialScheduler.PAUSE:
             self._announce_pause(trial)
@@ -316,9 +326,10 @@ class AdaptDLScheduler(TrialScheduler):
             # Grow only once the shrinking trials have freed the room; pausing now would
             # leave this trial idle while it waits.
             return TrialScheduler.CONTINUE
-        LOG.info("trial %s: %d -> %d replicas (%s)", trial.trial_id, current, verdict.replicas,
-                 verdict.reason)
         self._core.begin_resize(trial.trial_id, verdict)
+        LOG.info("trial %s: pausing to resize %d -> %d replicas (%s; predicted cost %.1f s); "
+                 "one line follows once its cost is measured", trial.trial_id, current,
+                 verdict.replicas, verdict.reason, record.resize_log[-1]["cost_s"])
         self._enqueue(trial.trial_id)
         self._save()
         self._announce_pause(trial)
@@ -441,6 +452,10 @@ class AdaptDLScheduler(TrialScheduler):
 
     def _trial_ended(self, trial: Trial) -> None:
         self._hook()
+        record = self._core.state.trials.get(trial.trial_id)
+        if record is not None and record.live and record.resize_pending and record.resize_log:
+            RESIZE_LOG.info("%s (the trial ended first)",
+                            describe_resize(trial.trial_id, record.resize_log[-1]))
         self._core.remove(trial.trial_id)
         if trial.trial_id in self._queue:
             self._queue.remove(trial.trial_id)
