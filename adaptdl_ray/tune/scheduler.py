@@ -63,6 +63,7 @@ from adaptdl_ray.tune.resources import cluster_nodes, num_replicas_of, placement
 from adaptdl_ray.tune.results import METRIC_PREFIX
 from adaptdl_ray.tune.scheduler_state import SchedulerState
 from adaptdl_ray.tune.trainable import replica_spec_of, stop_timeout_of
+from adaptdl_ray.tune.traps import TrapWatch
 
 LOG = logging.getLogger(__name__)
 # One line per resize, for users: Ray shows its "ray" logger tree at INFO by default (also
@@ -213,6 +214,7 @@ class AdaptDLScheduler(TrialScheduler):
         self._writer = StateWriter(sync=solve_wait_s is None)
         self._share_profiles = share_profiles
         self._missing_entry_logged = False
+        self._traps = TrapWatch(allocation_interval_s)
 
     def __getstate__(self) -> dict:
         # Tune pickles its configuration (with this scheduler) before the run; a worker
@@ -298,6 +300,11 @@ class AdaptDLScheduler(TrialScheduler):
             raise ValueError(f"trial {trial.trial_id} reported no {self._metric!r} (the metric "
                              f"given to tune.run/TuneConfig); it reported {shown}. Report it "
                              "with tune.report({...}) from the training function")
+        spec = replica_spec_of(trial.get_trainable_cls())
+        trap = self._traps.result(trial.trial_id, result, resizable=spec.max_replicas is None
+                                  or spec.max_replicas > spec.min_replicas)
+        if trap:
+            LOG.warning(trap)
         current = num_replicas_of(trial.placement_group_factory)
         # Its size first: a count that changed through a resize begun here is not a new one.
         self._core.running(trial.trial_id, replicas=current)
@@ -311,6 +318,7 @@ class AdaptDLScheduler(TrialScheduler):
             RESIZE_LOG.info(describe_resize(trial.trial_id, record.resize_log[-1]))
         decision = self._base.on_trial_result(tune_controller, trial, result)
         if decision == TrialScheduler.PAUSE:
+            self._traps.forget(trial.trial_id)
             self._announce_pause(trial)
         if decision != TrialScheduler.CONTINUE or result.get("done"):
             return decision
@@ -332,6 +340,7 @@ class AdaptDLScheduler(TrialScheduler):
                  verdict.replicas, verdict.reason, record.resize_log[-1]["cost_s"])
         self._enqueue(trial.trial_id)
         self._save()
+        self._traps.forget(trial.trial_id)
         self._announce_pause(trial)
         return TrialScheduler.PAUSE
 
@@ -365,6 +374,7 @@ class AdaptDLScheduler(TrialScheduler):
             if self._relay.requested_at is None:
                 self._maybe_decide(tune_controller)
                 self._flush_save()
+                self._check_traps(tune_controller)
                 trial = self._next_resized_trial(tune_controller)
                 if trial is not None:
                     return trial
@@ -377,6 +387,18 @@ class AdaptDLScheduler(TrialScheduler):
         if choice is not None and choice.trial_id in self._queue:
             return None
         return choice
+
+    def _check_traps(self, tune_controller: Any) -> None:
+        """Name a running trial that the policy would resize but that does not report."""
+        trials = self._core.state.trials
+        running = [(t.trial_id, trials[t.trial_id].target,
+                    num_replicas_of(t.placement_group_factory))
+                   for t in tune_controller.get_trials()
+                   if t.status == Trial.RUNNING and t.trial_id in trials
+                   and trials[t.trial_id].live]
+        trap = self._traps.check(running)
+        if trap:
+            LOG.warning(trap)
 
     def _next_resized_trial(self, tune_controller: Any) -> Trial | None:
         """The first paused trial (first come, first served) whose new size fits."""
@@ -456,6 +478,7 @@ class AdaptDLScheduler(TrialScheduler):
         if record is not None and record.live and record.resize_pending and record.resize_log:
             RESIZE_LOG.info("%s (the trial ended first)",
                             describe_resize(trial.trial_id, record.resize_log[-1]))
+        self._traps.forget(trial.trial_id)
         self._core.remove(trial.trial_id)
         if trial.trial_id in self._queue:
             self._queue.remove(trial.trial_id)
