@@ -27,9 +27,9 @@ from tests.ray.trial_jobs import contract_job, validating_job
 NAME = "interrupted"
 JOBS = {
     "contract": (contract_job, {"epochs": 4, "size": 96, "batch_size": 8, "sleep": 0.05}),
-    "validating": (validating_job, {"epochs": 6, "size": 48, "val_size": 40,
+    "validating": (validating_job, {"epochs": 10, "size": 48, "val_size": 40,
                                     "batch_size": 8, "sleep": 0.02, "pause": 0.5}),
-    "validating-nopause": (validating_job, {"epochs": 6, "size": 48, "val_size": 40,
+    "validating-nopause": (validating_job, {"epochs": 10, "size": 48, "val_size": 40,
                                             "batch_size": 8, "sleep": 0.02, "pause": 0.0}),
 }
 
