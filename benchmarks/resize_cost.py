@@ -184,7 +184,9 @@ def run(args: argparse.Namespace) -> dict:
         config={"lr": 0.05, "momentum": 0.9, "batch_size": 64, "epochs": args.epochs,
                 "report_every": 1, "seed": 0, "max_batch_size": 0},
         scheduler=scheduler, storage_path=storage, verbose=0, reuse_actors=False,
-        raise_on_failed_trial=False, callbacks=[recorder])
+        raise_on_failed_trial=False, callbacks=[recorder],
+        # Ends with the first result after the last resize (which carries its cost).
+        stop=lambda trial_id, result: result.get("adaptdl/restarts", 0) >= args.resizes)
     wall = time.time() - t0
     tune_floor_s = tune_floor(args.tune_floor, storage) if args.tune_floor else []
     import ray
@@ -269,7 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--floor", type=int, default=3,
                    help="floor samples before and after the trial each (default 3)")
     p.add_argument("--epochs", type=int, default=400,
-                   help="epochs of the trial (enough to outlast the resizes; default 400)")
+                   help="epochs of the trial at most (enough to outlast the resizes; it is "
+                        "stopped after the last one; default 400)")
     p.add_argument("--interval", type=float, default=2.0,
                    help="AdaptDLScheduler allocation interval (default 2 s)")
     p.add_argument("--cpus", type=int, default=None, help="Ray CPUs (default 2: 2 replicas)")

@@ -199,6 +199,9 @@ class DecisionCore:
         # jobs measures a resize or a launch (so that a solve does not scan every record
         # of a large sweep once per job).
         self._group_costs: dict[str, tuple[list, list]] = {}
+        # (job id, target) -> its estimate, until the next measurement anywhere (rare):
+        # a solve asks for every job's cost several times.
+        self._cost_cache: dict[tuple, ResizeCostEstimate] = {}
         #: Seconds each policy solve took (most recent last; at most 1000 kept).
         self.solve_times_s: list[float] = []
         if state is not None:
@@ -233,6 +236,7 @@ class DecisionCore:
         self._effective.clear()
         self._group_best.clear()
         self._group_costs.clear()
+        self._cost_cache.clear()
         for job_id, record in state.trials.items():
             if record.spec is not None:
                 self._offer(job_id, record)
@@ -312,6 +316,7 @@ class DecisionCore:
                 created=now if submitted is None else submitted)
         record.spec = spec.to_dict()
         self._group_costs.pop(spec.profile_group, None)
+        self._cost_cache.clear()
         record.live = True
         record.current = 0
         record.placed_known = False
@@ -367,11 +372,13 @@ class DecisionCore:
                     if record.resize_log:
                         record.resize_log[-1]["measured_s"] = cost
                     self._group_costs.pop(self._group_of(job_id, record), None)
+                    self._cost_cache.clear()
                 record.resize_pending = False
         launch = _check_number("progress.launch_s", progress.launch_s, minimum=0.0)
         if launch is not None and launch > 0:
             if launch != record.launch_s:
                 self._group_costs.pop(self._group_of(job_id, record), None)
+                self._cost_cache.clear()
             record.launch_s = launch
         remaining = _check_number("progress.remaining_s", progress.remaining_s, minimum=0.0)
         if remaining is not None:
@@ -513,10 +520,14 @@ class DecisionCore:
 
         Raises:
             KeyError: unknown job."""
+        cached = self._cost_cache.get((job_id, target))
+        if cached is not None:
+            return cached
         record = self.record(job_id)
         group = self._group_of(job_id, record)
         if group is None:
-            samples = _cost_samples(record, own=True)
+            # resize_s is set with every measurement: no scan of a long log without one.
+            samples = _cost_samples(record, own=True) if record.resize_s is not None else []
             launches = [record.launch_s] if record.launch_s else []
         else:
             cached = self._group_costs.get(group)
@@ -529,8 +540,9 @@ class DecisionCore:
             samples = [dataclasses.replace(s, own=True) if k == job_id else s
                        for k, s in cached[0]]
             launches = cached[1]
-        return estimate_resize_cost(samples, target=target, launches_s=launches,
-                                    prior_s=DEFAULT_RESTART_COST_S)
+        estimate = self._cost_cache[(job_id, target)] = estimate_resize_cost(
+            samples, target=target, launches_s=launches, prior_s=DEFAULT_RESTART_COST_S)
+        return estimate
 
     def _group_of(self, job_id: Hashable, record: JobRecord) -> str | None:
         """The job's profile group (``None``: none, or its spec is not known yet)."""
