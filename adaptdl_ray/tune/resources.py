@@ -15,8 +15,8 @@ from ray.tune.execution.placement_groups import PlacementGroupFactory
 from adaptdl_core.decision.jobs import JobSpec, cluster_capacity, replicas_fitting
 from adaptdl_core.policy import NodeInfo
 
-__all__ = ["ReplicaSpec", "ReplicaRequest", "placement_group_factory", "num_replicas_of", "cluster_nodes",
-           "cluster_capacity", "replicas_fitting"]
+__all__ = ["ReplicaSpec", "ReplicaRequest", "placement_group_factory", "num_replicas_of",
+           "cluster_nodes", "cluster_capacity", "replicas_fitting"]
 
 
 #: How one trial may be shaped: the decision core's :class:`JobSpec` (resources per
