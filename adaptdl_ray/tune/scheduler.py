@@ -221,6 +221,9 @@ class AdaptDLScheduler(TrialScheduler):
         # thread and a solve in flight do not travel.
         state = dict(self.__dict__)
         state["_executor"] = state["_inflight"] = None
+        # Nor does an interrupt: a restored run starts uninterrupted.
+        state["_relay"], state["_interrupt"], state["_interrupt_done"] = \
+            InterruptRelay(), None, False
         return state
 
     # -- configuration --------------------------------------------------------------

@@ -37,6 +37,7 @@ class StubTrial:
         self.storage = types.SimpleNamespace(experiment_driver_staging_path=state_dir)
         self.checkpoint = None  # no Tune checkpoint, no local directory yet
         self.local_path = self.path = None
+        self.is_saving = False
 
     def get_trainable_cls(self):
         return self._cls
@@ -345,6 +346,35 @@ def test_a_slow_solve_runs_in_the_background_without_blocking_tune():
         time.sleep(0.01)
     assert sched.state.num_allocations == 1 and policy.calls == 1
     assert sched.state.trials["a"].target == 1
+
+
+def test_once_interrupted_no_trial_starts_and_a_pickled_copy_starts_uninterrupted():
+    """After the driver's Ctrl-C no trial starts or resumes (it would only be stopped
+    again); the scheduler Tune pickles for a restore carries no interrupt."""
+    import signal
+
+    from ray import cloudpickle
+
+    sched = AdaptDLScheduler(solve_wait_s=None, nodes_fn=cluster(4), allocation_interval_s=3600)
+    tc = StubController(cpus=4)
+    a = tc.add(sched, StubTrial("a"))
+    calls = []
+    previous = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, lambda s, f: calls.append(s))  # Tune's handler
+    try:
+        assert sched._relay.install()
+        signal.raise_signal(signal.SIGINT)  # held back by the relay
+        assert calls == []
+        sched._last_check = float("-inf")
+        assert sched.choose_trial_to_run(tc) is None and a.status == Trial.PENDING
+        assert calls == [signal.SIGINT]  # nothing was running: handed to Tune at once
+        copy = cloudpickle.loads(cloudpickle.dumps(sched))
+        copy._last_check = float("-inf")
+        assert copy.choose_trial_to_run(tc) is a
+    finally:
+        sched._relay.uninstall()
+        signal.signal(signal.SIGINT, previous)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def test_base_scheduler_decides_stopping():
