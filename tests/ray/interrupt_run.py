@@ -26,7 +26,9 @@ from tests.ray.trial_jobs import contract_job, validating_job
 
 NAME = "interrupted"
 JOBS = {
-    "contract": (contract_job, {"epochs": 4, "size": 96, "batch_size": 8, "sleep": 0.05}),
+    # 6 epochs: the interrupt comes after epoch 1, and on a loaded machine a trial can
+    # finish 2 more epochs of 0.6 s before it saves (then nothing is left to resume).
+    "contract": (contract_job, {"epochs": 6, "size": 96, "batch_size": 8, "sleep": 0.05}),
     "validating": (validating_job, {"epochs": 10, "size": 48, "val_size": 40,
                                     "batch_size": 8, "sleep": 0.02, "pause": 0.5}),
     "validating-nopause": (validating_job, {"epochs": 10, "size": 48, "val_size": 40,
