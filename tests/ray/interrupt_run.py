@@ -26,12 +26,13 @@ from tests.ray.trial_jobs import contract_job, validating_job
 
 NAME = "interrupted"
 JOBS = {
-    # 6 epochs: the interrupt comes after epoch 1, and on a loaded machine a trial can
-    # finish 2 more epochs of 0.6 s before it saves (then nothing is left to resume).
-    "contract": (contract_job, {"epochs": 6, "size": 96, "batch_size": 8, "sleep": 0.05}),
-    "validating": (validating_job, {"epochs": 10, "size": 48, "val_size": 40,
+    # 12 epochs: the interrupt comes after epoch 1, and on a loaded machine (2 cores, load
+    # 8) a trial finished 4 more epochs of 0.6 s before it saved; nothing was then left to
+    # resume and the test failed, on the base commit too.
+    "contract": (contract_job, {"epochs": 12, "size": 96, "batch_size": 8, "sleep": 0.05}),
+    "validating": (validating_job, {"epochs": 12, "size": 48, "val_size": 40,
                                     "batch_size": 8, "sleep": 0.02, "pause": 0.5}),
-    "validating-nopause": (validating_job, {"epochs": 10, "size": 48, "val_size": 40,
+    "validating-nopause": (validating_job, {"epochs": 12, "size": 48, "val_size": 40,
                                             "batch_size": 8, "sleep": 0.02, "pause": 0.0}),
 }
 
