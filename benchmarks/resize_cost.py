@@ -15,6 +15,9 @@ resize (read by a Tune callback), mapped to:
 | state load | ``restore_s`` (checkpoint handed over, torch imported, files unpacked) |
 | first step | ``first_step_s`` (process group, states loaded, first optimizer step) |
 
+Each resize's cost as the scheduler predicted it when it began the resize (its
+``resize_log``) is reported beside the measured one, with the prediction error.
+
 Next to it, in the same run: the floor of starting a fresh Python process that imports
 torch and ray (``python -c "import torch, ray"``, before and after the trial), and Tune's
 own floor for the same cycle (after the trial, unless ``--tune-floor 0``): a trivial class
@@ -181,7 +184,9 @@ def run(args: argparse.Namespace) -> dict:
         config={"lr": 0.05, "momentum": 0.9, "batch_size": 64, "epochs": args.epochs,
                 "report_every": 1, "seed": 0, "max_batch_size": 0},
         scheduler=scheduler, storage_path=storage, verbose=0, reuse_actors=False,
-        raise_on_failed_trial=False, callbacks=[recorder])
+        raise_on_failed_trial=False, callbacks=[recorder],
+        # Ends with the first result after the last resize (which carries its cost).
+        stop=lambda trial_id, result: result.get("adaptdl/restarts", 0) >= args.resizes)
     wall = time.time() - t0
     tune_floor_s = tune_floor(args.tune_floor, storage) if args.tune_floor else []
     import ray
@@ -190,7 +195,30 @@ def run(args: argparse.Namespace) -> dict:
     trial = next(iter(recorder.trials.values()))
     return {"machine": machine_description(), "floor_s": floor, "wall_s": wall,
             "status": analysis.trials[0].status, "resizes": trial["resizes"],
-            "timeline": trial["timeline"], "epochs": args.epochs, "tune_floor_s": tune_floor_s}
+            "timeline": trial["timeline"], "epochs": args.epochs, "tune_floor_s": tune_floor_s,
+            "predictions": predictions(scheduler.state)}
+
+
+def predictions(state: object) -> list[dict]:
+    """Each resize's predicted cost (what the scheduler assumed when it began it) beside
+    its measured one, from the scheduler's ``resize_log``."""
+    out = []
+    for record in state.trials.values():
+        for entry in record.resize_log:
+            if entry.get("measured_s") is not None:
+                out.append({"from": entry["from"], "to": entry["to"],
+                            "predicted_s": entry["cost_s"], "measured_s": entry["measured_s"]})
+    return out
+
+
+def prediction_error(rows: list[dict]) -> dict:
+    """Median and largest relative error ``|predicted - measured| / measured``, and the
+    median ratio ``measured / predicted`` (> 1: the prediction was optimistic)."""
+    errors = [abs(r["predicted_s"] - r["measured_s"]) / r["measured_s"] for r in rows]
+    ratios = [r["measured_s"] / r["predicted_s"] for r in rows if r["predicted_s"] > 0]
+    return {"n": len(rows), "median_rel_error": statistics.median(errors) if errors else None,
+            "max_rel_error": max(errors) if errors else None,
+            "median_measured_over_predicted": statistics.median(ratios) if ratios else None}
 
 
 def report(data: dict) -> str:
@@ -215,6 +243,18 @@ def report(data: dict) -> str:
         if tune_s else []
     total = statistics.median(sum(r[k] for k in tc.RESIZE_PHASES) for r in resizes) \
         if resizes else float("nan")
+    rows_p = data.get("predictions") or []
+    err = prediction_error(rows_p)
+    prediction_lines = [
+        "", "Resize cost, predicted when the resize began vs measured (pause to first step):",
+        markdown_table(["#", "from -> to", "predicted, s", "measured, s", "rel. error"],
+                       [[str(i + 1), f"{r['from']} -> {r['to']}", f"{r['predicted_s']:.2f}",
+                         f"{r['measured_s']:.2f}",
+                         f"{abs(r['predicted_s'] - r['measured_s']) / r['measured_s']:.0%}"]
+                        for i, r in enumerate(rows_p)]),
+        f"prediction error (n={err['n']}): median {err['median_rel_error']:.0%}, max "
+        f"{err['max_rel_error']:.0%}; median measured/predicted "
+        f"{err['median_measured_over_predicted']:.2f}x"] if rows_p else []
     return "\n".join([
         f"Machine: {data['machine']}",
         f"trial status {data['status']}, {len(resizes)} resizes measured, trial wall "
@@ -222,7 +262,7 @@ def report(data: dict) -> str:
         markdown_table(header, rows), "",
         f"floor, fresh `python -c \"import torch, ray\"` (n={len(floor)}, before and after "
         f"the trial): {iqr_text(floor, '{:.2f}')} s; median resize / floor = "
-        f"{total / statistics.median(floor):.1f}x"] + tune_lines)
+        f"{total / statistics.median(floor):.1f}x"] + tune_lines + prediction_lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -231,7 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--floor", type=int, default=3,
                    help="floor samples before and after the trial each (default 3)")
     p.add_argument("--epochs", type=int, default=400,
-                   help="epochs of the trial (enough to outlast the resizes; default 400)")
+                   help="epochs of the trial at most (enough to outlast the resizes; it is "
+                        "stopped after the last one; default 400)")
     p.add_argument("--interval", type=float, default=2.0,
                    help="AdaptDLScheduler allocation interval (default 2 s)")
     p.add_argument("--cpus", type=int, default=None, help="Ray CPUs (default 2: 2 replicas)")

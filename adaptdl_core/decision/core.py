@@ -52,6 +52,7 @@ from adaptdl_core.policy import (DEFAULT_RESTART_COST_S, MIN_COST_MULTIPLES, Nod
 
 from .jobs import (JobSpec, check_profile_group, cluster_capacity, group_hints, job_info,
                    pack_guess, profiled_extent, speedup_from_hints)
+from .resize_cost import CostSample, ResizeCostEstimate, estimate_resize_cost
 from .state import CoreState, JobRecord
 
 LOG = logging.getLogger(__name__)
@@ -194,6 +195,13 @@ class DecisionCore:
         # Job id -> (own hints, donor hints, hints the policy sees), reused while both
         # inputs are the same objects (so that the speedup cache keeps hitting).
         self._effective: dict[Hashable, tuple[Any, Any, Any]] = {}
+        # Profile group -> (its measured resizes, its start-ups), rebuilt when one of its
+        # jobs measures a resize or a launch (so that a solve does not scan every record
+        # of a large sweep once per job).
+        self._group_costs: dict[str, tuple[list, list]] = {}
+        # (job id, target) -> its estimate, until the next measurement anywhere (rare):
+        # a solve asks for every job's cost several times.
+        self._cost_cache: dict[tuple, ResizeCostEstimate] = {}
         #: Seconds each policy solve took (most recent last; at most 1000 kept).
         self.solve_times_s: list[float] = []
         if state is not None:
@@ -227,6 +235,8 @@ class DecisionCore:
         self._speedups.clear()
         self._effective.clear()
         self._group_best.clear()
+        self._group_costs.clear()
+        self._cost_cache.clear()
         for job_id, record in state.trials.items():
             if record.spec is not None:
                 self._offer(job_id, record)
@@ -305,6 +315,8 @@ class DecisionCore:
             record = self._state.trials[job_id] = JobRecord(
                 created=now if submitted is None else submitted)
         record.spec = spec.to_dict()
+        self._group_costs.pop(spec.profile_group, None)
+        self._cost_cache.clear()
         record.live = True
         record.current = 0
         record.placed_known = False
@@ -359,9 +371,14 @@ class DecisionCore:
                     record.resize_s = cost
                     if record.resize_log:
                         record.resize_log[-1]["measured_s"] = cost
+                    self._group_costs.pop(self._group_of(job_id, record), None)
+                    self._cost_cache.clear()
                 record.resize_pending = False
         launch = _check_number("progress.launch_s", progress.launch_s, minimum=0.0)
         if launch is not None and launch > 0:
+            if launch != record.launch_s:
+                self._group_costs.pop(self._group_of(job_id, record), None)
+                self._cost_cache.clear()
             record.launch_s = launch
         remaining = _check_number("progress.remaining_s", progress.remaining_s, minimum=0.0)
         if remaining is not None:
@@ -436,10 +453,12 @@ class DecisionCore:
         record.resizes += 1
         record.resize_pending = True
         record.last_veto = None
+        cost = self.resize_cost_estimate(job_id, target)
         record.resize_log.append({"time": float(self.clock()), "from": record.current,
                                   "to": target, "reason": reason,
                                   "saved_s": decision.saved_s if decision.action == "resize"
-                                  else None, "cost_s": self.resize_cost(job_id)})
+                                  else None, "cost_s": cost.seconds,
+                                  "cost_basis": cost.basis})
 
     # -- decisions ------------------------------------------------------------------
     def due(self) -> bool:
@@ -484,14 +503,52 @@ class DecisionCore:
         seen so far (also after it ended), or ``None``."""
         return self._group_best.get(group)
 
-    def resize_cost(self, job_id: Hashable) -> float:
-        """Seconds a resize of the job costs: its last measured resize, else its launch's
-        start-up time (a relaunch costs at least that), else the policy's prior.
+    def resize_cost(self, job_id: Hashable, target: int | None = None) -> float:
+        """Seconds the next resize of the job (to ``target`` replicas, ``None``: any) is
+        predicted to cost (see :meth:`resize_cost_estimate`).
 
         Raises:
             KeyError: unknown job."""
+        return self.resize_cost_estimate(job_id, target).seconds
+
+    def resize_cost_estimate(self, job_id: Hashable,
+                             target: int | None = None) -> ResizeCostEstimate:
+        """The predicted cost of the job's next resize and what it rests on: the resizes
+        measured so far in the job and its profile group, as the machine's load made
+        them, else the policy's prior raised to the longest start-up measured (see
+        :func:`~adaptdl_core.decision.resize_cost.estimate_resize_cost`).
+
+        Raises:
+            KeyError: unknown job."""
+        cached = self._cost_cache.get((job_id, target))
+        if cached is not None:
+            return cached
         record = self.record(job_id)
-        return record.resize_s or record.launch_s or DEFAULT_RESTART_COST_S
+        group = self._group_of(job_id, record)
+        if group is None:
+            # resize_s is set with every measurement: no scan of a long log without one.
+            samples = _cost_samples(record, own=True) if record.resize_s is not None else []
+            launches = [record.launch_s] if record.launch_s else []
+        else:
+            cached = self._group_costs.get(group)
+            if cached is None:
+                members = [(k, r) for k, r in self._state.trials.items()
+                           if self._group_of(k, r) == group]
+                cached = self._group_costs[group] = (
+                    [(k, s) for k, r in members for s in _cost_samples(r, own=False)],
+                    [r.launch_s for _, r in members if r.launch_s])
+            samples = [dataclasses.replace(s, own=True) if k == job_id else s
+                       for k, s in cached[0]]
+            launches = cached[1]
+        estimate = self._cost_cache[(job_id, target)] = estimate_resize_cost(
+            samples, target=target, launches_s=launches, prior_s=DEFAULT_RESTART_COST_S)
+        return estimate
+
+    def _group_of(self, job_id: Hashable, record: JobRecord) -> str | None:
+        """The job's profile group (``None``: none, or its spec is not known yet)."""
+        if record.spec is None and job_id not in self._specs:
+            return None
+        return self._spec(job_id, record).profile_group
 
     def finishing(self, job_id: Hashable) -> bool:
         """Less training left than the resize rule allows (see ``resize_verdict``).
@@ -682,7 +739,7 @@ class DecisionCore:
             return Decision(job_id, "keep", current, tuple(record.placed), "no change",
                             None, None, target)
         verdict = self._verdict(job_id, record)
-        cost = self.resize_cost(job_id)
+        cost = self.resize_cost(job_id, target)
         if verdict.pays:
             return Decision(job_id, "resize", target, tuple(record.nodes), verdict.reason,
                             verdict.saved_s, cost, target)
@@ -696,7 +753,7 @@ class DecisionCore:
     def _verdict(self, job_id: Hashable, record: JobRecord) -> ResizeVerdict:
         """Whether moving the job from its current to its target size pays."""
         current, target = record.current, record.target
-        cost = self.resize_cost(job_id)
+        cost = self.resize_cost(job_id, target or None)
         if target == 0:
             # The policy preempts it: only the finishing rule can keep it running.
             if self.finishing(job_id):
@@ -808,3 +865,9 @@ def _unpin_conflicts(jobs: Mapping[Hashable, Any], base: Mapping[Hashable, list]
         else:
             LOG.debug("job %s: its placement is not known to fit; not pinned", job_id)
             info.preemptible = True
+
+
+def _cost_samples(record: JobRecord, *, own: bool) -> list[CostSample]:
+    """The measured resizes in a record's ``resize_log``."""
+    return [CostSample(float(e["time"]), int(e["to"]), float(e["measured_s"]), own)
+            for e in record.resize_log if e.get("measured_s") is not None]

@@ -63,7 +63,8 @@ class JobRecord:
         resize_pending: a resize was begun and the progress after it has not arrived.
         resize_log: one dict per resize: ``time``, ``from``, ``to`` (replicas),
             ``reason`` (why it pays), ``saved_s`` (predicted seconds saved, growths),
-            ``cost_s`` (the resize cost assumed) and, once known, ``measured_s``.
+            ``cost_s`` (its predicted cost), ``cost_basis`` (what the prediction rests
+            on) and, once known, ``measured_s`` (its measured cost).
         last_veto: why the latest proposed resize was not made (logged once).
         history: ``[time, replicas]`` pairs, each time its target changed.
         remaining_s: estimated seconds of training left, if known.

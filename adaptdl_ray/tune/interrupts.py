@@ -16,15 +16,37 @@ import logging
 import signal
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 LOG = logging.getLogger(__name__)
 
-__all__ = ["InterruptRelay"]
+__all__ = ["InterruptRelay", "unsaved_trials"]
 
 # A signal arriving this long after the scheduler's last hook call finds no live Tune run
 # (the run ended): it goes straight to the previous handler.
 _IDLE_S = 5.0
+
+
+def unsaved_trials(trials: Iterable[tuple[str, str, bool]], acked: Iterable[str]) -> set[str]:
+    """The trials an interrupt must still wait for before Tune may stop the run.
+
+    A trial counts as saved only once it acknowledged the interrupt (its state is in its
+    trial directory) or once it neither runs nor saves. A trial inside a Tune save (a
+    user checkpoint, a periodic one, the save before a pause) is never saved "enough":
+    Tune records that checkpoint only when the save returns, so stopping the run during
+    it loses it; a running trial acknowledges after that save, at its next step.
+
+    Args:
+        trials: ``(trial id, Tune status, whether a Tune save is in flight)`` of every
+            trial of the run.
+        acked: ids of the trials that acknowledged the interrupt.
+
+    Returns:
+        the ids still to wait for.
+    """
+    done = set(acked)
+    return {trial_id for trial_id, status, saving in trials
+            if saving or (status == "RUNNING" and trial_id not in done)}
 
 
 class InterruptRelay:

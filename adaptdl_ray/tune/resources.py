@@ -15,8 +15,8 @@ from ray.tune.execution.placement_groups import PlacementGroupFactory
 from adaptdl_core.decision.jobs import JobSpec, cluster_capacity, replicas_fitting
 from adaptdl_core.policy import NodeInfo
 
-__all__ = ["ReplicaSpec", "placement_group_factory", "num_replicas_of", "cluster_nodes",
-           "cluster_capacity", "replicas_fitting"]
+__all__ = ["ReplicaSpec", "ReplicaRequest", "placement_group_factory", "num_replicas_of",
+           "cluster_nodes", "cluster_capacity", "replicas_fitting"]
 
 
 #: How one trial may be shaped: the decision core's :class:`JobSpec` (resources per
@@ -24,12 +24,30 @@ __all__ = ["ReplicaSpec", "placement_group_factory", "num_replicas_of", "cluster
 ReplicaSpec = JobSpec
 
 
+class ReplicaRequest(PlacementGroupFactory):
+    """A trial's placement group request (Tune's own class) that names, when printed,
+    where an AdaptDL trial's resources are set.
+
+    Ray Tune rejects ``tune.run(..., resources_per_trial=...)`` for a trainable with its
+    own resource request by printing that request (issue 25: the user was left with Ray's
+    error and no pointer to the creator's arguments); printed, this one says how to set
+    them instead."""
+
+    def __str__(self) -> str:
+        bundles = [b for b in self.bundles if b]
+        per = bundles[-1] if bundles else {}
+        return (f"{len(bundles)} AdaptDL replica(s) of {per} each, set by "
+                "AdaptDLTrainableCreator(num_cpus_per_worker=..., num_gpus_per_worker=..., "
+                "resources_per_worker={...}, min_replicas=..., max_replicas=...) and "
+                "resized by AdaptDLScheduler (resources_per_trial and tune.with_resources do "
+                "not apply to AdaptDL trainables)")
+
+
 def placement_group_factory(spec: ReplicaSpec, num_replicas: int) -> PlacementGroupFactory:
     """The placement group request of a trial with ``num_replicas`` replicas."""
     if num_replicas < 1:
         raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
-    return PlacementGroupFactory([{}] + [dict(spec.resources)] * num_replicas,
-                                 strategy="PACK")
+    return ReplicaRequest([{}] + [dict(spec.resources)] * num_replicas, strategy="PACK")
 
 
 def num_replicas_of(pgf: PlacementGroupFactory | None) -> int:

@@ -55,15 +55,22 @@ from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
 from adaptdl_core.decision import (DecisionCore, JobProgress, SolveRequest, StateWriter,
                                    cluster_capacity, job_info)
+from adaptdl_core.decision.resize_cost import describe_resize
 from adaptdl_core.policy import NodeInfo, PolluxPolicy, resize_verdict
 from adaptdl_ray.tune import checkpoint_files, control
-from adaptdl_ray.tune.interrupts import InterruptRelay
+from adaptdl_ray.tune.interrupts import InterruptRelay, unsaved_trials
 from adaptdl_ray.tune.resources import cluster_nodes, num_replicas_of, placement_group_factory
 from adaptdl_ray.tune.results import METRIC_PREFIX
 from adaptdl_ray.tune.scheduler_state import SchedulerState
 from adaptdl_ray.tune.trainable import replica_spec_of, stop_timeout_of
+from adaptdl_ray.tune.traps import TrapWatch
 
 LOG = logging.getLogger(__name__)
+# One line per resize, for users: Ray shows its "ray" logger tree at INFO by default (also
+# at verbose=0) and Python shows other loggers only from WARNING, so this child of Tune's
+# logger makes the lines visible at Tune's default verbosity and from run_job. Silence
+# them with logging.getLogger("ray.tune.adaptdl").setLevel(logging.WARNING).
+RESIZE_LOG = logging.getLogger("ray.tune.adaptdl")
 
 __all__ = ["AdaptDLScheduler"]
 
@@ -199,6 +206,7 @@ class AdaptDLScheduler(TrialScheduler):
         self._control: Any = None
         self._relay = InterruptRelay()
         self._interrupt: dict[str, Any] | None = None
+        self._interrupt_done = False  # the held-back signal went to Tune
         self._solve_wait_s = solve_wait_s
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._inflight: tuple[SolveRequest, concurrent.futures.Future] | None = None
@@ -206,12 +214,16 @@ class AdaptDLScheduler(TrialScheduler):
         self._writer = StateWriter(sync=solve_wait_s is None)
         self._share_profiles = share_profiles
         self._missing_entry_logged = False
+        self._traps = TrapWatch(allocation_interval_s)
 
     def __getstate__(self) -> dict:
         # Tune pickles its configuration (with this scheduler) before the run; a worker
         # thread and a solve in flight do not travel.
         state = dict(self.__dict__)
         state["_executor"] = state["_inflight"] = None
+        # Nor does an interrupt: a restored run starts uninterrupted.
+        state["_relay"], state["_interrupt"], state["_interrupt_done"] = \
+            InterruptRelay(), None, False
         return state
 
     # -- configuration --------------------------------------------------------------
@@ -291,18 +303,30 @@ class AdaptDLScheduler(TrialScheduler):
             raise ValueError(f"trial {trial.trial_id} reported no {self._metric!r} (the metric "
                              f"given to tune.run/TuneConfig); it reported {shown}. Report it "
                              "with tune.report({...}) from the training function")
+        spec = replica_spec_of(trial.get_trainable_cls())
+        trap = self._traps.result(trial.trial_id, result, resizable=spec.max_replicas is None
+                                  or spec.max_replicas > spec.min_replicas)
+        if trap:
+            LOG.warning(trap)
         current = num_replicas_of(trial.placement_group_factory)
         # Its size first: a count that changed through a resize begun here is not a new one.
         self._core.running(trial.trial_id, replicas=current)
+        record = self._core.state.trials[trial.trial_id]
+        resizing = record.resize_pending
         if self._core.update(trial.trial_id, progress=self._progress(result)):
             self._save()  # a relaunch happened (rare): its measured cost is worth keeping
         else:
             self._flush_save()
+        if resizing and not record.resize_pending and record.resize_log:
+            RESIZE_LOG.info(describe_resize(trial.trial_id, record.resize_log[-1]))
         decision = self._base.on_trial_result(tune_controller, trial, result)
         if decision == TrialScheduler.PAUSE:
+            self._traps.forget(trial.trial_id)
             self._announce_pause(trial)
         if decision != TrialScheduler.CONTINUE or result.get("done"):
             return decision
+        if self._relay.requested_at is not None:
+            return decision  # interrupted: the trial saves where it is, no resize begins
         self._maybe_decide(tune_controller)
         verdict = self._core.decision_for(trial.trial_id)
         # A trial is never preempted to zero here: Tune admits trials itself.
@@ -313,11 +337,13 @@ class AdaptDLScheduler(TrialScheduler):
             # Grow only once the shrinking trials have freed the room; pausing now would
             # leave this trial idle while it waits.
             return TrialScheduler.CONTINUE
-        LOG.info("trial %s: %d -> %d replicas (%s)", trial.trial_id, current, verdict.replicas,
-                 verdict.reason)
         self._core.begin_resize(trial.trial_id, verdict)
+        LOG.info("trial %s: pausing to resize %d -> %d replicas (%s; predicted cost %.1f s); "
+                 "one line follows once its cost is measured", trial.trial_id, current,
+                 verdict.replicas, verdict.reason, record.resize_log[-1]["cost_s"])
         self._enqueue(trial.trial_id)
         self._save()
+        self._traps.forget(trial.trial_id)
         self._announce_pause(trial)
         return TrialScheduler.PAUSE
 
@@ -348,16 +374,34 @@ class AdaptDLScheduler(TrialScheduler):
             self._last_check = now
             self._hook()
             self._handle_interrupt(tune_controller)
-            self._maybe_decide(tune_controller)
-            self._flush_save()
-            trial = self._next_resized_trial(tune_controller)
-            if trial is not None:
-                return trial
+            if self._relay.requested_at is None:
+                self._maybe_decide(tune_controller)
+                self._flush_save()
+                self._check_traps(tune_controller)
+                trial = self._next_resized_trial(tune_controller)
+                if trial is not None:
+                    return trial
+        if self._relay.requested_at is not None:
+            # Interrupted: no trial starts or resumes (it would only be stopped again,
+            # and a start begun now could outlive the run's stop).
+            return None
         choice = self._base.choose_trial_to_run(tune_controller)
         # FIFO-like bases resume any PAUSED trial; resized ones wait for their room.
         if choice is not None and choice.trial_id in self._queue:
             return None
         return choice
+
+    def _check_traps(self, tune_controller: Any) -> None:
+        """Name a running trial that the policy would resize but that does not report."""
+        trials = self._core.state.trials
+        running = [(t.trial_id, trials[t.trial_id].target,
+                    num_replicas_of(t.placement_group_factory))
+                   for t in tune_controller.get_trials()
+                   if t.status == Trial.RUNNING and t.trial_id in trials
+                   and trials[t.trial_id].live]
+        trap = self._traps.check(running)
+        if trap:
+            LOG.warning(trap)
 
     def _next_resized_trial(self, tune_controller: Any) -> Trial | None:
         """The first paused trial (first come, first served) whose new size fits."""
@@ -433,6 +477,11 @@ class AdaptDLScheduler(TrialScheduler):
 
     def _trial_ended(self, trial: Trial) -> None:
         self._hook()
+        record = self._core.state.trials.get(trial.trial_id)
+        if record is not None and record.live and record.resize_pending and record.resize_log:
+            RESIZE_LOG.info("%s (the trial ended first)",
+                            describe_resize(trial.trial_id, record.resize_log[-1]))
+        self._traps.forget(trial.trial_id)
         self._core.remove(trial.trial_id)
         if trial.trial_id in self._queue:
             self._queue.remove(trial.trial_id)
@@ -588,25 +637,28 @@ class AdaptDLScheduler(TrialScheduler):
     def _handle_interrupt(self, tune_controller: Any) -> None:
         """After the driver's first Ctrl-C/SIGTERM: have the running trials save, then let
         Tune stop the run (see :mod:`.interrupts`)."""
-        if self._relay.requested_at is None:
+        if self._relay.requested_at is None or self._interrupt_done:
             return
-        running = {t.trial_id: t for t in tune_controller.get_trials()
-                   if t.status == Trial.RUNNING}
+        trials = tune_controller.get_trials()
         if self._interrupt is None:
-            timeouts = [stop_timeout_of(t.get_trainable_cls()) for t in running.values()]
-            self._interrupt = {"expect": set(running), "deadline": time.monotonic() +
-                               max(timeouts, default=0.0) + _INTERRUPT_MARGIN_S}
+            live = [t for t in trials if t.status in (Trial.RUNNING, Trial.PENDING)
+                    or t.is_saving]
+            timeouts = [stop_timeout_of(t.get_trainable_cls()) for t in live]
+            self._interrupt = {"deadline": time.monotonic() + max(timeouts, default=0.0)
+                               + _INTERRUPT_MARGIN_S}
             if self._control is not None:
                 self._control.interrupt.remote()
-            LOG.warning("saving %d running trial(s) before stopping", len(running))
-        waiting = {t for t in self._interrupt["expect"]
-                   if t in running and not running[t].is_saving}
-        if waiting and self._control is not None:
-            waiting -= set(ray.get(self._control.acks.remote(), timeout=10))
+            LOG.warning("saving %d running trial(s) before stopping",
+                        sum(t.status == Trial.RUNNING for t in trials))
+        acked: list[str] = []
+        if self._control is not None:
+            acked = ray.get(self._control.acks.remote(), timeout=10)
+        waiting = unsaved_trials(((t.trial_id, t.status, t.is_saving) for t in trials), acked)
         if waiting and time.monotonic() < self._interrupt["deadline"]:
             return
         if waiting:
             LOG.warning("trials %s did not save in time; stopping anyway", sorted(waiting))
+        self._interrupt_done = True
         self._save()
         self._writer.flush(_FINAL_FLUSH_S)
         self._relay.release()

@@ -43,6 +43,7 @@ from ray.tune.result import (DONE, RESULT_DUPLICATE, SHOULD_CHECKPOINT, TIME_THI
 from adaptdl_ray.tune import _ray_private, checkpoint_files, control
 from adaptdl_ray.tune.resources import ReplicaSpec, num_replicas_of, placement_group_factory
 from adaptdl_ray.tune.results import order_like, result_row
+from adaptdl_ray.tune.traps import warn_unscheduled
 from adaptdl_ray.tune.trial_progress import PendingReport, TrialProgress
 from adaptdl_ray.tune.worker_group import (InProcessReplica, WorkerFailed, WorkerGroup,
                                            first_line_of)
@@ -108,6 +109,8 @@ class AdaptDLTrainable(tune.Trainable):
                             "adaptdl_ray.tune.AdaptDLTrainableCreator(train_fn)")
         self._fn_kwargs = ray.put(fn_kwargs) if fn_kwargs else {}
         self._control = control.find()
+        if self._control is None:
+            warn_unscheduled(self.adaptdl_replica_spec)
         self._interrupt = self._control.wait_interrupt.remote() if self._control else None
         self._new_trial(config)
         self._group: WorkerGroup | None = self._new_group()

@@ -10,7 +10,7 @@ pytest.importorskip("ray.tune")
 from ray.tune.experiment import Trial  # noqa: E402
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler  # noqa: E402
 
-from adaptdl_core.policy import NodeInfo, resize_verdict  # noqa: E402
+from adaptdl_core.policy import NodeInfo, ResizeVerdict, resize_verdict  # noqa: E402
 from tests.decision.stubs import CountingPolicy  # noqa: E402
 from adaptdl_ray.tune import AdaptDLScheduler, AdaptDLTrainableCreator  # noqa: E402
 from adaptdl_core.decision import job_info, speedup_from_hints  # noqa: E402
@@ -37,6 +37,7 @@ class StubTrial:
         self.storage = types.SimpleNamespace(experiment_driver_staging_path=state_dir)
         self.checkpoint = None  # no Tune checkpoint, no local directory yet
         self.local_path = self.path = None
+        self.is_saving = False
 
     def get_trainable_cls(self):
         return self._cls
@@ -128,6 +129,9 @@ def used_cpus(controller, *statuses):
 
 
 PROFILED_2 = {"init_batch_size": 32, "max_profiled_replicas": 2, "max_profiled_nodes": 1}
+# A result of a trial with hours of training left (1 of 1000 epochs in 60 s): a trial whose
+# remaining training is unknown is never resized (issue 25).
+LONG = {"adaptdl/epochs_done": 1, "adaptdl/epochs": 1000, "time_total_s": 60.0}
 
 
 # -- admission: Tune's own --------------------------------------------------------------
@@ -181,11 +185,57 @@ def test_a_lone_trial_starts_at_one_replica_and_grows_once_profiled(clock):
     hints.hints["solo"] = {"init_batch_size": 32, "max_profiled_replicas": 1,
                            "max_profiled_nodes": 1}
     clock[0] += 600
-    assert sched.on_trial_result(tc, trial, {}) == TrialScheduler.PAUSE
+    # Not while its remaining training is unknown (issue 25)...
+    assert sched.on_trial_result(tc, trial, {}) == TrialScheduler.CONTINUE
+    assert "not known yet" in sched.state.trials["solo"].last_veto
+    # ...and once it is known, and a growth pays.
+    assert sched.on_trial_result(tc, trial, LONG) == TrialScheduler.PAUSE
     record = sched.state.trials["solo"]
     assert record.target == 2 and record.resize_pending
     assert record.resize_log[-1]["from"] == 1 and record.resize_log[-1]["to"] == 2
-    assert "remaining training not known" in record.resize_log[-1]["reason"]
+    assert "saves" in record.resize_log[-1]["reason"]
+
+
+def test_each_resize_is_one_visible_line_with_its_predicted_and_measured_cost(clock):
+    """Issue 25: why a trial resized was invisible at Tune's default verbosity. One line
+    per resize, on a logger Ray shows at INFO by default, once its cost is measured."""
+    import logging
+
+    lines = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            lines.append(record.getMessage())
+
+    logger = logging.getLogger("ray.tune.adaptdl")
+    handler = Keep()
+    logger.addHandler(handler)
+    try:
+        assert logger.isEnabledFor(logging.INFO)  # Ray's default for its logger tree
+        hints = Hints()
+        sched = AdaptDLScheduler(solve_wait_s=None, nodes_fn=cluster(8),
+                                 allocation_interval_s=30, hints_fn=hints)
+        tc, trial = start_trial(sched, "solo")
+        hints.hints["solo"] = {"init_batch_size": 32, "max_profiled_replicas": 1,
+                               "max_profiled_nodes": 1}
+        clock[0] += 600
+        assert sched.on_trial_result(tc, trial, LONG) == TrialScheduler.PAUSE
+        assert lines == []  # the line waits for the measured cost
+        trial.status = Trial.PAUSED
+        tc.start_pending(sched)
+        assert trial.replicas == 2
+        sched.on_trial_result(tc, trial, {**LONG, "adaptdl/restarts": 1,
+                                          "adaptdl/resize_s": 27.5})
+        sched.on_trial_result(tc, trial, {**LONG, "adaptdl/restarts": 1})
+    finally:
+        logger.removeHandler(handler)
+    assert len(lines) == 1, lines
+    line = lines[0]
+    assert line.startswith("trial solo resized 1 -> 2 replicas (predicted speedup")
+    assert "predicted saving" in line and "predicted cost 30.0 s" in line
+    assert line.endswith("measured cost 27.5 s")
+    entry = sched.state.trials["solo"].resize_log[-1]
+    assert (entry["cost_s"], entry["measured_s"]) == (30.0, 27.5)
 
 
 def test_results_do_not_trigger_allocations_within_the_interval():
@@ -215,10 +265,10 @@ def test_interval_elapsed_reallocates_and_pauses_trials_whose_count_changes(cloc
     assert a.replicas == 1
     # Profiled at 2 replicas with a perfectly scaling prior: exploration allows 4.
     hints.hints["a"] = PROFILED_2
-    assert sched.on_trial_result(tc, a, {}) == TrialScheduler.CONTINUE  # within the interval
+    assert sched.on_trial_result(tc, a, LONG) == TrialScheduler.CONTINUE  # within the interval
     clock[0] += 31
     calls = policy.calls
-    assert sched.on_trial_result(tc, a, {}) == TrialScheduler.PAUSE
+    assert sched.on_trial_result(tc, a, LONG) == TrialScheduler.PAUSE
     assert policy.calls == calls + 1
     assert sched.state.trials["a"].target == 4
     # Tune pauses it; the scheduler then resumes it with 4 replicas.
@@ -230,16 +280,17 @@ def test_interval_elapsed_reallocates_and_pauses_trials_whose_count_changes(cloc
 
 
 def test_growth_waits_until_the_room_is_free():
-    sched = AdaptDLScheduler(solve_wait_s=None, nodes_fn=cluster(4), allocation_interval_s=3600)
+    sched = AdaptDLScheduler(solve_wait_s=None, nodes_fn=cluster(4), allocation_interval_s=3600,
+                             resize_rule=lambda **kw: ResizeVerdict(True, "paying"))
     tc, a = start_trial(sched, "a")
     b = StubTrial("b")
     b.status = Trial.RUNNING
     b.placement_group_factory = placement_group_factory(ReplicaSpec({"CPU": 1}), 3)
     tc.trials.append(b)  # a trial holding 3 CPUs that the scheduler wants to shrink
     sched.state.trials["a"].target = 3
-    assert sched.on_trial_result(tc, a, {}) == TrialScheduler.CONTINUE  # no room yet
+    assert sched.on_trial_result(tc, a, LONG) == TrialScheduler.CONTINUE  # no room yet
     b.status = Trial.PAUSED
-    assert sched.on_trial_result(tc, a, {}) == TrialScheduler.PAUSE
+    assert sched.on_trial_result(tc, a, LONG) == TrialScheduler.PAUSE
 
 
 def test_a_resized_trial_is_not_resumed_by_the_base_scheduler_before_it_fits():
@@ -295,6 +346,35 @@ def test_a_slow_solve_runs_in_the_background_without_blocking_tune():
         time.sleep(0.01)
     assert sched.state.num_allocations == 1 and policy.calls == 1
     assert sched.state.trials["a"].target == 1
+
+
+def test_once_interrupted_no_trial_starts_and_a_pickled_copy_starts_uninterrupted():
+    """After the driver's Ctrl-C no trial starts or resumes (it would only be stopped
+    again); the scheduler Tune pickles for a restore carries no interrupt."""
+    import signal
+
+    from ray import cloudpickle
+
+    sched = AdaptDLScheduler(solve_wait_s=None, nodes_fn=cluster(4), allocation_interval_s=3600)
+    tc = StubController(cpus=4)
+    a = tc.add(sched, StubTrial("a"))
+    calls = []
+    previous = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, lambda s, f: calls.append(s))  # Tune's handler
+    try:
+        assert sched._relay.install()
+        signal.raise_signal(signal.SIGINT)  # held back by the relay
+        assert calls == []
+        sched._last_check = float("-inf")
+        assert sched.choose_trial_to_run(tc) is None and a.status == Trial.PENDING
+        assert calls == [signal.SIGINT]  # nothing was running: handed to Tune at once
+        copy = cloudpickle.loads(cloudpickle.dumps(sched))
+        copy._last_check = float("-inf")
+        assert copy.choose_trial_to_run(tc) is a
+    finally:
+        sched._relay.uninstall()
+        signal.signal(signal.SIGINT, previous)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def test_base_scheduler_decides_stopping():
@@ -392,7 +472,12 @@ def test_resize_verdict_rules():
     assert grow.pays and grow.saved_s == pytest.approx(100 * (1 - 1 / 1.9))
     assert not resize_verdict(current=1, target=2, remaining_s=100, cost_s=8,
                               speedup_now=1.0, speedup_new=1.05).pays
-    assert resize_verdict(current=1, target=2, remaining_s=None, cost_s=8).pays
+    # Issue 25: a trial whose remaining training is unknown is not resized until known,
+    # neither grown nor shrunk.
+    for target in (2, 1):
+        unknown = resize_verdict(current=2 if target == 1 else 1, target=target,
+                                 remaining_s=None, cost_s=8)
+        assert not unknown.pays and "not known yet" in unknown.reason
     with pytest.raises(ValueError, match="cost_s"):
         resize_verdict(current=1, target=2, remaining_s=1, cost_s=float("nan"))
 
@@ -641,7 +726,7 @@ def test_a_new_trial_grows_in_one_resize_to_what_the_shared_profile_supports(clo
     tc.start_pending(sched)
     assert b.status == Trial.RUNNING and b.replicas == 1
     clock[0] += 2  # past the gap between event-driven solves
-    action = sched.on_trial_result(tc, b, {})
+    action = sched.on_trial_result(tc, b, LONG)
     target = sched.state.trials["b"].target
     if share:
         assert action == TrialScheduler.PAUSE and target == 8

@@ -15,7 +15,7 @@ import torch  # noqa: E402
 
 from adaptdl_core import checkpoint  # noqa: E402
 from adaptdl_ray.tune import checkpoint_files, model_state_dict, transfer  # noqa: E402
-from adaptdl_ray.tune.interrupts import InterruptRelay  # noqa: E402
+from adaptdl_ray.tune.interrupts import InterruptRelay, unsaved_trials  # noqa: E402
 from adaptdl_ray.tune.results import (METRIC_PREFIX, RESIZE_PHASES, STATUS_KEYS,  # noqa: E402
                                       order_like, result_row)
 from adaptdl_ray.tune.trial_progress import PendingReport, TrialProgress  # noqa: E402
@@ -154,6 +154,21 @@ def test_sigterm_is_held_like_ctrl_c_and_handed_to_tunes_graceful_stop():
     finally:
         signal.signal(signal.SIGINT, previous)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def test_an_interrupt_waits_for_every_trial_inside_a_save_or_not_yet_acknowledged():
+    """Issue 25: a trial caught inside an ordinary Tune save (a user checkpoint) counted as
+    saved, Tune stopped before that checkpoint was recorded, and the restore trained the
+    epoch again. A save in flight always holds the stop; a running trial holds it until it
+    acknowledged; a paused or finished trial with no save in flight does not."""
+    trials = [("saving", "RUNNING", True), ("pausing", "PAUSED", True),
+              ("training", "RUNNING", False), ("acked", "RUNNING", False),
+              ("acked-saving", "RUNNING", True), ("paused", "PAUSED", False),
+              ("done", "TERMINATED", False), ("pending", "PENDING", False)]
+    assert unsaved_trials(trials, ["acked", "acked-saving"]) == {
+        "saving", "pausing", "training", "acked-saving"}
+    finished = [(t, "PAUSED" if s == "RUNNING" else s, False) for t, s, _ in trials]
+    assert unsaved_trials(finished, []) == set()
 
 
 # -- the Ray-internals seam -------------------------------------------------------------

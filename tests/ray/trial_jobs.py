@@ -199,3 +199,45 @@ def seeded_job(config: dict) -> None:
                      "pid": os.getpid(), "fn_pid": os.getpid(),
                      "inherited_states": inherited_states,
                      "stray_vars": stray_vars})
+
+
+def validating_job(config: dict) -> None:
+    """The shape of a user's first sweep, as it broke issue 25's interrupt: each short
+    epoch trains with ``autoscale_batch_size``, runs a validation loop over a second
+    ``AdaptiveDataLoader``, reports ``model.pt`` as a Tune checkpoint, then sleeps
+    ``config["pause"]`` seconds. Config as for :func:`counting_job` (``record_dir``,
+    ``epochs``, ``size``, ``batch_size``, ``sleep``) plus ``val_size`` and ``pause``.
+    Records ``start`` (with ``finished_epochs``), ``batch`` and ``report`` events."""
+    import tempfile
+
+    rank, restarts, replicas, log, loader = _start(config)
+    loader.autoscale_batch_size(4 * config["batch_size"], local_bsz_bounds=(2, 32))
+    val = adl.AdaptiveDataLoader(IndexedData(config["val_size"]),
+                                 batch_size=config["batch_size"])
+    net = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(net.parameters(), lr=0.05)
+    model = adl.AdaptiveDataParallel(net, opt)
+    log.write(json.dumps({"event": "start", "replicas": replicas, "restarts": restarts,
+                          "finished_epochs": adl.finished_epochs()}) + "\n")
+    for epoch in adl.remaining_epochs_until(config["epochs"]):
+        model.train()
+        for idx, x, y in loader:
+            _train_batch(model, opt, x, y, config)
+            log.write(json.dumps({"event": "batch", "epoch": epoch, "idx": idx.tolist(),
+                                  "replicas": replicas, "restarts": restarts}) + "\n")
+        model.eval()
+        total, count = 0.0, 0
+        with torch.no_grad():
+            for _, x, y in val:
+                total += torch.nn.functional.mse_loss(
+                    model(x).squeeze(1), y, reduction="sum").item()
+                count += len(y)
+        metrics = {"epoch": epoch, "val_loss": total / max(count, 1),
+                   "report_key": f"{epoch}:end"}
+        with tempfile.TemporaryDirectory() as d:
+            torch.save(net.state_dict(), os.path.join(d, "model.pt"))
+            tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(d))
+        log.write(json.dumps({"event": "report", "key": f"{epoch}:end",
+                              "time": time.time()}) + "\n")
+        time.sleep(config.get("pause", 0.0))
+    log.write(json.dumps({"event": "finished"}) + "\n")
