@@ -14,6 +14,8 @@ starves long jobs. :class:`RemainingWorkPolicy` keeps Pollux's fair objective an
   job's share can shrink: once its weight is at ``1 / max_weight`` it shrinks no further
   however many shorter jobs arrive. A job without an estimate (before its first epoch)
   weighs 1.
+* **Rounding**: weights are rounded to powers of two (``quantize``), so that estimates
+  drifting between rounds do not move jobs (each move costs a restart).
 * **Ageing** (tail guard): a job's weight is at least ``min(age / patience_s, 1)``, so a
   long job that has been in the cluster ``patience_s`` seconds is weighed like Pollux
   weighs it again, whatever its remaining work.
@@ -55,8 +57,8 @@ def _check_positive(name: str, value, *, allow_inf: bool = False) -> float:
 
 
 def remaining_weights(jobs: Mapping[Hashable, JobInfo], now: float, *, alpha: float = 1.0,
-                      max_weight: float = 4.0, patience_s: float = math.inf
-                      ) -> Dict[Hashable, float]:
+                      max_weight: float = 4.0, patience_s: float = math.inf,
+                      quantize: bool = False) -> Dict[Hashable, float]:
     """Each job's weight in the fitness (see the module doc); pure.
 
     Args:
@@ -66,6 +68,8 @@ def remaining_weights(jobs: Mapping[Hashable, JobInfo], now: float, *, alpha: fl
         alpha: how strongly remaining work tilts the weights (0: all 1, Pollux).
         max_weight: weights are clipped to ``[1 / max_weight, max_weight]`` (>= 1).
         patience_s: seconds of age after which a job weighs at least 1 (``inf``: never).
+        quantize: round each weight (before ageing) to the nearest power of two, so that
+            estimates drifting by a few percent between rounds do not move jobs.
 
     Returns:
         job key -> weight (> 0).
@@ -87,6 +91,8 @@ def remaining_weights(jobs: Mapping[Hashable, JobInfo], now: float, *, alpha: fl
         if ref is not None and job.remaining_s is not None and alpha > 0:
             w = (ref / max(job.remaining_s, 1.0)) ** alpha
             w = min(max(w, 1.0 / max_weight), max_weight)
+            if quantize:
+                w = 2.0 ** round(math.log2(w))
         if w < 1.0 and math.isfinite(patience_s):
             age = max(float(now) - job.creation_timestamp, 0.0)
             w = max(w, min(age / patience_s, 1.0))
@@ -117,9 +123,13 @@ class RemainingWorkPolicy:
     """Pollux weighted by remaining work, with ageing and admission by weight (see the
     module doc). Same interface as :class:`PolluxPolicy` (``allocate``/``optimize``).
 
+    The defaults (``alpha=1, max_weight=4, patience_s=4 h, quantize=True``) were chosen by
+    ``benchmarks/sim_cluster.py`` over the Pollux paper's workloads and checked on
+    synthetic ones at another load (``benchmarks/README.md``).
+
     Args:
         p: power-mean exponent (< 0; -1 as Pollux).
-        alpha, max_weight, patience_s: see :func:`remaining_weights`.
+        alpha, max_weight, patience_s, quantize: see :func:`remaining_weights`.
         running_bonus: see :func:`admission_order` (>= 1).
         **pollux_options: passed to :class:`PolluxPolicy` (``fair_share`` is always on).
 
@@ -130,8 +140,8 @@ class RemainingWorkPolicy:
     name = "adaptdl"
 
     def __init__(self, p: float = -1.0, *, alpha: float = 1.0, max_weight: float = 4.0,
-                 patience_s: float = math.inf, running_bonus: float = 2.0,
-                 **pollux_options) -> None:
+                 patience_s: float = 4 * 3600.0, running_bonus: float = 2.0,
+                 quantize: bool = True, **pollux_options) -> None:
         pollux_options.pop("fair_share", None)
         self.pollux = PolluxPolicy(p, fair_share=True, **pollux_options)
         if not self.pollux.p < 0:
@@ -144,6 +154,9 @@ class RemainingWorkPolicy:
                              f"got {running_bonus!r}")
         self.alpha, self.max_weight = float(alpha), float(max_weight)
         self.patience_s, self.running_bonus = float(patience_s), float(running_bonus)
+        if not isinstance(quantize, (bool, int, float)):
+            raise ValueError(f"quantize must be True or False, got {quantize!r}")
+        self.quantize = bool(quantize)
 
     @property
     def p(self) -> float:
@@ -153,7 +166,7 @@ class RemainingWorkPolicy:
     def weights(self, jobs: Mapping[Hashable, JobInfo], now: float) -> Dict[Hashable, float]:
         """:func:`remaining_weights` with this policy's settings."""
         return remaining_weights(jobs, now, alpha=self.alpha, max_weight=self.max_weight,
-                                 patience_s=self.patience_s)
+                                 patience_s=self.patience_s, quantize=self.quantize)
 
     def admitted(self, jobs: Mapping[Hashable, JobInfo], nodes: Mapping[Hashable, NodeInfo],
                  base: Mapping[Hashable, Sequence[Hashable]],

@@ -167,7 +167,12 @@ def make_policy(name: str, *, gpus_per_node: int = 4, p: float = -1.0,
         from .pollux import CorePollux
         if use_core is False:
             raise ValueError("use_core=False (--no-core) applies to policy 'pollux' only")
-        return CorePollux(interval=interval, policy=RemainingWorkPolicy(p, **(options or {})))
+        try:
+            policy = RemainingWorkPolicy(p, **(options or {}))
+        except TypeError as e:
+            raise ValueError(f"policy options {dict(options or {})}: {e}; see "
+                             "RemainingWorkPolicy for the options") from None
+        return CorePollux(interval=interval, policy=policy)
     if name == "tiresias":
         from .baselines import TiresiasPolicy
         return TiresiasPolicy()
