@@ -157,8 +157,8 @@ class DecisionCore:
 
     Raises:
         TypeError: a policy without ``allocate``, or a clock or rule that is not callable.
-        ValueError: an unknown policy name, a non-finite or non-positive interval, a negative gap, or an empty or
-            non-string ``profile_group``.
+        ValueError: an unknown policy name, a non-finite or non-positive interval, a
+            negative gap, or an empty or non-string ``profile_group``.
     """
 
     def __init__(self, policy: Any = None, clock: Callable[[], float] = time.time,

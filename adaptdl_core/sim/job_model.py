@@ -346,8 +346,8 @@ class SimJob:
     running), ``atomic_bsz``, ``accum_steps``, ``progress``, ``epoch``, ``num_restarts``
     (``None`` before the first start), ``completion_time``, ``attained_service``
     (GPU-seconds held), ``trained_s`` (seconds it held an allocation, restarts included:
-    what a front-end measures as its training time), ``perf_params``, ``grad_params``, ``profile`` ((nodes, replicas,
-    atomic batch) -> (step_time, sync_time)), ``num_fits``.
+    what a front-end measures as its training time), ``perf_params``, ``grad_params``,
+    ``profile`` ((nodes, replicas, atomic batch) -> (step_time, sync_time)), ``num_fits``.
 
     Raises:
         ValueError: malformed arguments.

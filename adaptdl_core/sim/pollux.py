@@ -4,10 +4,10 @@ Two paths, same inputs (each job's :meth:`SimJob.hints`: its refitted ``PerfPara
 ``GradParams``, batch limits and profiled extent):
 
 * :class:`CorePollux` (default): :class:`adaptdl_core.decision.DecisionCore` around
-  :class:`~adaptdl_core.policy.PolluxPolicy` (p = -1) or another policy object, the path the Ray Tune scheduler takes:
-  arrivals, hints and progress go in as events, and the core's decisions (start, resize,
-  hold, keep, wait) come out, including its own rules (a resize only when it pays for its
-  cost, jobs close to the end left alone).
+  :class:`~adaptdl_core.policy.PolluxPolicy` (p = -1) or another policy object, the path
+  the Ray Tune scheduler takes: arrivals, hints and progress go in as events, and the
+  core's decisions (start, resize, hold, keep, wait) come out, including its own rules (a
+  resize only when it pays for its cost, jobs close to the end left alone).
 * :class:`DirectPollux` (``use_core=False``): the same policy called directly every round,
   its allocation applied as is (the paper's Pollux, without the core's resize rules).
 

@@ -55,7 +55,7 @@ from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
 from adaptdl_core.decision import (DecisionCore, JobProgress, SolveRequest, StateWriter,
                                    cluster_capacity, job_info)
-from adaptdl_core.policy import NodeInfo, PolluxPolicy, resize_verdict
+from adaptdl_core.policy import NodeInfo, PolluxPolicy, policy_by_name, resize_verdict
 from adaptdl_ray.tune import checkpoint_files, control
 from adaptdl_ray.tune.interrupts import InterruptRelay
 from adaptdl_ray.tune.resources import cluster_nodes, num_replicas_of, placement_group_factory
@@ -105,7 +105,9 @@ class AdaptDLScheduler(TrialScheduler):
         nodes_fn: returns the cluster as ``{node id: NodeInfo}``; default: the alive Ray
             nodes (tests pass a fixed cluster).
         policy: an allocation policy with ``allocate(jobs, nodes, base, now=...)`` such as
-            a configured :class:`~adaptdl_core.policy.PolluxPolicy` (overrides ``p``).
+            a configured :class:`~adaptdl_core.policy.PolluxPolicy` (overrides ``p``), or
+            a name: ``"pollux"`` (the default) or ``"adaptdl"`` (Pollux weighted by each
+            trial's estimated remaining work, :class:`~adaptdl_core.policy.RemainingWorkPolicy`).
         hints_fn: returns the latest scheduler hints of the given trial ids as
             ``{trial id: hints dict}``; default: what the trials posted to the experiment's
             control actor (tests and other front-ends pass their own).
@@ -137,8 +139,8 @@ class AdaptDLScheduler(TrialScheduler):
     Raises:
         TypeError: for an argument of the wrong kind (e.g. ``base_scheduler='asha'``);
             from ``on_trial_add``, for a trainable not made by ``AdaptDLTrainableCreator``.
-        ValueError: for a non-finite or non-positive interval, a non-finite ``p``, a
-            negative ``solve_wait_s`` or an empty ``share_profiles`` name.
+        ValueError: for an unknown ``policy`` name, a non-finite or non-positive interval, a
+            non-finite ``p``, a negative ``solve_wait_s`` or an empty ``share_profiles`` name.
     """
 
     def __init__(self, base_scheduler: TrialScheduler | None = None, *,
@@ -160,6 +162,8 @@ class AdaptDLScheduler(TrialScheduler):
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not math.isfinite(p):
             raise ValueError(f"p must be a finite number (-1: fair, 1: total goodput), "
                              f"got {p!r}")
+        if isinstance(policy, str):
+            policy = policy_by_name(policy, p)  # ValueError names the known policies
         if policy is not None and not callable(getattr(policy, "allocate", None)):
             raise TypeError(f"policy must be an allocation policy such as PolluxPolicy() "
                             f"(with an allocate() method), got {policy!r}")
