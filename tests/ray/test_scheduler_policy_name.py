@@ -21,3 +21,5 @@ def test_policy_by_name():
     assert isinstance(pollux, PolluxPolicy) and pollux.p == -2.0 and pollux.fair_share
     with pytest.raises(ValueError, match="pollux, adaptdl"):
         AdaptDLScheduler(nodes_fn=nodes, policy="srtf")
+    with pytest.raises(TypeError, match="policy"):
+        AdaptDLScheduler(nodes_fn=nodes, policy=42)

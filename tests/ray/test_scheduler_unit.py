@@ -462,7 +462,7 @@ def test_with_resources_names_the_creator_arguments():
     ({"allocation_interval_s": True}, ValueError, "allocation_interval_s"),
     ({"allocation_interval_s": float("nan")}, ValueError, "allocation_interval_s"),
     ({"base_scheduler": "asha"}, TypeError, "base_scheduler.*ASHAScheduler"),
-    ({"policy": "x"}, TypeError, "policy"),
+    ({"policy": "x"}, ValueError, "policy"),  # an unknown policy name
     ({"nodes_fn": 42}, TypeError, "nodes_fn"),
     ({"hints_fn": 42}, TypeError, "hints_fn"),
     ({"resize_rule": 42}, TypeError, "resize_rule"),
