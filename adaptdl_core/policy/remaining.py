@@ -14,8 +14,9 @@ starves long jobs. :class:`RemainingWorkPolicy` keeps Pollux's fair objective an
   job's share can shrink: once its weight is at ``1 / max_weight`` it shrinks no further
   however many shorter jobs arrive. A job without an estimate (before its first epoch)
   weighs 1.
-* **Rounding**: weights are rounded to powers of two (``quantize``), so that estimates
-  drifting between rounds do not move jobs (each move costs a restart).
+* **Rounding** (optional, ``quantize``): weights rounded to powers of two, meant to keep
+  estimates drifting between rounds from moving jobs; measured, it restarted jobs no less
+  often and changed the results within noise, so it is off by default.
 * **Ageing** (tail guard): a job's weight is at least ``min(age / patience_s, 1)``, so a
   long job that has been in the cluster ``patience_s`` seconds is weighed like Pollux
   weighs it again, whatever its remaining work.
@@ -68,8 +69,7 @@ def remaining_weights(jobs: Mapping[Hashable, JobInfo], now: float, *, alpha: fl
         alpha: how strongly remaining work tilts the weights (0: all 1, Pollux).
         max_weight: weights are clipped to ``[1 / max_weight, max_weight]`` (>= 1).
         patience_s: seconds of age after which a job weighs at least 1 (``inf``: never).
-        quantize: round each weight (before ageing) to the nearest power of two, so that
-            estimates drifting by a few percent between rounds do not move jobs.
+        quantize: round each weight (before ageing) to the nearest power of two.
 
     Returns:
         job key -> weight (> 0).
@@ -123,7 +123,7 @@ class RemainingWorkPolicy:
     """Pollux weighted by remaining work, with ageing and admission by weight (see the
     module doc). Same interface as :class:`PolluxPolicy` (``allocate``/``optimize``).
 
-    The defaults (``alpha=1, max_weight=4, patience_s=4 h, quantize=True``) were chosen by
+    The defaults (``alpha=1, max_weight=4, patience_s=4 h``) were chosen by
     ``benchmarks/sim_cluster.py`` over the Pollux paper's workloads and checked on
     synthetic ones at another load (``benchmarks/README.md``).
 
@@ -141,7 +141,7 @@ class RemainingWorkPolicy:
 
     def __init__(self, p: float = -1.0, *, alpha: float = 1.0, max_weight: float = 4.0,
                  patience_s: float = 4 * 3600.0, running_bonus: float = 2.0,
-                 quantize: bool = True, **pollux_options) -> None:
+                 quantize: bool = False, **pollux_options) -> None:
         pollux_options.pop("fair_share", None)
         self.pollux = PolluxPolicy(p, fair_share=True, **pollux_options)
         if not self.pollux.p < 0:
@@ -218,6 +218,9 @@ class RemainingWorkPolicy:
         base = dict(base_allocations or {})
         weights = self.weights(jobs, now)
         admitted = self.admitted(jobs, nodes, base, weights)
+        if len(admitted) < len(jobs):
+            LOG.debug("%d of %d jobs fit at their minimum size; waiting by weight: %s",
+                      len(admitted), len(jobs), sorted(set(jobs) - set(admitted), key=str))
         weighted = {k: jobs[k] if weights[k] == 1.0 else
                     dataclasses.replace(jobs[k], weight=weights[k] * jobs[k].weight)
                     for k in admitted}
