@@ -48,7 +48,8 @@ from typing import Any, Callable, Hashable, Mapping, Sequence
 import numpy as np
 
 from adaptdl_core.policy import (DEFAULT_RESTART_COST_S, MIN_COST_MULTIPLES, NodeInfo,
-                                 PolluxPolicy, ResizeVerdict, resize_verdict)
+                                 PolluxPolicy, ResizeVerdict, policy_by_name,
+                                 resize_verdict)
 
 from .jobs import (JobSpec, check_profile_group, cluster_capacity, group_hints, job_info,
                    pack_guess, profiled_extent, speedup_from_hints)
@@ -134,7 +135,10 @@ class DecisionCore:
     Args:
         policy: the allocation policy, anything with
             ``allocate(jobs, nodes, base_allocations, now=...)`` returning an
-            :class:`~adaptdl_core.policy.AllocationResult`; default
+            :class:`~adaptdl_core.policy.AllocationResult`, or a name of
+            :func:`~adaptdl_core.policy.policy_by_name` (``"pollux"``: Pollux as published;
+            ``"adaptdl"``: weighted by each job's remaining work, from the
+            ``JobProgress.remaining_s`` the front-end reports); default
             ``PolluxPolicy(p=-1, fair_share=True)`` (Pollux's normalisation).
         clock: returns the current time in seconds (wall clock or a simulated one); every
             time the core records or compares comes from it.
@@ -154,14 +158,16 @@ class DecisionCore:
 
     Raises:
         TypeError: a policy without ``allocate``, or a clock or rule that is not callable.
-        ValueError: a non-finite or non-positive interval, a negative gap, or an empty or
-            non-string ``profile_group``.
+        ValueError: an unknown policy name, a non-finite or non-positive interval, a
+            negative gap, or an empty or non-string ``profile_group``.
     """
 
     def __init__(self, policy: Any = None, clock: Callable[[], float] = time.time,
                  interval_s: float = 60.0, resize_rule: Callable[..., Any] | None = None, *,
                  min_event_gap_s: float = 0.0, state: CoreState | None = None,
                  profile_group: str | None = None) -> None:
+        if isinstance(policy, str):
+            policy = policy_by_name(policy)
         if policy is not None and not callable(getattr(policy, "allocate", None)):
             raise TypeError(f"policy must be an allocation policy such as PolluxPolicy() "
                             f"(with an allocate() method), got {policy!r}")
@@ -586,7 +592,8 @@ class DecisionCore:
                                   self._effective_hints(job_id, record), record.restarts,
                                   self.resize_cost(job_id),
                                   record.current,
-                                  bool(record.current) and self.finishing(job_id)))
+                                  bool(record.current) and self.finishing(job_id),
+                                  record.remaining_s))
         base = self._bases(live)
         return SolveRequest(now, dict(self._nodes), entries, base, self.policy,
                             self._speedup_for)
@@ -785,6 +792,7 @@ class _Entry:
     cost_s: float
     current: int
     pinned: bool
+    remaining_s: float | None = None
 
 
 class SolveRequest:
@@ -826,7 +834,8 @@ class SolveRequest:
                         e.spec, self.nodes, created=e.created, hints=e.hints,
                         restarts=e.restarts, restart_cost_s=e.cost_s,
                         current_replicas=e.current,
-                        speedup_fn=self._speedup_for(e.job_id, e.hints))
+                        speedup_fn=self._speedup_for(e.job_id, e.hints),
+                        remaining_s=e.remaining_s)
                 except ValueError as exc:
                     self.unfit[e.job_id] = str(exc)
                     continue

@@ -209,7 +209,7 @@ def exploration_cap(hints: Mapping[str, Any] | None) -> int:
 def job_info(spec: JobSpec, nodes: Mapping[Hashable, NodeInfo], *, created: float,
              hints: Mapping[str, Any] | None, restarts: int = 0,
              restart_cost_s: float | None = None, current_replicas: int = 0,
-             speedup_fn: Any = None) -> JobInfo:
+             speedup_fn: Any = None, remaining_s: float | None = None) -> JobInfo:
     """One job as a policy job.
 
     Args:
@@ -221,6 +221,8 @@ def job_info(spec: JobSpec, nodes: Mapping[Hashable, NodeInfo], *, created: floa
         current_replicas: replicas it runs with now (exploration never shrinks it below).
         speedup_fn: the speedup function of ``hints`` if already built (a cache), else
             ``None`` to build it with :func:`speedup_from_hints`.
+        remaining_s: the front-end's estimate of the seconds of training left (``None``:
+            unknown), for policies that weigh remaining work.
 
     Raises:
         ValueError: if the cluster cannot hold ``spec.min_replicas`` replicas at all (the
@@ -241,4 +243,4 @@ def job_info(spec: JobSpec, nodes: Mapping[Hashable, NodeInfo], *, created: floa
                    speedup_from_hints(hints),
                    creation_timestamp=created, min_replicas=spec.min_replicas,
                    max_replicas=upper, num_restarts=restarts,
-                   restart_cost_s=restart_cost_s)
+                   restart_cost_s=restart_cost_s, remaining_s=remaining_s)

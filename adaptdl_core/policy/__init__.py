@@ -1,4 +1,5 @@
-"""Pollux allocation policy: speedup functions and the cluster allocator (no torch, no Ray)."""
+"""Allocation policies: Pollux, speedup functions and the cluster allocator, and AdaptDL's
+remaining-work-aware policy (no torch, no Ray)."""
 
 from .allocator import (
     DEFAULT_RESTART_COST_S,
@@ -13,6 +14,8 @@ from .allocator import (
     restart_penalty,
 )
 from .cluster_size import ClusterSizeDecision, ClusterSizeRule
+from .remaining import (POLICY_NAMES, RemainingWorkPolicy, admission_order, policy_by_name,
+                        remaining_weights)
 from .resize import MIN_COST_MULTIPLES, ResizeVerdict, resize_verdict
 from .speedup import GoodputOptimizer, LinearSpeedup, SpeedupFunction
 
@@ -26,13 +29,18 @@ __all__ = [
     "LinearSpeedup",
     "MIN_COST_MULTIPLES",
     "NodeInfo",
+    "POLICY_NAMES",
     "PolluxPolicy",
+    "RemainingWorkPolicy",
     "ResizeVerdict",
     "SpeedupFunction",
+    "admission_order",
     "check_allocations",
     "effective_speedups",
     "optimize",
+    "policy_by_name",
     "power_mean",
+    "remaining_weights",
     "resize_verdict",
     "restart_penalty",
 ]

@@ -142,6 +142,14 @@ class _Problem:
                                                    np.array([replicas_f]))[0])
                 if math.isfinite(base) and base > 0:
                     self.scale[j] = 1.0 / base
+        # A job's weight w multiplies its power term: w * S**p == (w**(1/p) * S)**p, so it
+        # is a factor on its (normalised) speedup; reported speedups divide it out again.
+        weights = np.array([job.weight for job in self.jobs], dtype=np.float64)
+        if J and np.any(weights != 1.0):
+            if self.p == 0:
+                raise ValueError("job weights other than 1 need p != 0 (the geometric mean "
+                                 "has no weighted form here): use p = -1 or set weight=1")
+            self.scale = self.scale * weights ** (1.0 / self.p)
 
     def fair_share(self, j: int) -> Tuple[int, int]:
         """``(nodes, replicas)`` of job ``j``'s fair share of the cluster: the cluster

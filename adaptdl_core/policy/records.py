@@ -99,6 +99,10 @@ class JobInfo:
         num_restarts: checkpoint-restarts the job has gone through so far (``>= 0``).
         restart_cost_s: measured seconds one checkpoint-restart costs the job (``>= 0``);
             defaults to :data:`DEFAULT_RESTART_COST_S` when unknown.
+        remaining_s: the front-end's estimate of the seconds of training the job has left
+            (``None``: unknown). Pollux ignores it; remaining-work-aware policies weigh by it.
+        weight: the job's weight in the fitness (``> 0``, default 1): its power term is
+            multiplied by it, so with ``p < 0`` a heavier job is given more replicas.
 
     Raises:
         ValueError: when a field is malformed; the message names the field.
@@ -112,6 +116,8 @@ class JobInfo:
     preemptible: bool = True
     num_restarts: int = 0
     restart_cost_s: float = DEFAULT_RESTART_COST_S
+    remaining_s: Optional[float] = None
+    weight: float = 1.0
 
     def __post_init__(self) -> None:
         self.resources = _check_resources("JobInfo", self.resources, need_positive=True)
@@ -159,6 +165,16 @@ class JobInfo:
             raise ValueError(f"JobInfo.restart_cost_s must be a finite number >= 0, "
                              f"got {self.restart_cost_s!r}")
         self.restart_cost_s = float(self.restart_cost_s)
+        if self.remaining_s is not None:
+            if not _is_real(self.remaining_s) or not math.isfinite(
+                    float(self.remaining_s)) or self.remaining_s < 0:
+                raise ValueError(f"JobInfo.remaining_s must be None or a finite number of "
+                                 f"seconds >= 0, got {self.remaining_s!r}")
+            self.remaining_s = float(self.remaining_s)
+        if not _is_real(self.weight) or not math.isfinite(float(self.weight)) \
+                or self.weight <= 0:
+            raise ValueError(f"JobInfo.weight must be a finite number > 0, got {self.weight!r}")
+        self.weight = float(self.weight)
 
     def replica_bound(self) -> int:
         """Most replicas the allocator considers for this job: ``max_replicas``, the speedup

@@ -5,8 +5,8 @@ A resize stops a job at a batch boundary, checkpoints it and relaunches it: for
 across the whole cluster (``restart_penalty``); this check is the job's own, applied to
 every resize a policy proposes:
 
-* a job whose remaining training is not known yet is left as it is (whether a resize
-  pays cannot be told);
+* a job whose remaining training is not known yet is not grown (whether a growth pays
+  cannot be told); it can still be shrunk for other jobs;
 * a job with less training left than ``min_cost_multiples`` resize costs is left as it is
   (however the cluster would gain, it would spend a large part of its remaining time
   restarting);
@@ -60,7 +60,7 @@ def resize_verdict(*, current: int, target: int, remaining_s: float | None, cost
     Args:
         current, target: replica counts now and proposed (``current >= 1``).
         remaining_s: estimated seconds of training left at the current size (``None``:
-            unknown yet; then the job is not resized until it is known).
+            unknown yet; then the job is not grown until it is known).
         cost_s: seconds one resize costs the job (measured, or a prior).
         speedup_now, speedup_new: the job's predicted speedups (any common unit) at the two
             sizes; needed for a growth when ``remaining_s`` is known.
@@ -85,12 +85,16 @@ def resize_verdict(*, current: int, target: int, remaining_s: float | None, cost
     min_cost_multiples = validation.number("min_cost_multiples", min_cost_multiples, 0.0)
     if target == current:
         return ResizeVerdict(False, "no change")
-    if remaining_s is None:
-        # Whether it pays cannot be told, and a short job would spend its life restarting
-        # (issue 25: a 2-epoch trial was resized "not known yet"); it is known once the
-        # job has finished an epoch of a known number.
+    if remaining_s is None and target > current:
+        # Whether a growth pays cannot be told, and a short job would spend its life
+        # restarting (issue 25: a 2-epoch trial was grown "not known yet"); it is known once
+        # the job has finished an epoch of a known number. A shrink serves other jobs: a
+        # newly arrived job must not wait a whole epoch of the others for its share.
         return ResizeVerdict(False, "remaining training not known yet (known after its "
                                     "first epoch of remaining_epochs_until(N))")
+    if remaining_s is None:
+        return ResizeVerdict(True, "shrink for other jobs (remaining training not known "
+                                   "yet)")
     if remaining_s < min_cost_multiples * cost_s:
         return ResizeVerdict(False, f"{remaining_s:.1f} s of training left, under "
                                     f"{min_cost_multiples:g} resize costs of {cost_s:.1f} s")

@@ -37,6 +37,8 @@ def _cluster_parser(sub) -> None:
     p.add_argument("--max-time", type=float, help="stop after this many simulated seconds")
     p.add_argument("--no-core", action="store_true",
                    help="pollux: call PolluxPolicy directly instead of the decision core")
+    p.add_argument("--policy-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="adaptdl: an option of RemainingWorkPolicy, e.g. alpha=1 (repeatable)")
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -53,6 +55,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.command == "cluster":
         if (args.workload is None) == (args.synthetic is None):
             parser.error("cluster: give exactly one of --workload FILE and --synthetic JOBS")
+        options = {}
+        for item in args.policy_option:
+            key, sep, value = item.partition("=")
+            try:
+                options[key] = float(value) if sep else None
+            except ValueError:
+                options[key] = None
+            if options[key] is None:
+                parser.error(f"--policy-option {item!r}: give KEY=NUMBER, e.g. alpha=1")
         try:
             if args.out:
                 check_out_path(args.out)
@@ -63,7 +74,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                               nodes=args.nodes, gpus_per_node=args.gpus_per_node,
                               seed=args.seed, interference=args.interference,
                               max_time=args.max_time,
-                              use_core=False if args.no_core else None)
+                              use_core=False if args.no_core else None,
+                              policy_options=options or None)
         except (ValueError, FileNotFoundError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2

@@ -15,7 +15,12 @@ Policies (see :func:`make_policy`):
 * ``pollux``: this library's :class:`~adaptdl_core.policy.PolluxPolicy` (p = -1) behind
   :mod:`adaptdl_core.sim.pollux`, fed the scheduler hints each job's own agent produces;
   every job adapts its batch (ncf keeps a fixed batch on one GPU, as in the paper).
+* ``adaptdl``: :class:`~adaptdl_core.policy.RemainingWorkPolicy` (Pollux weighted by each
+  job's estimated remaining work) through the same decision core, same jobs.
 * ``tiresias`` / ``optimus``: the TunedJobs baselines of :mod:`adaptdl_core.sim.baselines`.
+
+Every policy learns of a job's remaining work only what a front-end knows: the core's
+estimate from its finished epochs and training time (:func:`.pollux.remaining_seconds`).
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ __all__ = ["WorkloadJob", "POLICIES", "WORKLOADS_DIR", "PUBLISHED_DIR", "load_wo
 
 logger = logging.getLogger(__name__)
 
-POLICIES = ("pollux", "tiresias", "optimus")
+POLICIES = ("pollux", "adaptdl", "tiresias", "optimus")
 WORKLOADS_DIR = DATA_DIR / "workloads"
 PUBLISHED_DIR = DATA_DIR / "published"
 #: Shortest scheduling round (seconds) :func:`simulate` accepts: the round count is the
@@ -169,12 +174,28 @@ def synthetic_workload(num_jobs: int, num_nodes: int, *, seed: int = 0,
 
 
 def make_policy(name: str, *, gpus_per_node: int = 4, p: float = -1.0,
-                use_core: Optional[bool] = None, interval: float = 60.0):
-    """The policy object for ``name`` (one of :data:`POLICIES`).
+                use_core: Optional[bool] = None, interval: float = 60.0,
+                options: Optional[Mapping[str, float]] = None):
+    """The policy object for ``name`` (one of :data:`POLICIES`); ``options`` go to
+    :class:`~adaptdl_core.policy.RemainingWorkPolicy` (``adaptdl`` only).
 
     Raises:
-        ValueError: an unknown name.
+        ValueError: an unknown name, or options for another policy or malformed ones.
     """
+    if options and name != "adaptdl":
+        raise ValueError(f"policy options {dict(options)} apply to policy 'adaptdl' only, "
+                         f"not {name!r}: drop them")
+    if name == "adaptdl":
+        from ..policy import RemainingWorkPolicy
+        from .pollux import CorePollux
+        if use_core is False:
+            raise ValueError("use_core=False (--no-core) applies to policy 'pollux' only")
+        try:
+            policy = RemainingWorkPolicy(p, **(options or {}))
+        except TypeError as e:
+            raise ValueError(f"policy options {dict(options or {})}: {e}; see "
+                             "RemainingWorkPolicy for the options") from None
+        return CorePollux(interval=interval, policy=policy)
     if name == "tiresias":
         from .baselines import TiresiasPolicy
         return TiresiasPolicy()
@@ -221,7 +242,8 @@ def simulate(workload: Union[str, Path, Sequence[WorkloadJob]], policy: str = "p
              traces: Optional[Union[str, Path]] = None, interval: float = 60.0,
              restart_s: float = 30.0, nodes: int = 16, gpus_per_node: int = 4,
              seed: int = 0, interference: float = 0.0, max_time: Optional[float] = None,
-             use_core: Optional[bool] = None, timeline: bool = False) -> dict:
+             use_core: Optional[bool] = None, timeline: bool = False,
+             policy_options: Optional[Mapping[str, float]] = None) -> dict:
     """Run ``workload`` (a CSV path, a vendored name like ``load-1.0/workload-3``, or rows)
     under ``policy`` until every job finishes.
 
@@ -239,12 +261,14 @@ def simulate(workload: Union[str, Path, Sequence[WorkloadJob]], policy: str = "p
         use_core: pollux only: go through :mod:`adaptdl_core.decision` (``None``: when
             available).
         timeline: include ``timeline``: per round, GPUs held per job.
+        policy_options: adaptdl only: keyword arguments of
+            :class:`~adaptdl_core.policy.RemainingWorkPolicy` (e.g. ``{"alpha": 1.0}``).
 
     Returns:
         A JSON-serialisable dict: ``policy``, ``workload``, ``avg_jct``, ``p99_jct``,
         ``makespan`` (first submission to last completion), ``jcts`` (job -> s),
         ``gpu_hours`` (GPU time held, restarts included), ``decision_s``
-        (``{"median", "max"}`` seconds per round), ``completed``, ``num_jobs``,
+        (``{"median", "p99", "max"}`` seconds per round), ``completed``, ``num_jobs``,
         ``restarts``, ``num_fits``, ``wall_s``, the settings, and optionally ``timeline``.
 
     Raises:
@@ -259,7 +283,8 @@ def simulate(workload: Union[str, Path, Sequence[WorkloadJob]], policy: str = "p
         return _simulate(workload, policy, traces=traces, interval=interval,
                          restart_s=restart_s, nodes=nodes, gpus_per_node=gpus_per_node,
                          seed=seed, interference=interference, max_time=max_time,
-                         use_core=use_core, timeline=timeline)
+                         use_core=use_core, timeline=timeline,
+                         policy_options=policy_options)
 
 
 def _check_settings(*, interval: float, restart_s: float, nodes: int, gpus_per_node: int,
@@ -305,7 +330,7 @@ def _one_blas_thread():
 
 
 def _simulate(workload, policy, *, traces, interval, restart_s, nodes, gpus_per_node, seed,
-              interference, max_time, use_core, timeline) -> dict:
+              interference, max_time, use_core, timeline, policy_options) -> dict:
     t_wall = time.perf_counter()
     np.random.seed(seed)
     if isinstance(workload, (str, Path)):
@@ -322,7 +347,7 @@ def _simulate(workload, policy, *, traces, interval, restart_s, nodes, gpus_per_
     if len({j.name for j in jobs}) != len(jobs):
         raise ValueError("workload: job names must be unique")
     pol = make_policy(policy, gpus_per_node=gpus_per_node, use_core=use_core,
-                      interval=interval)
+                      interval=interval, options=policy_options)
     node_gpus = {n: int(gpus_per_node) for n in range(int(nodes))}
     allocations: Dict[str, List[int]] = {}
     decision_times: List[float] = []
@@ -379,6 +404,8 @@ def _simulate(workload, policy, *, traces, interval, restart_s, nodes, gpus_per_
         "jcts": jcts,
         "gpu_hours": float(sum(j.attained_service for j in jobs) / 3600.0),
         "decision_s": {"median": float(np.median(decision_times)) if decision_times else 0.0,
+                       "p99": float(np.percentile(decision_times, 99)) if decision_times
+                       else 0.0,
                        "max": float(max(decision_times, default=0.0))},
         "completed": len(jcts),
         "num_jobs": len(jobs),
@@ -387,7 +414,8 @@ def _simulate(workload, policy, *, traces, interval, restart_s, nodes, gpus_per_
         "settings": {"interval": interval, "restart_s": restart_s, "nodes": nodes,
                      "gpus_per_node": gpus_per_node, "seed": seed,
                      "interference": interference,
-                     "pollux_path": getattr(pol, "path", None)},
+                     "pollux_path": getattr(pol, "path", None),
+                     "policy_options": dict(policy_options or {})},
         "wall_s": time.perf_counter() - t_wall,
     }
     if timeline:

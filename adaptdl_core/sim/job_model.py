@@ -349,8 +349,9 @@ class SimJob:
     Attributes (read-only by convention): ``placement`` (replicas per node, ``()`` when not
     running), ``atomic_bsz``, ``accum_steps``, ``progress``, ``epoch``, ``num_restarts``
     (``None`` before the first start), ``completion_time``, ``attained_service``
-    (GPU-seconds held), ``perf_params``, ``grad_params``, ``profile`` ((nodes, replicas,
-    atomic batch) -> (step_time, sync_time)), ``num_fits``.
+    (GPU-seconds held), ``trained_s`` (seconds it held an allocation, restarts included:
+    what a front-end measures as its training time), ``perf_params``, ``grad_params``,
+    ``profile`` ((nodes, replicas, atomic batch) -> (step_time, sync_time)), ``num_fits``.
 
     Raises:
         ValueError: malformed arguments.
@@ -386,6 +387,7 @@ class SimJob:
         self.num_restarts: Optional[int] = None
         self.completion_time: Optional[float] = None
         self.attained_service = 0.0
+        self.trained_s = 0.0
         self.rescale_left = 0.0
         self.profile: Dict[Tuple[int, int, int], Tuple[float, float]] = {}
         self.perf_params: Optional[PerfParams] = None
@@ -546,6 +548,12 @@ class SimJob:
         if not self.placement or self.done:
             self.now += seconds
             return
+        started = self.now
+        self._train(seconds, interference)
+        self.trained_s += (self.completion_time if self.done else self.now) - started
+
+    def _train(self, seconds: float, interference: float) -> None:
+        """:meth:`advance` of a running job."""
         replicas = self.num_replicas
         delay = min(self.rescale_left, seconds)
         self.now += delay

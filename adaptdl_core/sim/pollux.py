@@ -4,16 +4,17 @@ Two paths, same inputs (each job's :meth:`SimJob.hints`: its refitted ``PerfPara
 ``GradParams``, batch limits and profiled extent):
 
 * :class:`CorePollux` (default): :class:`adaptdl_core.decision.DecisionCore` around
-  :class:`~adaptdl_core.policy.PolluxPolicy` (p = -1), the path the Ray Tune scheduler takes:
-  arrivals, hints and progress go in as events, and the core's decisions (start, resize,
-  hold, keep, wait) come out, including its own rules (a resize only when it pays for its
-  cost, jobs close to the end left alone).
+  :class:`~adaptdl_core.policy.PolluxPolicy` (p = -1) or another policy object, the path
+  the Ray Tune scheduler takes: arrivals, hints and progress go in as events, and the
+  core's decisions (start, resize, hold, keep, wait) come out, including its own rules (a
+  resize only when it pays for its cost, jobs close to the end left alone).
 * :class:`DirectPollux` (``use_core=False``): the same policy called directly every round,
   its allocation applied as is (the paper's Pollux, without the core's resize rules).
 
 Both weigh jobs as Pollux does: each job's speedup relative to its speedup at its fair share
 of the cluster (``PolluxPolicy(fair_share=True)``). Both are plain objects with the
-simulator's ``decide(now, jobs, allocations, nodes)``.
+simulator's ``decide(now, jobs, allocations, nodes)``. What they learn of a job's remaining
+work is what a front-end knows (:func:`remaining_seconds`), never the traces' exact figure.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from __future__ import annotations
 import logging
 from typing import Dict, List, Mapping, Optional
 
-from ..decision import DecisionCore, JobProgress, JobSpec, NodeInfo, job_info
+from ..decision import (DecisionCore, JobProgress, JobSpec, NodeInfo, estimate_remaining_s,
+                        job_info)
 from ..policy import PolluxPolicy
 from .baselines import pack
 from .job_model import SimJob
@@ -44,20 +46,25 @@ def job_spec(job: SimJob) -> JobSpec:
                    max_replicas=max(1, min(MAX_REPLICAS, app.max_batch_size // app.min_local_bsz)))
 
 
-def remaining_seconds(job: SimJob) -> Optional[float]:
-    """What the job's agent estimates it has left at its current configuration: remaining
-    progress over its current rate (``None`` when it is not running)."""
-    if not job.placement or job.atomic_bsz <= 0:
-        return None
+def epochs_done(job: SimJob) -> float:
+    """Epochs the job has trained, with the fraction of the current one: what its loader
+    knows (its progress into the epoch, the quantity that ends an epoch under adaptive
+    batch sizes), as a job agent reports it every round."""
     app = job.app
-    step, sync = app.step_time(job.placement, job.atomic_bsz)
-    batch = job.batch_size
-    sqr, var = app.grad_stats(min(batch, app.max_batch_size), min(job.epoch, app.max_epochs - 1))
-    scale = batch / app.init_batch_size
-    gain = (var + sqr) / (var / scale + sqr)
-    rate = gain / (step + (step - sync) * job.accum_steps)
-    left = app.epoch_progress(app.max_epochs) - job.progress
-    return max(left, 0.0) / rate + job.rescale_left
+    if job.epoch >= app.max_epochs:
+        return float(app.max_epochs)
+    start, end = app.epoch_progress(job.epoch), app.epoch_progress(job.epoch + 1)
+    fraction = (job.progress - start) / (end - start) if end > start else 0.0
+    return job.epoch + min(max(fraction, 0.0), 1.0)
+
+
+def remaining_seconds(job: SimJob) -> Optional[float]:
+    """What a front-end estimates the job has left: the core's
+    :func:`~adaptdl_core.decision.estimate_remaining_s` from the epochs trained so far
+    (:func:`epochs_done`, fractions included), the planned epochs and its training time so
+    far (``None`` before it has trained at all). Never the traces' exact figure: the
+    estimate lags changes of allocation and batch, as a real one does."""
+    return estimate_remaining_s(epochs_done(job), job.app.max_epochs, job.trained_s)
 
 
 class CorePollux:
@@ -68,6 +75,9 @@ class CorePollux:
         interval: seconds between re-solves (the simulator's round).
         resize_rule: the core's resize rule (``None``: its default,
             :func:`~adaptdl_core.policy.resize_verdict`).
+        policy: the core's allocation policy instead of Pollux (``p`` is then unused),
+            e.g. :class:`~adaptdl_core.policy.RemainingWorkPolicy`; its ``name``
+            attribute, if any, names this object.
 
     Attributes:
         conflicts: starts/resizes whose target nodes were still held by a job the core
@@ -77,9 +87,12 @@ class CorePollux:
     name = "pollux"
     path = "decision-core"
 
-    def __init__(self, p: float = -1.0, interval: float = 60.0, resize_rule=None) -> None:
+    def __init__(self, p: float = -1.0, interval: float = 60.0, resize_rule=None,
+                 policy=None) -> None:
         self._now = 0.0
-        self.core = DecisionCore(policy=PolluxPolicy(p=p, fair_share=True),
+        if policy is not None:
+            self.name = getattr(policy, "name", type(policy).__name__)
+        self.core = DecisionCore(policy=policy or PolluxPolicy(p=p, fair_share=True),
                                  clock=lambda: self._now,
                                  interval_s=interval, resize_rule=resize_rule)
         self._known: set = set()

@@ -54,9 +54,9 @@ from ray.tune.experiment import Trial
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
 from adaptdl_core.decision import (DecisionCore, JobProgress, SolveRequest, StateWriter,
-                                   cluster_capacity, job_info)
+                                   cluster_capacity, estimate_remaining_s, job_info)
 from adaptdl_core.decision.resize_cost import describe_resize
-from adaptdl_core.policy import NodeInfo, PolluxPolicy, resize_verdict
+from adaptdl_core.policy import NodeInfo, PolluxPolicy, policy_by_name, resize_verdict
 from adaptdl_ray.tune import checkpoint_files, control
 from adaptdl_ray.tune.interrupts import InterruptRelay, unsaved_trials
 from adaptdl_ray.tune.resources import cluster_nodes, num_replicas_of, placement_group_factory
@@ -112,7 +112,9 @@ class AdaptDLScheduler(TrialScheduler):
         nodes_fn: returns the cluster as ``{node id: NodeInfo}``; default: the alive Ray
             nodes (tests pass a fixed cluster).
         policy: an allocation policy with ``allocate(jobs, nodes, base, now=...)`` such as
-            a configured :class:`~adaptdl_core.policy.PolluxPolicy` (overrides ``p``).
+            a configured :class:`~adaptdl_core.policy.PolluxPolicy` (overrides ``p``), or
+            a name: ``"pollux"`` (the default) or ``"adaptdl"`` (Pollux weighted by each
+            trial's estimated remaining work, :class:`~adaptdl_core.policy.RemainingWorkPolicy`).
         hints_fn: returns the latest scheduler hints of the given trial ids as
             ``{trial id: hints dict}``; default: what the trials posted to the experiment's
             control actor (tests and other front-ends pass their own).
@@ -144,8 +146,8 @@ class AdaptDLScheduler(TrialScheduler):
     Raises:
         TypeError: for an argument of the wrong kind (e.g. ``base_scheduler='asha'``);
             from ``on_trial_add``, for a trainable not made by ``AdaptDLTrainableCreator``.
-        ValueError: for a non-finite or non-positive interval, a non-finite ``p``, a
-            negative ``solve_wait_s`` or an empty ``share_profiles`` name.
+        ValueError: for an unknown ``policy`` name, a non-finite or non-positive interval, a
+            non-finite ``p``, a negative ``solve_wait_s`` or an empty ``share_profiles`` name.
     """
 
     def __init__(self, base_scheduler: TrialScheduler | None = None, *,
@@ -167,6 +169,8 @@ class AdaptDLScheduler(TrialScheduler):
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not math.isfinite(p):
             raise ValueError(f"p must be a finite number (-1: fair, 1: total goodput), "
                              f"got {p!r}")
+        if isinstance(policy, str):
+            policy = policy_by_name(policy, p)  # ValueError names the known policies
         if policy is not None and not callable(getattr(policy, "allocate", None)):
             raise TypeError(f"policy must be an allocation policy such as PolluxPolicy() "
                             f"(with an allocate() method), got {policy!r}")
@@ -464,9 +468,8 @@ class AdaptDLScheduler(TrialScheduler):
         done, total = number(METRIC_PREFIX + "epochs_done"), number(METRIC_PREFIX + "epochs")
         trained_s = number("time_total_s")
         remaining = None
-        if done is not None and total is not None and trained_s is not None and done > 0 \
-                and total > 0 and trained_s >= 0:
-            remaining = trained_s / done * max(total - done, 0)
+        if done is not None and total is not None and trained_s is not None:
+            remaining = estimate_remaining_s(done, total, trained_s)
         resize_s, launch_s = number(METRIC_PREFIX + "resize_s"), number(METRIC_PREFIX + "launch_s")
         return JobProgress(
             remaining_s=remaining,

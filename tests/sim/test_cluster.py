@@ -60,7 +60,7 @@ def test_cli_writes_the_result_json(tmp_path):
         assert key in data
     assert data["policy"] == "tiresias" and len(data["jcts"]) == 80
     assert data["p99_jct"] >= data["avg_jct"] > 0
-    assert set(data["decision_s"]) == {"median", "max"}
+    assert set(data["decision_s"]) == {"median", "p99", "max"}
     bad = subprocess.run([sys.executable, "-m", "adaptdl_core.sim", "cluster", "--workload",
                           "nope", "--policy", "tiresias"], capture_output=True, text=True,
                          timeout=60)

@@ -1,0 +1,38 @@
+"""How much training a job has left, from what a front-end measures (pure).
+
+A front-end does not know a job's future; it knows how many of its planned epochs it has
+finished and for how long it has trained (restarts and resizes included). The estimate
+every front-end hands the core (``JobProgress.remaining_s``) is that history extrapolated:
+the seconds per epoch so far times the epochs left. It is wrong in the ways a real estimate
+is: it lags a change of allocation or batch size, and it knows nothing before the first
+epoch ends.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+__all__ = ["estimate_remaining_s"]
+
+
+def estimate_remaining_s(epochs_done: float, epochs_total: float,
+                         trained_s: float) -> Optional[float]:
+    """Seconds of training left: ``trained_s / epochs_done * (epochs_total - epochs_done)``.
+
+    Args:
+        epochs_done: epochs finished so far (>= 0).
+        epochs_total: epochs the job plans (> 0).
+        trained_s: seconds it has trained so far, restarts included (>= 0).
+
+    Returns:
+        The estimate (>= 0), or ``None`` when there is no history to go by (no epoch
+        finished, no planned epochs, or an input not a finite number >= 0).
+    """
+    values = (epochs_done, epochs_total, trained_s)
+    if any(isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+           or v < 0 for v in values):
+        return None
+    if epochs_done <= 0 or epochs_total <= 0:
+        return None
+    return float(trained_s) / epochs_done * max(epochs_total - epochs_done, 0.0)
