@@ -548,7 +548,7 @@ def fit_perf_params(num_nodes: ArrayLike, num_replicas: ArrayLike, atomic_bsz: A
             including the gradient synchronisation (``T_o``, > 0).
         initial: a previous fit of (nearly) the same profile to start from: one local
             search from it instead of several starts (a refit as step times accumulate
-            costs a few milliseconds instead of tens).
+            then costs one search instead of several).
 
     Returns:
         The parameters minimising ``rms(log T_c error) + rms(log T_o error)`` plus small
@@ -639,8 +639,8 @@ def fit_perf_params(num_nodes: ArrayLike, num_replicas: ArrayLike, atomic_bsz: A
             starts.append(x0.copy())
             starts[-1][_GAMMA] = gamma0
     # Imported here, not at the top: a replica imports this module before its first step but
-    # fits only after it has measured a few steps, and scipy.optimize takes a good fraction
-    # of a second to import (see benchmarks/resize_cost.py for what a restart costs).
+    # fits only after it has measured a few steps, and scipy.optimize is slow to import (it
+    # would add to every restart: see benchmarks/resize_cost.py for what a restart costs).
     import scipy.optimize
 
     for start in starts:

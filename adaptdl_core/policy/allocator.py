@@ -203,13 +203,13 @@ class PolluxPolicy:
         max_bnb_nodes: budget of search-tree nodes for the branch and bound that runs when
             the DP bound is not attained, for at most 12 movable jobs (0 disables it).
             Small instances complete and are then certified optimal; larger ones keep the
-            local-search result. With the defaults a round whose DP bound is attained takes
-            milliseconds to ~0.2 s (256 jobs); one that is not, up to a few 100 ms more.
+            local-search result. ``benchmarks/policy.py`` times rounds of 16 to 256 jobs
+            with the defaults.
         time_limit_s: optional wall-clock limit for the local search and branch and bound
             (``None``: only the budgets apply, which keeps results deterministic).
         fair_share: maximise the power mean of each job's speedup relative to its speedup
             at its fair share of the cluster (the cluster split evenly among the round's
-            jobs by dominant resource; Pollux's normalisation, see ``ALGORITHMS.md`` 4)
+            jobs by dominant resource; Pollux's normalisation, see ``docs/algorithms.md`` 5)
             instead of relative to one replica. With ``p != 1`` this decides how jobs are
             weighed against each other: a job that would gain much from its fair share
             counts for more. Reported speedups keep the speedup functions' own units.

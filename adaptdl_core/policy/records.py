@@ -27,9 +27,9 @@ __all__ = [
     "MAX_REPLICAS_PER_JOB",
 ]
 
-#: Restart cost (seconds) assumed when a job has not measured its own. Pollux reports
-#: 15-120 s per checkpoint-restart; a 2-worker torch trial on Ray measured 8-16 s on a small
-#: machine. 30 s sits in the middle of the measured range.
+#: Restart cost (seconds) assumed when a job has not measured its own: within the range the
+#: Pollux paper reports for a checkpoint-restart. ``benchmarks/resize_cost.py`` measures what
+#: one costs a torch trial on Ray on the machine at hand.
 DEFAULT_RESTART_COST_S = 30.0
 
 #: Most replicas a job is given when neither its ``max_replicas`` nor its speedup function
@@ -39,8 +39,8 @@ UNBOUNDED_REPLICA_CAP = 4096
 
 #: Most replicas the allocator gives one job, whatever its ``max_replicas`` and the nodes'
 #: capacity: an allocation lists one node key per replica and the allocator's work grows
-#: with the replica counts it considers (a round for one job at this bound takes about half
-#: a second). A larger ``max_replicas`` is lowered to it with a warning; a larger
+#: with the replica counts it considers (``benchmarks/policy_bounds.py`` times a round for
+#: one job at this bound). A larger ``max_replicas`` is lowered to it with a warning; a larger
 #: ``min_replicas`` is refused.
 MAX_REPLICAS_PER_JOB = 16384
 

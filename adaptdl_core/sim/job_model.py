@@ -160,7 +160,7 @@ class Application:
             self._by_placement[key] = (self._pl_bsz[sel], self._pl_step[sel],
                                        self._pl_sync[sel])
         self._sc = _read_csv(trace_dir / "scalability.csv")
-        self._nd_interp = None  # built on first use (scipy Delaunay: ~10 ms)
+        self._nd_interp = None  # built on first use (a scipy Delaunay triangulation)
 
         self.init_batch_size = int(self.batch_sizes[0])
         self.max_batch_size = int(self.batch_sizes[-1])
