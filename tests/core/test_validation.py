@@ -20,6 +20,8 @@ def test_numbers_within_bounds_pass_through_as_floats():
     (-1, dict(low=0.0), "x must be a finite number >= 0, got -1"),
     (math.inf, {}, "x must be a finite number, got inf"),
     ("a", {}, "x must be a finite number, got 'a'"),
+    ("1.5", {}, "x must be a finite number, got '1.5'"),  # text to parse, not a number
+    (b"2", {}, "x must be a finite number, got b'2'"),
     (True, {}, "x must be a finite number, got True"),
 ])
 def test_bad_numbers_name_the_argument_and_the_range(value, kwargs, text):
