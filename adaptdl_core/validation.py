@@ -17,14 +17,20 @@ from typing import Any
 __all__ = ["number", "integer"]
 
 
+def _bound_text(bound: float) -> str:
+    """A bound as written: integers in full (``16384``, ``1000000``), floats short."""
+    return str(bound) if isinstance(bound, numbers.Integral) else f"{bound:g}"
+
+
 def _range_text(low: float | None, high: float | None, low_open: bool,
                 high_open: bool) -> str:
-    if low is not None and high is not None:
-        return f" in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
-    if low is not None:
-        return f" {'>' if low_open else '>='} {low:g}"
-    if high is not None:
-        return f" {'<' if high_open else '<='} {high:g}"
+    lo, hi = (None if b is None else _bound_text(b) for b in (low, high))
+    if lo is not None and hi is not None:
+        return f" in {'(' if low_open else '['}{lo}, {hi}{')' if high_open else ']'}"
+    if lo is not None:
+        return f" {'>' if low_open else '>='} {lo}"
+    if hi is not None:
+        return f" {'<' if high_open else '<='} {hi}"
     return ""
 
 
@@ -61,13 +67,17 @@ def number(name: str, value: Any, low: float | None = None, high: float | None =
 
 
 def integer(name: str, value: Any, low: int | None = None, high: int | None = None, *,
-            integral_floats: bool = False) -> int:
+            integral_floats: bool = False, what: str = "an integer") -> int:
     """``value`` as an int within ``[low, high]`` (each ``None``: unbounded): an integer
     (numpy's included, bools not) or, with ``integral_floats``, a finite number with an
     integer value (``64.0``, as a batch size computed in floating point).
 
+    Arguments:
+        name: the argument's name, for the message.
+        what: how the message calls an acceptable value (``"None or an integer"``).
+
     Raises:
-        ValueError: ``"<name> must be an integer<range>, got <value>"``.
+        ValueError: ``"<name> must be <what><range>, got <value>"``.
     """
     ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
     if not ok and integral_floats and isinstance(value, numbers.Real) \
@@ -75,6 +85,6 @@ def integer(name: str, value: Any, low: int | None = None, high: int | None = No
         ok = math.isfinite(value) and float(value).is_integer()
     out = int(value) if ok else 0
     if not ok or (low is not None and out < low) or (high is not None and out > high):
-        raise ValueError(f"{name} must be an integer{_range_text(low, high, False, False)}, "
+        raise ValueError(f"{name} must be {what}{_range_text(low, high, False, False)}, "
                          f"got {value!r}")
     return out

@@ -41,6 +41,8 @@ from typing import Dict, Hashable, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from adaptdl_core import validation
+
 from .branch_and_bound import _BNB_MAX_JOBS, _BranchAndBound
 from .fitness import _better, _check_p, _Key, _mean_from_cost, power_mean, restart_penalty
 from .local_search import _LocalSearch
@@ -52,8 +54,6 @@ from .records import (
     Allocations,
     JobInfo,
     NodeInfo,
-    _is_int,
-    _is_real,
 )
 
 __all__ = [
@@ -226,22 +226,13 @@ class PolluxPolicy:
             raise ValueError(f"fair_share must be True or False, got {fair_share!r}")
         self.fair_share = fair_share
         self.p = _check_p(p)
-        if not _is_real(min_gain) or not (0 <= float(min_gain) < 1):
-            raise ValueError(f"min_gain must be a number in [0, 1), got {min_gain!r}")
-        self.min_gain = float(min_gain)
-        if not _is_int(max_dp_cells) or max_dp_cells < 1:
-            raise ValueError(f"max_dp_cells must be a positive integer, got {max_dp_cells!r}")
-        self.max_dp_cells = int(max_dp_cells)
-        if not _is_int(max_search_evals) or max_search_evals < 0:
-            raise ValueError(f"max_search_evals must be an integer >= 0, "
-                             f"got {max_search_evals!r}")
-        self.max_search_evals = int(max_search_evals)
-        if not _is_int(max_bnb_nodes) or max_bnb_nodes < 0:
-            raise ValueError(f"max_bnb_nodes must be an integer >= 0, got {max_bnb_nodes!r}")
-        self.max_bnb_nodes = int(max_bnb_nodes)
-        if time_limit_s is not None and (not _is_real(time_limit_s) or time_limit_s <= 0):
-            raise ValueError(f"time_limit_s must be None or > 0, got {time_limit_s!r}")
-        self.time_limit_s = None if time_limit_s is None else float(time_limit_s)
+        self.min_gain = validation.number("min_gain", min_gain, 0.0, 1.0, high_open=True)
+        self.max_dp_cells = validation.integer("max_dp_cells", max_dp_cells, 1)
+        self.max_search_evals = validation.integer("max_search_evals", max_search_evals, 0)
+        self.max_bnb_nodes = validation.integer("max_bnb_nodes", max_bnb_nodes, 0)
+        self.time_limit_s = None if time_limit_s is None else validation.number(
+            "time_limit_s", time_limit_s, 0.0, low_open=True,
+            what="None or a finite number of seconds")
 
     def allocate(self, jobs: Mapping[Hashable, JobInfo], nodes: Mapping[Hashable, NodeInfo],
                  base_allocations: Optional[Mapping[Hashable, Sequence[Hashable]]] = None,

@@ -37,3 +37,15 @@ def test_integers_reject_floats_bools_and_out_of_range():
             validation.integer("n", bad, low=1)
     with pytest.raises(ValueError, match=r"in \[0, 3\]"):
         validation.integer("n", 4, low=0, high=3)
+    with pytest.raises(ValueError, match=r"^n must be an integer <= 1000000, got 1000001$"):
+        validation.integer("n", 10 ** 6 + 1, high=10 ** 6)  # integer bounds in full
+
+
+def test_integers_accept_numpy_integers_and_integral_floats_where_asked():
+    import numpy as np
+    assert validation.integer("n", np.int64(5), low=1) == 5
+    assert type(validation.integer("n", np.int64(5))) is int
+    assert validation.integer("n", 64.0, low=1, integral_floats=True) == 64
+    for bad in (64.5, math.inf, math.nan, "64", True, np.bool_(True)):
+        with pytest.raises(ValueError, match="^n must be an integer"):
+            validation.integer("n", bad, integral_floats=True)
