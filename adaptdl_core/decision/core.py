@@ -47,6 +47,7 @@ from typing import Any, Callable, Hashable, Mapping, Sequence
 
 import numpy as np
 
+from adaptdl_core import validation
 from adaptdl_core.policy import (DEFAULT_RESTART_COST_S, MIN_COST_MULTIPLES, NodeInfo,
                                  PolluxPolicy, ResizeVerdict, resize_verdict)
 
@@ -118,13 +119,11 @@ class Decision:
 
 def _check_number(name: str, value: Any, *, minimum: float | None = None,
                   allow_none: bool = True) -> float | None:
+    """``value`` as a float (see :func:`adaptdl_core.validation.number`), or ``None``."""
     if value is None and allow_none:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
-            or not math.isfinite(float(value)) or (minimum is not None and value < minimum):
-        bound = f" >= {minimum:g}" if minimum is not None else ""
-        raise ValueError(f"{name} must be a finite number{bound} or None, got {value!r}")
-    return float(value)
+    return validation.number(name, value, minimum,
+                             what="None or a finite number" if allow_none else "a finite number")
 
 
 class DecisionCore:
@@ -168,10 +167,8 @@ class DecisionCore:
             raise TypeError(f"clock must be a function returning seconds, got {clock!r}")
         if resize_rule is not None and not callable(resize_rule):
             raise TypeError(f"resize_rule must be a function, got {resize_rule!r}")
-        if isinstance(interval_s, bool) or not isinstance(interval_s, (int, float)) or \
-                not math.isfinite(interval_s) or interval_s <= 0:
-            raise ValueError(f"interval_s must be a finite number of seconds > 0, "
-                             f"got {interval_s!r}")
+        validation.number("interval_s", interval_s, 0.0, low_open=True,
+                          what="a finite number of seconds")
         _check_number("min_event_gap_s", min_event_gap_s, minimum=0.0, allow_none=False)
         check_profile_group(profile_group)
         #: Profile group of jobs added without one of their own (``None``: no sharing).
@@ -297,9 +294,8 @@ class DecisionCore:
                              "pass the submission time on the same clock, or None")
         if self._nodes and cluster_capacity(spec, self._nodes) < spec.min_replicas:
             job_info(spec, self._nodes, created=0.0, hints=None)  # raises the clear error
-        if replicas is not None and (isinstance(replicas, bool) or not isinstance(
-                replicas, int) or replicas < 0):
-            raise ValueError(f"replicas must be an integer >= 0 or None, got {replicas!r}")
+        if replicas is not None:
+            validation.integer("replicas", replicas, 0, what="None or an integer")
         record = self._state.trials.get(job_id)
         if record is None:
             record = self._state.trials[job_id] = JobRecord(
@@ -347,9 +343,7 @@ class DecisionCore:
         before = (record.restarts, record.resize_s)
         restarts = progress.restarts
         if restarts is not None:
-            if isinstance(restarts, bool) or not isinstance(restarts, (int, np.integer)) \
-                    or restarts < 0:
-                raise ValueError(f"progress.restarts must be an integer >= 0, got {restarts!r}")
+            validation.integer("progress.restarts", restarts, 0)
             if int(restarts) != record.restarts:
                 record.restarts = int(restarts)
                 cost = _check_number("progress.resize_cost_s", progress.resize_cost_s,
@@ -386,8 +380,7 @@ class DecisionCore:
             raise ValueError("pass exactly one of nodes (a list of node ids, one per "
                              "replica) or replicas (a count)")
         count = len(nodes) if nodes is not None else replicas
-        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-            raise ValueError(f"replicas must be an integer >= 0, got {replicas!r}")
+        validation.integer("replicas", count, 0)
         if record.current and count and count != record.current and not record.resize_pending:
             self.begin_resize(job_id, to=count)
         record.current = count
