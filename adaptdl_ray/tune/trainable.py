@@ -32,7 +32,6 @@ from __future__ import annotations
 import collections
 import inspect
 import logging
-import math
 import time
 from typing import Any, Callable, Mapping
 
@@ -40,6 +39,7 @@ import ray
 from ray import tune
 from ray.tune.result import (DONE, RESULT_DUPLICATE, SHOULD_CHECKPOINT, TIME_THIS_ITER_S)
 
+from adaptdl_core import validation
 from adaptdl_ray.tune import _ray_private, checkpoint_files, control
 from adaptdl_ray.tune.resources import ReplicaSpec, num_replicas_of, placement_group_factory
 from adaptdl_ray.tune.results import order_like, result_row
@@ -535,9 +535,7 @@ def _check_seconds(name: str, value: Any, *, optional: bool = False) -> None:
     """A finite number of seconds > 0 (or ``None`` where ``optional``)."""
     if optional and value is None:
         return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-            not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
+    validation.number(name, value, 0.0, low_open=True, what="a finite number of seconds")
 
 
 def _custom_resources(extra: Any, num_cpus: Any, num_gpus: Any) -> dict[str, float]:
@@ -562,11 +560,7 @@ def _custom_resources(extra: Any, num_cpus: Any, num_gpus: Any) -> dict[str, flo
         if not isinstance(key, str) or not key:
             raise ValueError(f"resources_per_worker: resource names must be non-empty "
                              f"strings, got {key!r}")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-                not math.isfinite(value) or value < 0:
-            raise ValueError(f"resources_per_worker[{key!r}] must be a finite number >= 0, "
-                             f"got {value!r}")
-        out[key] = float(value)
+        out[key] = validation.number(f"resources_per_worker[{key!r}]", value, 0.0)
     return out
 
 
@@ -630,9 +624,7 @@ def AdaptDLTrainableCreator(train_fn: Callable[..., Any], *,  # noqa: N802 (Adap
         pass  # builtins without a signature: let them fail at run time
     for arg, value in (("num_cpus_per_worker", num_cpus_per_worker),
                        ("num_gpus_per_worker", num_gpus_per_worker)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-                not math.isfinite(value) or value < 0:
-            raise ValueError(f"{arg} must be a finite number >= 0, got {value!r}")
+        validation.number(arg, value, 0.0)
     _check_seconds("stop_timeout_s", stop_timeout_s)
     _check_seconds("collective_timeout_s", collective_timeout_s, optional=True)
     if not isinstance(single_replica_in_process, bool):
