@@ -1,11 +1,12 @@
 """Checks of numeric arguments, with errors that name the argument and what it needs.
 
-The library's public functions and the ``ADAPTDL_*`` variables check a scalar count, size,
-fraction or duration with :func:`number` or :func:`integer`, so that bad input fails at the
-call with a message such as ``smoothing must be a finite number in (0, 1), got 1.5``.
-Checks of arrays (``adaptdl_core.goodput``), of relations between arguments (``rank <
-num_replicas``) and of parsed text (a variable that is not a number at all) stay with
-their modules, whose messages say more than a range can.
+The library checks a scalar count, size, fraction or duration given to a public function
+or class (and an ``ADAPTDL_*`` variable once parsed) with :func:`number` or
+:func:`integer`, so that bad input fails at the call with a message such as
+``smoothing must be a finite number in (0, 1), got 1.5``. Checks of arrays
+(``adaptdl_core.goodput``, ``adaptdl_core.policy.speedup``), of relations between
+arguments (``max_replicas >= min_replicas``) and of text that does not parse as a number
+stay with their modules, whose messages say more than a range can.
 """
 
 from __future__ import annotations
