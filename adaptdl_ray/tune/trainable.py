@@ -40,8 +40,9 @@ from ray import tune
 from ray.tune.result import (DONE, RESULT_DUPLICATE, SHOULD_CHECKPOINT, TIME_THIS_ITER_S)
 
 from adaptdl_core import validation
+from adaptdl_core.decision.jobs import JobSpec
 from adaptdl_ray.tune import _ray_private, checkpoint_files, control
-from adaptdl_ray.tune.resources import ReplicaSpec, num_replicas_of, placement_group_factory
+from adaptdl_ray.tune.resources import num_replicas_of, placement_group_factory
 from adaptdl_ray.tune.results import order_like, result_row
 from adaptdl_ray.tune.trial_progress import PendingReport, TrialProgress
 from adaptdl_ray.tune.worker_group import (InProcessReplica, WorkerFailed, WorkerGroup,
@@ -82,7 +83,7 @@ class AdaptDLTrainable(tune.Trainable):
             creator."""
 
     _adaptdl_fn: Callable[..., Any] | None = None
-    adaptdl_replica_spec: ReplicaSpec | None = None
+    adaptdl_replica_spec: JobSpec | None = None
     adaptdl_stop_timeout_s: float = 120.0
     adaptdl_single_replica_in_process: bool = True
     _adaptdl_collective_timeout_s: float | None = None
@@ -497,8 +498,8 @@ def is_adaptdl_trainable(trainable_cls: Any) -> bool:
         and trainable_cls.adaptdl_replica_spec is not None
 
 
-def replica_spec_of(trainable_cls: Any) -> ReplicaSpec:
-    """The :class:`ReplicaSpec` of an AdaptDL trainable.
+def replica_spec_of(trainable_cls: Any) -> JobSpec:
+    """The :class:`JobSpec` of an AdaptDL trainable.
 
     Raises:
         TypeError: if ``trainable_cls`` was not made by :func:`AdaptDLTrainableCreator`
@@ -635,7 +636,7 @@ def AdaptDLTrainableCreator(train_fn: Callable[..., Any], *,  # noqa: N802 (Adap
     resources = {"CPU": float(num_cpus_per_worker), "GPU": float(num_gpus_per_worker)}
     resources.update(_custom_resources(resources_per_worker, num_cpus_per_worker,
                                        num_gpus_per_worker))
-    spec = ReplicaSpec(resources, min_replicas=min_replicas, max_replicas=max_replicas)
+    spec = JobSpec(resources, min_replicas=min_replicas, max_replicas=max_replicas)
     cls_name = name or f"AdaptDL_{getattr(train_fn, '__name__', 'trainable')}"
     return type(cls_name, (AdaptDLTrainable,), {
         "_adaptdl_fn": staticmethod(train_fn),
