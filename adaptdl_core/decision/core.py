@@ -40,6 +40,7 @@ The rules, each applied here and nowhere else:
 from __future__ import annotations
 
 import dataclasses
+import enum
 import logging
 import math
 import time
@@ -57,10 +58,31 @@ from .state import CoreState, JobRecord
 
 LOG = logging.getLogger(__name__)
 
-__all__ = ["Decision", "DecisionCore", "JobProgress", "SolveRequest", "ACTIONS"]
+__all__ = ["Action", "Decision", "DecisionCore", "JobProgress", "SolveRequest", "ACTIONS"]
 
-#: The actions a :class:`Decision` may carry.
-ACTIONS = ("start", "resize", "hold", "keep", "wait")
+
+class Action(str, enum.Enum):
+    """What a :class:`Decision` tells the front-end to do with a job.
+
+    A ``str`` enum: each member equals (and prints as) its value, so ``d.action ==
+    "resize"`` and state files or logs that hold the plain strings keep working.
+    """
+
+    START = "start"    #: not running: start it with ``replicas``
+    RESIZE = "resize"  #: running: relaunch it with ``replicas`` (the new size pays)
+    HOLD = "hold"      #: running: the policy wants another size, which does not pay
+    KEEP = "keep"      #: running: no change
+    WAIT = "wait"      #: not running: nothing for it now
+
+    def __str__(self) -> str:
+        return self.value  # (Python 3.11 would print "Action.START" in f-strings)
+
+    # As the string's: a dict keyed by "resize" finds Action.RESIZE (Enum hashes the name).
+    __hash__ = str.__hash__
+
+
+#: The actions a :class:`Decision` may carry (the :class:`Action` members).
+ACTIONS = tuple(Action)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,10 +113,10 @@ class Decision:
 
     Attributes:
         job_id: the job.
-        action: ``"start"`` (not running, gets ``replicas``), ``"resize"`` (running, the
-            new size pays), ``"hold"`` (running, the policy wants another size but it does
-            not pay: ``reason`` says why), ``"keep"`` (running, no change), ``"wait"``
-            (not running, gets nothing now).
+        action: an :class:`Action` (given as one or as its value): ``start`` (not
+            running, gets ``replicas``), ``resize`` (running, the new size pays), ``hold``
+            (running, the policy wants another size but it does not pay: ``reason`` says
+            why), ``keep`` (running, no change), ``wait`` (not running, gets nothing now).
         replicas: the target replica count (for hold/keep: the current one).
         nodes: node ids, one per replica, of the target (for hold/keep: the current
             placement as the core knows it).
@@ -108,13 +130,25 @@ class Decision:
     """
 
     job_id: Hashable
-    action: str
+    action: Action
     replicas: int
     nodes: tuple
     reason: str
     saved_s: float | None = None
     cost_s: float | None = None
     proposed: int | None = None
+
+    def __post_init__(self) -> None:
+        """The action as an :class:`Action` member.
+
+        Raises:
+            ValueError: an action that is none of them (names the allowed values).
+        """
+        try:
+            object.__setattr__(self, "action", Action(self.action))
+        except ValueError:
+            raise ValueError(f"action must be one of {[a.value for a in Action]}, got "
+                             f"{self.action!r}") from None
 
 
 def _check_number(name: str, value: Any, *, minimum: float | None = None,
