@@ -88,6 +88,15 @@ class ReplicaFailure:
     error_types: tuple[str, ...] = ()
     failed_at: float | None = None
 
+    @classmethod
+    def from_outcome(cls, rank: int, node: str, outcome: dict) -> "ReplicaFailure":
+        """The failure a replica's ``{"status": "error", ...}`` outcome reports (its
+        traceback and :func:`exception_record`; an outcome without the record, from a
+        worker of an earlier version, counts as of no lost-peer type and unknown time)."""
+        return cls(rank, node, died=False, text=outcome["traceback"],
+                   error_types=tuple(outcome.get("error_types", ())),
+                   failed_at=outcome.get("failed_at"))
+
     @property
     def lost_peer(self) -> bool:
         """Whether the exception is of a type another replica's failure causes."""

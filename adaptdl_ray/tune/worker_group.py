@@ -268,9 +268,7 @@ class WorkerGroup:
             return ReplicaFailure(rank, node, died=True, text=first_line_of(exc))
         if outcome["status"] != "error":
             return None
-        return ReplicaFailure(rank, node, died=False, text=outcome["traceback"],
-                              error_types=tuple(outcome.get("error_types", ())),
-                              failed_at=outcome.get("failed_at"))
+        return ReplicaFailure.from_outcome(rank, node, outcome)
 
     def stop(self, timeout_s: float) -> list[dict]:
         """Ask every replica to checkpoint at the next batch boundary, wait for all to end.
@@ -464,9 +462,7 @@ class InProcessReplica:
         except Exception as exc:  # noqa: BLE001 - the worker itself broke (e.g. unpacking)
             raise WorkerFailed(f"{where} failed: {type(exc).__name__}: {exc}") from exc
         if outcome["status"] == "error":
-            failure = ReplicaFailure(0, self.node_ip, died=False, text=outcome["traceback"],
-                                     error_types=tuple(outcome.get("error_types", ())),
-                                     failed_at=outcome.get("failed_at"))
+            failure = ReplicaFailure.from_outcome(0, self.node_ip, outcome)
             raise WorkerFailed(failure_message(failure, where, []), failure)
         return outcome
 

@@ -22,10 +22,8 @@ def failure(rank: int, exc: BaseException | None, at: float | None = None) -> Re
     """Replica ``rank``'s failure: its exception caught at ``at``, or (``None``) it died."""
     if exc is None:
         return ReplicaFailure(rank, f"10.0.0.{rank}", died=True, text="actor died")
-    record = exception_record(exc, at)
-    return ReplicaFailure(rank, f"10.0.0.{rank}", died=False, text=str(exc),
-                          error_types=tuple(record["error_types"]),
-                          failed_at=record["failed_at"])
+    outcome = {"status": "error", "traceback": str(exc), **exception_record(exc, at)}
+    return ReplicaFailure.from_outcome(rank, f"10.0.0.{rank}", outcome)
 
 
 def test_the_record_names_the_exception_its_bases_and_what_it_was_raised_from():
@@ -82,6 +80,13 @@ def test_two_errors_of_no_lost_peer_type_blame_the_first_caught():
     user = raised(RuntimeError("CUDA out of memory"))
     assert first_in_cause([failure(0, gloo, at=5.2), failure(1, user, at=5.0)]).rank == 1
     assert first_in_cause([failure(0, gloo, at=4.9), failure(1, user, at=5.0)]).rank == 0
+
+
+def test_an_outcome_without_a_record_counts_as_no_lost_peer_at_an_unknown_time():
+    old = ReplicaFailure.from_outcome(1, "n", {"status": "error", "traceback": "tb"})
+    assert (old.error_types, old.failed_at, old.lost_peer) == ((), None, False)
+    echo = failure(0, ConnectionResetError("reset"), at=1.0)
+    assert first_in_cause([echo, old]).rank == 1  # its type is unknown: not an echo
 
 
 def test_ties_go_to_the_lowest_rank_and_no_failures_is_an_error():
