@@ -36,7 +36,6 @@ import atexit
 import concurrent.futures
 import functools
 import json
-import math
 import logging
 import pickle
 import socket
@@ -49,7 +48,7 @@ from typing import Any, Callable
 
 import torch.distributed as dist
 
-from adaptdl_core import context, env
+from adaptdl_core import context, env, validation
 
 __all__ = [
     "CollectiveError",
@@ -433,21 +432,14 @@ def initialize(master_addr: str | None = None, master_port: int | None = None,
     if not isinstance(addr, str) or not addr.strip():
         raise ValueError(f"master_addr={addr!r} must be a non-empty host name or IP address "
                          "string such as '127.0.0.1' (or set ADAPTDL_MASTER_ADDR)")
-    if not isinstance(size, int) or size < 1:
-        raise ValueError(f"num_replicas={size!r} must be an integer >= 1")
-    if not isinstance(rank, int) or not 0 <= rank < size:
-        raise ValueError(f"replica_rank={rank!r} must be an integer in [0, {size})")
-    if not isinstance(port, int) or not 0 <= port <= 65535:
-        raise ValueError(f"master_port={port!r} must be an integer in [0, 65535]")
+    size = validation.integer("num_replicas", size, 1)
+    rank = validation.integer("replica_rank", rank, 0, size - 1)
+    port = validation.integer("master_port", port, 0, 65535)
     if port == 0 and size > 1:
         raise ValueError("master_port=0 cannot work for several replicas: set "
                          "ADAPTDL_MASTER_PORT to a port free on the master's host")
-    if isinstance(rank, bool) or isinstance(size, bool):
-        raise ValueError("replica_rank and num_replicas must be integers, not bools")
-    if not (isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s)
-            and 0 < timeout_s <= env.MAX_TIMEOUT_S):
-        raise ValueError(f"timeout={timeout_s!r} must be a finite number of seconds in "
-                         f"(0, {env.MAX_TIMEOUT_S:g}]")
+    timeout_s = validation.number("timeout", timeout_s, 0.0, env.MAX_TIMEOUT_S, low_open=True,
+                                  what="a finite number of seconds")
     ctx = context.current()
     deadline = time.monotonic() + timeout_s
     with _LOCK:

@@ -45,8 +45,9 @@ replica 0 publishes its own store's port in that store (:func:`shared_store_scop
 
 from __future__ import annotations
 
-import math
 import os
+
+from adaptdl_core import validation
 
 __all__ = [
     "checkpoint_path",
@@ -93,7 +94,12 @@ def _source(name: str) -> str:
     return other if other and os.environ.get(other, "").strip() else name
 
 
-def _get_int(name: str, default: int, minimum: int) -> int:
+def _get_int(name: str, default: int, minimum: int, maximum: int | None = None) -> int:
+    """The integer variable ``name`` (or its torchrun twin), ``default`` if unset.
+
+    Raises:
+        ValueError: naming the variable, if it is not an integer in ``[minimum, maximum]``.
+    """
     name = _source(name)
     raw = os.environ.get(name)
     if raw is None or raw.strip() == "":
@@ -103,9 +109,7 @@ def _get_int(name: str, default: int, minimum: int) -> int:
     except ValueError:
         raise ValueError(f"{name}={raw!r} is not an integer; set it to an integer >= {minimum} "
                          f"or unset it (default {default})") from None
-    if value < minimum:
-        raise ValueError(f"{name}={value} must be >= {minimum}")
-    return value
+    return validation.integer(name, value, minimum, maximum)
 
 
 def _get_str(name: str) -> str | None:
@@ -159,10 +163,7 @@ def master_port() -> int:
     Raises:
         ValueError: if the value is not an integer in [0, 65535].
     """
-    port = _get_int("ADAPTDL_MASTER_PORT", 0, 0)
-    if port > 65535:
-        raise ValueError(f"{_source('ADAPTDL_MASTER_PORT')}={port} must be <= 65535")
-    return port
+    return _get_int("ADAPTDL_MASTER_PORT", 0, 0, 65535)
 
 
 def num_replicas() -> int:
@@ -226,10 +227,8 @@ def timeout() -> float:
         value = float(raw)
     except ValueError:
         raise ValueError(f"ADAPTDL_TIMEOUT={raw!r} is not a number of seconds") from None
-    if not (math.isfinite(value) and 0 < value <= MAX_TIMEOUT_S):
-        raise ValueError(f"ADAPTDL_TIMEOUT={raw!r} must be a finite number of seconds in "
-                         f"(0, {MAX_TIMEOUT_S:g}]")
-    return value
+    return validation.number("ADAPTDL_TIMEOUT", value, 0.0, MAX_TIMEOUT_S, low_open=True,
+                             what="a finite number of seconds")
 
 
 def local_rank() -> int | None:

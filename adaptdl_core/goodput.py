@@ -110,12 +110,7 @@ def check_perf_params(perf: PerfParams) -> PerfParams:
             ``gamma > 0`` and ``alpha_c + beta_c > 0`` (the message names the field).
     """
     for name, value in perf.to_dict().items():
-        if not math.isfinite(value):
-            raise ValueError(f"perf_params.{name} must be finite, got {value!r}")
-        if name != "gamma" and value < 0:
-            raise ValueError(f"perf_params.{name} must be >= 0, got {value!r}")
-    if perf.gamma <= 0:
-        raise ValueError(f"perf_params.gamma must be > 0, got {perf.gamma!r}")
+        validation.number(f"perf_params.{name}", value, 0.0, low_open=(name == "gamma"))
     if perf.alpha_c + perf.beta_c <= 0:
         raise ValueError("perf_params: alpha_c + beta_c must be > 0")
     return perf
@@ -140,20 +135,6 @@ def _checked_array(name: str, value: ArrayLike, minimum: float, *,
         raise ValueError(f"{name} must hold finite numbers {'>' if strict else '>='} "
                          f"{minimum:g}, got {float(arr[~ok].flat[0])!r}{where}")
     return arr
-
-
-def _check_int_arg(name: str, value, minimum: int) -> int:
-    if isinstance(value, (bool, np.bool_)):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    try:
-        as_float = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be an integer, got {value!r}") from None
-    if not math.isfinite(as_float) or as_float != int(as_float):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    if int(as_float) < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
-    return int(as_float)
 
 
 def efficiency(noise_scale: float, init_batch_size: float, batch_size: ArrayLike) -> np.ndarray:
@@ -214,7 +195,8 @@ class GoodputFunction:
             raise ValueError(f"grad_params must be 2 numbers, got {grad_params!r}") from None
         self._perf_params = perf
         self._grad_params = grad
-        self._init_batch_size = _check_int_arg("init_batch_size", init_batch_size, 1)
+        self._init_batch_size = validation.integer("init_batch_size", init_batch_size, 1,
+                                                   integral_floats=True)
         self._noise_scale = self._safe_noise_scale(grad, self._init_batch_size)
 
     @staticmethod
@@ -355,7 +337,7 @@ class GoodputFunction:
         if max_batch_size is None:
             limit = m0
         else:
-            limit = _check_int_arg("max_batch_size", max_batch_size, 1)
+            limit = validation.integer("max_batch_size", max_batch_size, 1, integral_floats=True)
             if limit < m0:
                 raise ValueError(
                     f"max_batch_size ({limit}) must be >= init_batch_size ({m0})")
@@ -366,8 +348,10 @@ class GoodputFunction:
         except (TypeError, ValueError):
             raise ValueError(
                 f"atomic_bsz_range must be a pair (lo, hi), got {atomic_bsz_range!r}") from None
-        lo = 1 if lo_arg is None else _check_int_arg("atomic_bsz_range[0]", lo_arg, 1)
-        hi = limit if hi_arg is None else _check_int_arg("atomic_bsz_range[1]", hi_arg, 1)
+        lo = 1 if lo_arg is None else validation.integer("atomic_bsz_range[0]", lo_arg, 1,
+                                                         integral_floats=True)
+        hi = limit if hi_arg is None else validation.integer("atomic_bsz_range[1]", hi_arg, 1,
+                                                             integral_floats=True)
 
         n_in = _as_float_array(num_nodes)
         k_in = _as_float_array(num_replicas)
@@ -548,7 +532,7 @@ def fit_perf_params(num_nodes: ArrayLike, num_replicas: ArrayLike, atomic_bsz: A
             including the gradient synchronisation (``T_o``, > 0).
         initial: a previous fit of (nearly) the same profile to start from: one local
             search from it instead of several starts (a refit as step times accumulate
-            costs a few milliseconds instead of tens).
+            then costs one search instead of several).
 
     Returns:
         The parameters minimising ``rms(log T_c error) + rms(log T_o error)`` plus small
@@ -639,8 +623,8 @@ def fit_perf_params(num_nodes: ArrayLike, num_replicas: ArrayLike, atomic_bsz: A
             starts.append(x0.copy())
             starts[-1][_GAMMA] = gamma0
     # Imported here, not at the top: a replica imports this module before its first step but
-    # fits only after it has measured a few steps, and scipy.optimize takes a good fraction
-    # of a second to import (see benchmarks/resize_cost.py for what a restart costs).
+    # fits only after it has measured a few steps, and scipy.optimize is slow to import (it
+    # would add to every restart: see benchmarks/resize_cost.py for what a restart costs).
     import scipy.optimize
 
     for start in starts:

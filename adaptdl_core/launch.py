@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from adaptdl_core import checkpoint
+from adaptdl_core import checkpoint, validation
 
 __all__ = ["free_port", "replica_env", "start_replicas", "wait_replicas", "job_status",
            "ResumePoint", "resume_point", "restarts_for", "main"]
@@ -57,12 +57,14 @@ def replica_env(rank: int, num_replicas: int, master_port: int, *,
     the ``ADAPTDL_*`` variables of the job, then ``extra_env``.
 
     Raises:
-        ValueError: if ``rank`` is not in ``[0, num_replicas)`` or ``num_restarts < 0``.
+        ValueError: if ``num_replicas`` is not an integer ``>= 1``, ``rank`` one in
+            ``[0, num_replicas)``, ``master_port`` one in ``[0, 65535]`` or ``num_restarts``
+            one ``>= 0``.
     """
-    if not 0 <= rank < num_replicas:
-        raise ValueError(f"rank={rank} must be in [0, num_replicas={num_replicas})")
-    if num_restarts < 0:
-        raise ValueError(f"num_restarts={num_restarts} must be >= 0")
+    num_replicas = validation.integer("num_replicas", num_replicas, 1)
+    rank = validation.integer("rank", rank, 0, num_replicas - 1)
+    master_port = validation.integer("master_port", master_port, 0, 65535)
+    num_restarts = validation.integer("num_restarts", num_restarts, 0)
     env = dict(os.environ if base_env is None else base_env)
     env.update({
         "ADAPTDL_MASTER_ADDR": master_addr,
@@ -99,8 +101,7 @@ def start_replicas(command: Sequence[str], num_replicas: int, *,
     """
     if not command:
         raise ValueError("start_replicas(command=...): the command is empty")
-    if num_replicas < 1:
-        raise ValueError(f"start_replicas(num_replicas={num_replicas}): must be >= 1")
+    num_replicas = validation.integer("num_replicas", num_replicas, 1)
     port = master_port if master_port is not None else free_port()
     output = dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) \
         if capture_output else {}

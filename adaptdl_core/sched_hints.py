@@ -19,32 +19,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from typing import Any, Mapping, Optional, Tuple
 
+from adaptdl_core import validation
 from adaptdl_core.goodput import GoodputFunction, GradParams, PerfParams, check_perf_params
 
 __all__ = ["SchedHints"]
 
 
-def _is_number(value: Any) -> bool:
-    if isinstance(value, bool):
-        return False
-    if isinstance(value, (int, float)):
-        return True
-    # numpy scalars (np.int64, np.float32, ...)
-    return getattr(value, "shape", None) == () and getattr(value, "dtype", None) is not None \
-        and value.dtype.kind in "iuf"
-
-
 def _as_int(name: str, value: Any, minimum: int) -> int:
-    if not _is_number(value) or not math.isfinite(float(value)) \
-            or float(value) != int(float(value)):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    result = int(float(value))
-    if result < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
-    return result
+    """A count from a hints dict (JSON may carry ``64.0``): see :func:`validation.integer`."""
+    return validation.integer(name, value, minimum, integral_floats=True)
 
 
 def _as_named_floats(name: str, value: Any, cls):
@@ -61,10 +46,8 @@ def _as_named_floats(name: str, value: Any, cls):
         items = list(value)
     else:
         raise ValueError(f"{name} must be a mapping or a sequence, got {type(value).__name__}")
-    for field, item in zip(fields, items):
-        if not _is_number(item) or not math.isfinite(float(item)):
-            raise ValueError(f"{name}.{field} must be a finite number, got {item!r}")
-    return cls(*[float(item) for item in items])
+    return cls(*[validation.number(f"{name}.{field}", item)
+                 for field, item in zip(fields, items)])
 
 
 @dataclasses.dataclass
@@ -137,11 +120,7 @@ class SchedHints:
                 f"max_profiled_nodes ({self.max_profiled_nodes}) must be <= "
                 f"max_profiled_replicas ({self.max_profiled_replicas})")
         if self.restart_cost_s is not None:
-            if not _is_number(self.restart_cost_s) or not math.isfinite(
-                    float(self.restart_cost_s)) or float(self.restart_cost_s) < 0:
-                raise ValueError(
-                    f"restart_cost_s must be a finite number >= 0, got {self.restart_cost_s!r}")
-            self.restart_cost_s = float(self.restart_cost_s)
+            self.restart_cost_s = validation.number("restart_cost_s", self.restart_cost_s, 0.0)
 
     def to_dict(self) -> dict:
         """A JSON-serialisable dict (named-tuple fields become objects keyed by name)."""

@@ -20,6 +20,7 @@ import logging
 import threading
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
+from adaptdl_core import validation
 from adaptdl_core.policy import NodeInfo
 
 LOG = logging.getLogger(__name__)
@@ -71,10 +72,7 @@ class ResourceRequester:
     def __init__(self, node_template: Mapping[str, float], *, baseline_nodes: int = 0,
                  request_fn: Optional[RequestFn] = None) -> None:
         self.node_template = _check_template(node_template)
-        if (isinstance(baseline_nodes, bool) or not isinstance(baseline_nodes, int)
-                or baseline_nodes < 0):
-            raise ValueError(f"baseline_nodes must be an integer >= 0, got {baseline_nodes!r}")
-        self.baseline_nodes = baseline_nodes
+        self.baseline_nodes = validation.integer("baseline_nodes", baseline_nodes, 0)
         if request_fn is not None and not callable(request_fn):
             raise ValueError(f"request_fn must be callable(bundles=[...]), got {request_fn!r}")
         self._request_fn = request_fn or _ray_request_resources
@@ -108,8 +106,7 @@ class ResourceRequester:
             Exception: whatever ``request_fn`` raises (the standing size is then unchanged,
                 so the next call retries).
         """
-        if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 0:
-            raise ValueError(f"num_nodes must be an integer >= 0, got {num_nodes!r}")
+        num_nodes = validation.integer("num_nodes", num_nodes, 0)
         wanted = num_nodes if num_nodes > self.baseline_nodes else 0
         with self._lock:
             if wanted == self._standing:

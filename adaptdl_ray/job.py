@@ -13,6 +13,7 @@ from typing import Any, Callable, Mapping
 
 from ray import tune
 
+from adaptdl_core import validation
 from adaptdl_ray.tune.scheduler import AdaptDLScheduler
 from adaptdl_ray.tune.trainable import AdaptDLTrainableCreator
 
@@ -30,9 +31,7 @@ def _check_arguments(config: Any, name: Any, storage_path: Any, verbose: Any) ->
         if value is not None and (not isinstance(value, (str, os.PathLike))
                                   or not os.fspath(value)):
             raise ValueError(f"{arg} must be a non-empty string or None, got {value!r}")
-    if isinstance(verbose, bool) or not isinstance(verbose, int) or not 0 <= verbose <= 3:
-        raise ValueError(f"verbose must be Tune's verbosity, an integer in [0, 3], "
-                         f"got {verbose!r}")
+    validation.integer("verbose", verbose, 0, 3, what="Tune's verbosity, an integer")
 
 
 def run_job(train_fn: Callable[[dict], Any], config: Mapping[str, Any] | None = None, *,

@@ -2,8 +2,8 @@
 
 Each trial trains a small MLP for 3 epochs on 2,000 synthetic samples (its own seed) and
 reports once per epoch. The arms run one after the other in the same run, on the same
-local Ray instance (``ray.init(num_cpus=8)`` by default: 8 trials at a time, each of one
-replica on one CPU):
+private local Ray instance (``ray.init(address="local", num_cpus=8)`` by default: 8
+trials at a time, each of one replica on one CPU):
 
 * ``fifo``: a plain function trainable (torch only) under Tune's FIFO scheduler, with
   Tune's default ``reuse_actors`` (False).

@@ -269,7 +269,7 @@ def _num(value: str | None, kind: type = float) -> Any:
 
 def trial_summary(result: Any, record: Any) -> dict[str, Any]:
     """One trial's row of the summary: its final metrics, its progress.csv and what the
-    scheduler recorded about its resizes (``record``: a ``TrialRecord`` or ``None``)."""
+    scheduler recorded about its resizes (``record``: an ``adaptdl_core.decision.JobRecord`` or ``None``)."""
     metrics = result.metrics or {}
     rows = read_progress(result.path) if result.path else []
     epochs = [_num(r.get("epoch"), int) for r in rows]

@@ -40,6 +40,7 @@ The rules, each applied here and nowhere else:
 from __future__ import annotations
 
 import dataclasses
+import enum
 import logging
 import math
 import time
@@ -47,6 +48,7 @@ from typing import Any, Callable, Hashable, Mapping, Sequence
 
 import numpy as np
 
+from adaptdl_core import validation
 from adaptdl_core.policy import (DEFAULT_RESTART_COST_S, MIN_COST_MULTIPLES, NodeInfo,
                                  PolluxPolicy, ResizeVerdict, policy_by_name,
                                  resize_verdict)
@@ -58,10 +60,31 @@ from .state import CoreState, JobRecord
 
 LOG = logging.getLogger(__name__)
 
-__all__ = ["Decision", "DecisionCore", "JobProgress", "SolveRequest", "ACTIONS"]
+__all__ = ["Action", "Decision", "DecisionCore", "JobProgress", "SolveRequest", "ACTIONS"]
 
-#: The actions a :class:`Decision` may carry.
-ACTIONS = ("start", "resize", "hold", "keep", "wait")
+
+class Action(str, enum.Enum):
+    """What a :class:`Decision` tells the front-end to do with a job.
+
+    A ``str`` enum: each member equals (and prints as) its value, so ``d.action ==
+    "resize"`` and state files or logs that hold the plain strings keep working.
+    """
+
+    START = "start"    #: not running: start it with ``replicas``
+    RESIZE = "resize"  #: running: relaunch it with ``replicas`` (the new size pays)
+    HOLD = "hold"      #: running: the policy wants another size, which does not pay
+    KEEP = "keep"      #: running: no change
+    WAIT = "wait"      #: not running: nothing for it now
+
+    def __str__(self) -> str:
+        return self.value  # (Python 3.11 would print "Action.START" in f-strings)
+
+    # As the string's: a dict keyed by "resize" finds Action.RESIZE (Enum hashes the name).
+    __hash__ = str.__hash__
+
+
+#: The actions a :class:`Decision` may carry (the :class:`Action` members).
+ACTIONS = tuple(Action)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,10 +115,10 @@ class Decision:
 
     Attributes:
         job_id: the job.
-        action: ``"start"`` (not running, gets ``replicas``), ``"resize"`` (running, the
-            new size pays), ``"hold"`` (running, the policy wants another size but it does
-            not pay: ``reason`` says why), ``"keep"`` (running, no change), ``"wait"``
-            (not running, gets nothing now).
+        action: an :class:`Action` (given as one or as its value): ``start`` (not
+            running, gets ``replicas``), ``resize`` (running, the new size pays), ``hold``
+            (running, the policy wants another size but it does not pay: ``reason`` says
+            why), ``keep`` (running, no change), ``wait`` (not running, gets nothing now).
         replicas: the target replica count (for hold/keep: the current one).
         nodes: node ids, one per replica, of the target (for hold/keep: the current
             placement as the core knows it).
@@ -109,7 +132,7 @@ class Decision:
     """
 
     job_id: Hashable
-    action: str
+    action: Action
     replicas: int
     nodes: tuple
     reason: str
@@ -117,16 +140,26 @@ class Decision:
     cost_s: float | None = None
     proposed: int | None = None
 
+    def __post_init__(self) -> None:
+        """The action as an :class:`Action` member.
+
+        Raises:
+            ValueError: an action that is none of them (names the allowed values).
+        """
+        try:
+            object.__setattr__(self, "action", Action(self.action))
+        except ValueError:
+            raise ValueError(f"action must be one of {[a.value for a in Action]}, got "
+                             f"{self.action!r}") from None
+
 
 def _check_number(name: str, value: Any, *, minimum: float | None = None,
                   allow_none: bool = True) -> float | None:
+    """``value`` as a float (see :func:`adaptdl_core.validation.number`), or ``None``."""
     if value is None and allow_none:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
-            or not math.isfinite(float(value)) or (minimum is not None and value < minimum):
-        bound = f" >= {minimum:g}" if minimum is not None else ""
-        raise ValueError(f"{name} must be a finite number{bound} or None, got {value!r}")
-    return float(value)
+    return validation.number(name, value, minimum,
+                             what="None or a finite number" if allow_none else "a finite number")
 
 
 class DecisionCore:
@@ -175,10 +208,8 @@ class DecisionCore:
             raise TypeError(f"clock must be a function returning seconds, got {clock!r}")
         if resize_rule is not None and not callable(resize_rule):
             raise TypeError(f"resize_rule must be a function, got {resize_rule!r}")
-        if isinstance(interval_s, bool) or not isinstance(interval_s, (int, float)) or \
-                not math.isfinite(interval_s) or interval_s <= 0:
-            raise ValueError(f"interval_s must be a finite number of seconds > 0, "
-                             f"got {interval_s!r}")
+        validation.number("interval_s", interval_s, 0.0, low_open=True,
+                          what="a finite number of seconds")
         _check_number("min_event_gap_s", min_event_gap_s, minimum=0.0, allow_none=False)
         check_profile_group(profile_group)
         #: Profile group of jobs added without one of their own (``None``: no sharing).
@@ -313,9 +344,8 @@ class DecisionCore:
                              "pass the submission time on the same clock, or None")
         if self._nodes and cluster_capacity(spec, self._nodes) < spec.min_replicas:
             job_info(spec, self._nodes, created=0.0, hints=None)  # raises the clear error
-        if replicas is not None and (isinstance(replicas, bool) or not isinstance(
-                replicas, int) or replicas < 0):
-            raise ValueError(f"replicas must be an integer >= 0 or None, got {replicas!r}")
+        if replicas is not None:
+            validation.integer("replicas", replicas, 0, what="None or an integer")
         record = self._state.trials.get(job_id)
         if record is None:
             record = self._state.trials[job_id] = JobRecord(
@@ -365,9 +395,7 @@ class DecisionCore:
         before = (record.restarts, record.resize_s)
         restarts = progress.restarts
         if restarts is not None:
-            if isinstance(restarts, bool) or not isinstance(restarts, (int, np.integer)) \
-                    or restarts < 0:
-                raise ValueError(f"progress.restarts must be an integer >= 0, got {restarts!r}")
+            validation.integer("progress.restarts", restarts, 0)
             if int(restarts) != record.restarts:
                 record.restarts = int(restarts)
                 cost = _check_number("progress.resize_cost_s", progress.resize_cost_s,
@@ -409,8 +437,7 @@ class DecisionCore:
             raise ValueError("pass exactly one of nodes (a list of node ids, one per "
                              "replica) or replicas (a count)")
         count = len(nodes) if nodes is not None else replicas
-        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-            raise ValueError(f"replicas must be an integer >= 0, got {replicas!r}")
+        validation.integer("replicas", count, 0)
         if record.current and count and count != record.current and not record.resize_pending:
             self.begin_resize(job_id, to=count)
         record.current = count

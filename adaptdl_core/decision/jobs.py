@@ -15,6 +15,7 @@ import logging
 import math
 from typing import Any, Hashable, Mapping
 
+from adaptdl_core import validation
 from adaptdl_core.goodput import GoodputFunction, PerfParams
 from adaptdl_core.policy import JobInfo, LinearSpeedup, NodeInfo, SpeedupFunction
 from adaptdl_core.sched_hints import SchedHints
@@ -56,21 +57,20 @@ class JobSpec:
                              f"replica, got {self.resources!r}")
         res = dict(self.resources)
         for key, value in res.items():
-            if not isinstance(key, str) or isinstance(value, bool) or not isinstance(
-                    value, (int, float)) or not math.isfinite(value) or value < 0:
+            if not isinstance(key, str):
                 raise ValueError(f"resources per replica must map names to amounts >= 0, got "
                                  f"{key!r}: {value!r}")
+            validation.number(f"resources[{key!r}]", value, 0.0)
         if not any(v > 0 for v in res.values()):
             raise ValueError("each replica must request some resource: pass num_cpus_per_worker"
                              " > 0 or num_gpus_per_worker > 0")
         object.__setattr__(self, "resources", {k: float(v) for k, v in res.items() if v > 0})
-        if isinstance(self.min_replicas, bool) or not isinstance(self.min_replicas, int) \
-                or self.min_replicas < 1:
-            raise ValueError(f"min_replicas must be an integer >= 1, got {self.min_replicas!r}")
+        # (Stored as int: a numpy integer passes the check but must not reach the state file.)
+        object.__setattr__(self, "min_replicas",
+                           validation.integer("min_replicas", self.min_replicas, 1))
         if self.max_replicas is not None:
-            if isinstance(self.max_replicas, bool) or not isinstance(self.max_replicas, int):
-                raise ValueError(f"max_replicas must be an integer or None, "
-                                 f"got {self.max_replicas!r}")
+            object.__setattr__(self, "max_replicas", validation.integer(
+                "max_replicas", self.max_replicas, what="None or an integer"))
             if self.max_replicas < self.min_replicas:
                 raise ValueError(f"min_replicas ({self.min_replicas}) must be <= max_replicas "
                                  f"({self.max_replicas}): lower min_replicas or raise "

@@ -168,10 +168,10 @@ class StateWriter:
     replaces any snapshot still waiting, so a burst of submissions costs at most two
     writes and the file always ends at the newest one.
 
-    The caller serialises (:meth:`CoreState.to_json`, a few milliseconds for hundreds of
-    jobs) in its own thread, so each snapshot is consistent; only the file work (which
-    releases the interpreter lock and, beside a busy solve thread, may take a hundred
-    times longer) moves to the writer thread. Each write is atomic (:func:`write_atomic`):
+    The caller serialises (:meth:`CoreState.to_json`) in its own thread, so each snapshot
+    is consistent; only the file work (which releases the interpreter lock and, beside a
+    busy solve thread, may take far longer) moves to the writer thread
+    (``benchmarks/scheduler_hooks.py`` times the hooks that submit snapshots). Each write is atomic (:func:`write_atomic`):
     a crash of the process loses at most the snapshots not yet written, never the file.
     The thread is started on the first submission and finishes its pending write before
     the interpreter exits.

@@ -41,6 +41,8 @@ from typing import Dict, Hashable, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from adaptdl_core import validation
+
 from .branch_and_bound import _BNB_MAX_JOBS, _BranchAndBound
 from .fitness import _better, _check_p, _Key, _mean_from_cost, power_mean, restart_penalty
 from .local_search import _LocalSearch
@@ -52,8 +54,6 @@ from .records import (
     Allocations,
     JobInfo,
     NodeInfo,
-    _is_int,
-    _is_real,
 )
 
 __all__ = [
@@ -203,13 +203,13 @@ class PolluxPolicy:
         max_bnb_nodes: budget of search-tree nodes for the branch and bound that runs when
             the DP bound is not attained, for at most 12 movable jobs (0 disables it).
             Small instances complete and are then certified optimal; larger ones keep the
-            local-search result. With the defaults a round whose DP bound is attained takes
-            milliseconds to ~0.2 s (256 jobs); one that is not, up to a few 100 ms more.
+            local-search result. ``benchmarks/policy.py`` times rounds of 16 to 256 jobs
+            with the defaults.
         time_limit_s: optional wall-clock limit for the local search and branch and bound
             (``None``: only the budgets apply, which keeps results deterministic).
         fair_share: maximise the power mean of each job's speedup relative to its speedup
             at its fair share of the cluster (the cluster split evenly among the round's
-            jobs by dominant resource; Pollux's normalisation, see ``ALGORITHMS.md`` 4)
+            jobs by dominant resource; Pollux's normalisation, see ``docs/algorithms.md`` 5)
             instead of relative to one replica. With ``p != 1`` this decides how jobs are
             weighed against each other: a job that would gain much from its fair share
             counts for more. Reported speedups keep the speedup functions' own units.
@@ -226,22 +226,13 @@ class PolluxPolicy:
             raise ValueError(f"fair_share must be True or False, got {fair_share!r}")
         self.fair_share = fair_share
         self.p = _check_p(p)
-        if not _is_real(min_gain) or not (0 <= float(min_gain) < 1):
-            raise ValueError(f"min_gain must be a number in [0, 1), got {min_gain!r}")
-        self.min_gain = float(min_gain)
-        if not _is_int(max_dp_cells) or max_dp_cells < 1:
-            raise ValueError(f"max_dp_cells must be a positive integer, got {max_dp_cells!r}")
-        self.max_dp_cells = int(max_dp_cells)
-        if not _is_int(max_search_evals) or max_search_evals < 0:
-            raise ValueError(f"max_search_evals must be an integer >= 0, "
-                             f"got {max_search_evals!r}")
-        self.max_search_evals = int(max_search_evals)
-        if not _is_int(max_bnb_nodes) or max_bnb_nodes < 0:
-            raise ValueError(f"max_bnb_nodes must be an integer >= 0, got {max_bnb_nodes!r}")
-        self.max_bnb_nodes = int(max_bnb_nodes)
-        if time_limit_s is not None and (not _is_real(time_limit_s) or time_limit_s <= 0):
-            raise ValueError(f"time_limit_s must be None or > 0, got {time_limit_s!r}")
-        self.time_limit_s = None if time_limit_s is None else float(time_limit_s)
+        self.min_gain = validation.number("min_gain", min_gain, 0.0, 1.0, high_open=True)
+        self.max_dp_cells = validation.integer("max_dp_cells", max_dp_cells, 1)
+        self.max_search_evals = validation.integer("max_search_evals", max_search_evals, 0)
+        self.max_bnb_nodes = validation.integer("max_bnb_nodes", max_bnb_nodes, 0)
+        self.time_limit_s = None if time_limit_s is None else validation.number(
+            "time_limit_s", time_limit_s, 0.0, low_open=True,
+            what="None or a finite number of seconds")
 
     def allocate(self, jobs: Mapping[Hashable, JobInfo], nodes: Mapping[Hashable, NodeInfo],
                  base_allocations: Optional[Mapping[Hashable, Sequence[Hashable]]] = None,

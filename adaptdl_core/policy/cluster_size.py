@@ -32,12 +32,13 @@ This is a reading of the paper's rule, not a copy of AdaptDL's genetic-algorithm
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, Hashable, Mapping, Optional, Tuple
 
+from adaptdl_core import validation
+
 from .allocator import PolluxPolicy
-from .records import JobInfo, NodeInfo, _is_int, _is_real
+from .records import JobInfo, NodeInfo
 
 __all__ = [
     "DEFAULT_UPPER_UTILITY",
@@ -98,16 +99,12 @@ class ClusterSizeRule:
                  *, upper: float = DEFAULT_UPPER_UTILITY, lower: float = DEFAULT_LOWER_UTILITY,
                  resource: Optional[str] = None, policy: Optional[Any] = None) -> None:
         self.node_template = dict(NodeInfo(node_template).resources)
-        if not _is_int(min_nodes) or min_nodes < 0:
-            raise ValueError(f"min_nodes must be an integer >= 0, got {min_nodes!r}")
-        if not _is_int(max_nodes) or max_nodes < max(int(min_nodes), 1):
-            raise ValueError(f"max_nodes must be an integer >= max(min_nodes, 1) = "
-                             f"{max(int(min_nodes), 1)}, got {max_nodes!r}")
-        self.min_nodes, self.max_nodes = int(min_nodes), int(max_nodes)
+        min_nodes = validation.integer("min_nodes", min_nodes, 0)
+        max_nodes = validation.integer("max_nodes", max_nodes, max(min_nodes, 1))  # and >= 1
+        self.min_nodes, self.max_nodes = min_nodes, max_nodes
         for name, value in (("upper", upper), ("lower", lower)):
-            if not _is_real(value) or not (0.0 < float(value) <= 1.0):
-                raise ValueError(f"{name} must be a number in (0, 1] (a share of the ideal "
-                                 f"goodput per GPU), got {value!r}")
+            validation.number(name, value, 0.0, 1.0, low_open=True,
+                              what="a share of the ideal goodput per GPU")
         if float(lower) > float(upper):
             raise ValueError(f"lower ({lower!r}) must be <= upper ({upper!r}); the band "
                              "between them is where the size holds")
@@ -136,9 +133,8 @@ class ClusterSizeRule:
         Raises:
             ValueError: for a negative ``num_nodes`` or malformed jobs (from the policy).
         """
-        if not _is_int(num_nodes) or num_nodes < 0:
-            raise ValueError(f"num_nodes must be an integer >= 0, got {num_nodes!r}")
-        return self._evaluate(jobs, int(num_nodes), float(now))[0]
+        num_nodes = validation.integer("num_nodes", num_nodes, 0)
+        return self._evaluate(jobs, num_nodes, float(now))[0]
 
     def _evaluate(self, jobs: Mapping[Hashable, JobInfo], num_nodes: int, now: float
                   ) -> Tuple[float, int]:
@@ -170,10 +166,8 @@ class ClusterSizeRule:
             ValueError: for a malformed ``current_nodes`` or ``now`` (named), or malformed
                 jobs.
         """
-        if not _is_int(current_nodes) or current_nodes < 0:
-            raise ValueError(f"current_nodes must be an integer >= 0, got {current_nodes!r}")
-        if not _is_real(now) or not math.isfinite(float(now)):
-            raise ValueError(f"now must be a finite number of seconds, got {now!r}")
+        current_nodes = validation.integer("current_nodes", current_nodes, 0)
+        now = validation.number("now", now, what="a finite number of seconds")
         start = min(max(int(current_nodes), self.min_nodes), self.max_nodes)
         utilities: Dict[int, float] = {}
         idle: Dict[int, int] = {}

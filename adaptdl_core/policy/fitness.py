@@ -24,7 +24,9 @@ from typing import Any, Sequence, Tuple
 
 import numpy as np
 
-from .records import JobInfo, _is_real
+from adaptdl_core import validation
+
+from .records import JobInfo
 
 __all__ = [
     "restart_penalty",
@@ -75,10 +77,8 @@ def power_mean(values: Sequence[float], p: float) -> float:
 
 
 def _check_p(p: Any) -> float:
-    if not _is_real(p) or not math.isfinite(float(p)):
-        raise ValueError(f"p must be a finite number (e.g. -1 fair, 0 geometric, 1 utilitarian), "
-                         f"got {p!r}")
-    return float(p)
+    return validation.number(
+        "p", p, what="a finite number (e.g. -1 fair, 0 geometric, 1 utilitarian)")
 
 
 def _cost_terms(s: np.ndarray, p: float) -> Tuple[np.ndarray, np.ndarray]:

@@ -16,8 +16,10 @@ from typing import Dict, Hashable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from adaptdl_core import validation
+
 from .fitness import _cost_one, _KEEP_BONUS, _check_p, _cost_terms, restart_penalty
-from .records import JobInfo, NodeInfo, _is_real
+from .records import JobInfo, NodeInfo
 
 # Tolerance when flooring capacity / request ratios (float resources such as 0.5 CPU).
 _FIT_EPS = 1e-9
@@ -48,9 +50,7 @@ class _Problem:
         self.p = _check_p(p)
         if now is None:
             now = time.time()
-        if not _is_real(now) or not math.isfinite(float(now)):
-            raise ValueError(f"now must be a finite number of seconds or None, got {now!r}")
-        self.now = float(now)
+        self.now = validation.number("now", now, what="a finite number of seconds or None")
 
         # Jobs in age order (oldest first): on exact ties the DP lets younger jobs yield.
         all_keys = list(jobs.keys())

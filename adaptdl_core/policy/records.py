@@ -16,6 +16,8 @@ from typing import Any, Callable, Dict, Hashable, List, Mapping, Optional
 
 import numpy as np
 
+from adaptdl_core import validation
+
 LOG = logging.getLogger(__name__)
 
 __all__ = [
@@ -27,9 +29,9 @@ __all__ = [
     "MAX_REPLICAS_PER_JOB",
 ]
 
-#: Restart cost (seconds) assumed when a job has not measured its own. Pollux reports
-#: 15-120 s per checkpoint-restart; a 2-worker torch trial on Ray measured 8-16 s on a small
-#: machine. 30 s sits in the middle of the measured range.
+#: Restart cost (seconds) assumed when a job has not measured its own: within the range the
+#: Pollux paper reports for a checkpoint-restart. ``benchmarks/resize_cost.py`` measures what
+#: one costs a torch trial on Ray on the machine at hand.
 DEFAULT_RESTART_COST_S = 30.0
 
 #: Most replicas a job is given when neither its ``max_replicas`` nor its speedup function
@@ -39,8 +41,8 @@ UNBOUNDED_REPLICA_CAP = 4096
 
 #: Most replicas the allocator gives one job, whatever its ``max_replicas`` and the nodes'
 #: capacity: an allocation lists one node key per replica and the allocator's work grows
-#: with the replica counts it considers (a round for one job at this bound takes about half
-#: a second). A larger ``max_replicas`` is lowered to it with a warning; a larger
+#: with the replica counts it considers (``benchmarks/policy_bounds.py`` times a round for
+#: one job at this bound). A larger ``max_replicas`` is lowered to it with a warning; a larger
 #: ``min_replicas`` is refused.
 MAX_REPLICAS_PER_JOB = 16384
 
@@ -69,10 +71,7 @@ def _check_resources(owner: str, resources: Any, need_positive: bool) -> Dict[st
         if not isinstance(name, str) or not name:
             raise ValueError(f"{owner}.resources: resource names must be non-empty strings, "
                              f"got {name!r}")
-        if not _is_real(amount) or not math.isfinite(float(amount)) or float(amount) < 0:
-            raise ValueError(f"{owner}.resources[{name!r}] must be a finite number >= 0, "
-                             f"got {amount!r}")
-        out[name] = float(amount)
+        out[name] = validation.number(f"{owner}.resources[{name!r}]", amount, 0.0)
     if need_positive and not any(v > 0 for v in out.values()):
         raise ValueError(f"{owner}.resources must request a positive amount of at least one "
                          f"resource, got {dict(resources)!r}")
@@ -124,21 +123,15 @@ class JobInfo:
         if not callable(self.speedup_fn):
             raise ValueError("JobInfo.speedup_fn must be callable(num_nodes, num_replicas), "
                              f"got {type(self.speedup_fn).__name__}")
-        if not _is_real(self.creation_timestamp) or not math.isfinite(
-                float(self.creation_timestamp)):
-            raise ValueError("JobInfo.creation_timestamp must be a finite number of seconds, "
-                             f"got {self.creation_timestamp!r}")
-        self.creation_timestamp = float(self.creation_timestamp)
-        if not _is_int(self.min_replicas) or not 0 <= self.min_replicas <= MAX_REPLICAS_PER_JOB:
-            raise ValueError(f"JobInfo.min_replicas must be an integer in [0, "
-                             f"{MAX_REPLICAS_PER_JOB}] (MAX_REPLICAS_PER_JOB), "
-                             f"got {self.min_replicas!r}")
-        self.min_replicas = int(self.min_replicas)
+        self.creation_timestamp = validation.number(
+            "JobInfo.creation_timestamp", self.creation_timestamp,
+            what="a finite number of seconds")
+        # (The bound is MAX_REPLICAS_PER_JOB: the range in the message shows it.)
+        self.min_replicas = validation.integer("JobInfo.min_replicas", self.min_replicas, 0,
+                                               MAX_REPLICAS_PER_JOB)
         if self.max_replicas is not None:
-            if not _is_int(self.max_replicas) or self.max_replicas < 0:
-                raise ValueError(f"JobInfo.max_replicas must be None or an integer >= 0, "
-                                 f"got {self.max_replicas!r}")
-            self.max_replicas = int(self.max_replicas)
+            self.max_replicas = validation.integer("JobInfo.max_replicas", self.max_replicas, 0,
+                                                   what="None or an integer")
             if self.max_replicas > MAX_REPLICAS_PER_JOB:
                 # Once per distinct value: a scheduler rebuilds its JobInfos every round.
                 if self.max_replicas not in _WARNED_MAX_REPLICAS and \
@@ -154,10 +147,7 @@ class JobInfo:
         if not isinstance(self.preemptible, (bool, np.bool_)):
             raise ValueError(f"JobInfo.preemptible must be a bool, got {self.preemptible!r}")
         self.preemptible = bool(self.preemptible)
-        if not _is_int(self.num_restarts) or self.num_restarts < 0:
-            raise ValueError(f"JobInfo.num_restarts must be an integer >= 0, "
-                             f"got {self.num_restarts!r}")
-        self.num_restarts = int(self.num_restarts)
+        self.num_restarts = validation.integer("JobInfo.num_restarts", self.num_restarts, 0)
         if self.restart_cost_s is None:
             self.restart_cost_s = DEFAULT_RESTART_COST_S
         if not _is_real(self.restart_cost_s) or not math.isfinite(

@@ -26,6 +26,8 @@ from typing import Any, Optional, Protocol, Tuple, Union
 
 import numpy as np
 
+from adaptdl_core import validation
+
 from .records import MAX_REPLICAS_PER_JOB
 
 # Node counts the dense cache of a SpeedupFunction covers (with collapse_nodes only 1 and
@@ -128,9 +130,7 @@ class SpeedupFunction:
         if not callable(getattr(goodput_fn, "optimize", None)):
             raise ValueError("goodput_fn must have an optimize(num_nodes, num_replicas, ...) "
                              f"method, got {type(goodput_fn).__name__}")
-        if (isinstance(base_replicas, bool) or not isinstance(base_replicas, (int, np.integer))
-                or base_replicas < 1):
-            raise ValueError(f"base_replicas must be an integer >= 1, got {base_replicas!r}")
+        base_replicas = validation.integer("base_replicas", base_replicas, 1)
         if collapse_nodes is None:
             collapse_nodes = _is_pollux_model(goodput_fn)
         # The Pollux throughput model only distinguishes N == 1 from N > 1, so every N >= 2
@@ -262,12 +262,7 @@ class LinearSpeedup:
     """
 
     def __init__(self, max_profiled_replicas: int) -> None:
-        if (isinstance(max_profiled_replicas, bool)
-                or not isinstance(max_profiled_replicas, (int, np.integer))
-                or max_profiled_replicas < 0):
-            raise ValueError("max_profiled_replicas must be an integer >= 0, got "
-                             f"{max_profiled_replicas!r}")
-        self._max_profiled = int(max_profiled_replicas)
+        self._max_profiled = validation.integer("max_profiled_replicas", max_profiled_replicas, 0)
         self._cap = max(2 * self._max_profiled, 1)
 
     @property

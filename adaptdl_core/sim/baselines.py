@@ -26,6 +26,8 @@ from __future__ import annotations
 import math
 from typing import Dict, List, Mapping, Sequence
 
+from adaptdl_core import validation
+
 from .job_model import SimJob
 
 __all__ = ["TiresiasPolicy", "OptimusPolicy", "pack", "packed_placement"]
@@ -79,9 +81,8 @@ class TiresiasPolicy:
     name = "tiresias"
 
     def __init__(self, queue_threshold_gpu_s: float = 16 * 3600.0) -> None:
-        if not queue_threshold_gpu_s > 0:
-            raise ValueError(f"queue_threshold_gpu_s must be > 0, got {queue_threshold_gpu_s}")
-        self.threshold = float(queue_threshold_gpu_s)
+        self.threshold = validation.number("queue_threshold_gpu_s", queue_threshold_gpu_s, 0.0,
+                                           low_open=True, what="a finite number of GPU-seconds")
         self._queues: List[List[str]] = [[], []]
         self._running: Dict[str, bool] = {}
         self._executed: Dict[str, int] = {}

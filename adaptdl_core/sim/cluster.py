@@ -353,7 +353,6 @@ def _simulate(workload, policy, *, traces, interval, restart_s, nodes, gpus_per_
     decision_times: List[float] = []
     tl: List[dict] = []
     now = 0.0
-    pending = sorted(jobs, key=lambda j: j.submission_time)
     while not all(j.done for j in jobs):
         if max_time is not None and now >= max_time:
             break
@@ -390,7 +389,6 @@ def _simulate(workload, policy, *, traces, interval, restart_s, nodes, gpus_per_
             logger.info("t=%.0f s: %d active, %d/%d done, last decision %.0f ms, wall %.0f s",
                         now, len(active), sum(j.done for j in jobs), len(jobs),
                         decision_times[-1] * 1e3, time.perf_counter() - t_wall)
-    del pending
     jcts = {j.name: j.completion_time - j.submission_time for j in jobs if j.done}
     vals = np.array(list(jcts.values())) if jcts else np.array([0.0])
     first = min(j.submission_time for j in jobs)

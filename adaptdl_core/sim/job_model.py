@@ -34,6 +34,8 @@ from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
+from adaptdl_core import validation
+
 from ..goodput import GoodputFunction, PerfParams, fit_perf_params
 from ..sched_hints import SchedHints
 
@@ -160,7 +162,7 @@ class Application:
             self._by_placement[key] = (self._pl_bsz[sel], self._pl_step[sel],
                                        self._pl_sync[sel])
         self._sc = _read_csv(trace_dir / "scalability.csv")
-        self._nd_interp = None  # built on first use (scipy Delaunay: ~10 ms)
+        self._nd_interp = None  # built on first use (a scipy Delaunay triangulation)
 
         self.init_batch_size = int(self.batch_sizes[0])
         self.max_batch_size = int(self.batch_sizes[-1])
@@ -361,11 +363,8 @@ class SimJob:
                  target_batch_size: Optional[int] = None,
                  target_num_replicas: Optional[int] = None, restart_s: float = 30.0,
                  min_batch_improvement: float = 0.0) -> None:
-        if submission_time < 0 or not math.isfinite(submission_time):
-            raise ValueError(f"submission_time must be a finite number >= 0, got "
-                             f"{submission_time!r}")
-        if restart_s < 0:
-            raise ValueError(f"restart_s must be >= 0, got {restart_s!r}")
+        validation.number("submission_time", submission_time, 0.0)
+        validation.number("restart_s", restart_s, 0.0, what="a finite number of seconds")
         if target_batch_size is not None and not (
                 app.init_batch_size <= target_batch_size <= app.max_batch_size):
             raise ValueError(f"target_batch_size of {name} must be within "

@@ -50,6 +50,8 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from adaptdl_core import validation
+
 from .baselines import pack
 from .cluster import MIN_INTERVAL_S
 from .job_model import TRACES_DIR, Application, SimJob, fixed_batch_config
@@ -88,17 +90,10 @@ class AshaRule:
     """
 
     def __init__(self, max_t: int, grace_period: int = 1, reduction_factor: float = 4) -> None:
-        if isinstance(max_t, bool) or not isinstance(max_t, int) or max_t < 1:
-            raise ValueError(f"max_t must be an integer number of epochs >= 1, got {max_t!r}")
-        if isinstance(grace_period, bool) or not isinstance(grace_period, int) \
-                or not 1 <= grace_period <= max_t:
-            raise ValueError(f"grace_period must be an integer in [1, max_t={max_t}], got "
-                             f"{grace_period!r}")
-        if not (isinstance(reduction_factor, (int, float)) and reduction_factor > 1):
-            raise ValueError(f"reduction_factor must be a number > 1, got {reduction_factor!r}")
-        self.max_t = max_t
-        self.grace_period = grace_period
-        self.reduction_factor = float(reduction_factor)
+        self.max_t = validation.integer("max_t", max_t, 1, what="an integer number of epochs")
+        self.grace_period = validation.integer("grace_period", grace_period, 1, self.max_t)
+        self.reduction_factor = validation.number("reduction_factor", reduction_factor, 1.0,
+                                                  low_open=True)
         count = int(math.log(max_t / grace_period) / math.log(self.reduction_factor) + 1)
         #: Rung milestones in epochs, ascending.
         self.rungs: Tuple[int, ...] = tuple(
@@ -125,8 +120,7 @@ class AshaRule:
             ValueError: ``epoch`` < 1 or a non-finite metric."""
         if epoch < 1:
             raise ValueError(f"epoch must be >= 1, got {epoch}")
-        if not math.isfinite(metric):
-            raise ValueError(f"metric must be a finite number, got {metric!r}")
+        metric = validation.number("metric", metric)
         if epoch >= self.max_t:
             return True
         for rung in reversed(self.rungs):
@@ -168,11 +162,9 @@ class QualityModel:
         ref = np.asarray(reference, dtype=float)
         if ref.ndim != 1 or ref.size == 0:
             raise ValueError("reference must be a non-empty list of per-epoch metrics")
-        if trials < 1:
-            raise ValueError(f"trials must be >= 1, got {trials}")
-        if offset_sd < 0 or noise_sd < 0:
-            raise ValueError(f"offset_sd and noise_sd must be >= 0, got {offset_sd}, "
-                             f"{noise_sd}")
+        trials = validation.integer("trials", trials, 1)
+        offset_sd = validation.number("offset_sd", offset_sd, 0.0)
+        noise_sd = validation.number("noise_sd", noise_sd, 0.0)
         rng = np.random.default_rng(seed)
         self.reference = ref
         #: Per-trial offsets (<= 0), index = trial number.
@@ -246,19 +238,6 @@ def _counts(nodes: Sequence[int]) -> Tuple[int, ...]:
     return tuple(out[n] for n in sorted(out))
 
 
-def _check_int(name: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
-
-
-def _check_pos(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) \
-            or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-    return float(value)
-
-
 def simulate_arm(arm: str, *, trials: int = 100, concurrent: int = 4, nodes: int = 4,
                  gpus_per_node: int = 4, epochs: Optional[int] = None, seed: int = 0,
                  restart_s: float = 30.0, interval: float = 60.0, tick_s: float = 5.0,
@@ -307,20 +286,18 @@ def simulate_arm(arm: str, *, trials: int = 100, concurrent: int = 4, nodes: int
     """
     if arm not in ARMS:
         raise ValueError(f"arm must be one of {', '.join(ARMS)}, got {arm!r}")
-    trials = _check_int("trials", trials, 1)
-    concurrent = _check_int("concurrent", concurrent, 1)
-    nodes = _check_int("nodes", nodes, 1)
-    gpus_per_node = _check_int("gpus_per_node", gpus_per_node, 1)
-    gpus_per_trial = _check_int("gpus_per_trial", gpus_per_trial, 1)
-    interval = _check_pos("interval", interval)
-    tick_s = _check_pos("tick_s", tick_s)
+    trials = validation.integer("trials", trials, 1)
+    concurrent = validation.integer("concurrent", concurrent, 1)
+    nodes = validation.integer("nodes", nodes, 1)
+    gpus_per_node = validation.integer("gpus_per_node", gpus_per_node, 1)
+    gpus_per_trial = validation.integer("gpus_per_trial", gpus_per_trial, 1)
+    interval = validation.number("interval", interval, 0.0, low_open=True)
+    tick_s = validation.number("tick_s", tick_s, 0.0, low_open=True)
     for name, value in (("interval", interval), ("tick_s", tick_s)):
         if value < MIN_INTERVAL_S:  # the step count would be absurd (a run that never ends)
             raise ValueError(f"{name} must be >= {MIN_INTERVAL_S:g} s, got {value!r}: "
                              "steps shorter than a second multiply the steps to simulate")
-    if isinstance(restart_s, bool) or not isinstance(restart_s, (int, float)) \
-            or not restart_s >= 0:
-        raise ValueError(f"restart_s must be a number of seconds >= 0, got {restart_s!r}")
+    restart_s = validation.number("restart_s", restart_s, 0.0, what="a finite number of seconds")
     if gpus_per_trial > nodes * gpus_per_node:
         raise ValueError(f"gpus_per_trial ({gpus_per_trial}) exceeds the cluster's "
                          f"{nodes * gpus_per_node} GPUs: lower it or add nodes")
@@ -562,10 +539,11 @@ def makespan_bounds(*, trials: int = 100, concurrent: int = 4, nodes: int = 4,
     Raises:
         ValueError: a bad argument (named).
     """
-    trials = _check_int("trials", trials, 1)
-    concurrent = _check_int("concurrent", concurrent, 1)
-    gpus = _check_int("nodes", nodes, 1) * _check_int("gpus_per_node", gpus_per_node, 1)
-    gpus_per_trial = _check_int("gpus_per_trial", gpus_per_trial, 1)
+    trials = validation.integer("trials", trials, 1)
+    concurrent = validation.integer("concurrent", concurrent, 1)
+    gpus = validation.integer("nodes", nodes, 1) * validation.integer("gpus_per_node",
+                                                                       gpus_per_node, 1)
+    gpus_per_trial = validation.integer("gpus_per_trial", gpus_per_trial, 1)
     if gpus_per_trial > gpus:
         raise ValueError(f"gpus_per_trial ({gpus_per_trial}) exceeds the cluster's {gpus} "
                          "GPUs: lower it or add nodes")
@@ -609,7 +587,7 @@ def run_sweep(*, arms: Sequence[str] = ARMS, trials: int = 100, concurrent: int 
     bad = [a for a in arms if a not in ARMS]
     if bad or not arms:
         raise ValueError(f"arms must be a non-empty subset of {', '.join(ARMS)}, got {arms!r}")
-    trials = _check_int("trials", trials, 1)
+    trials = validation.integer("trials", trials, 1)
     base_dir = Path(kwargs.get("traces") or TRACES_DIR)
     app = Application(base_dir / APPLICATION, max_epochs=epochs)
     quality = kwargs.pop("quality", None) or QualityModel.from_traces(app, trials, seed)

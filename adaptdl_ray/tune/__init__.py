@@ -22,9 +22,6 @@ _EXPORTS = {
     "AdaptDLTrainable": "adaptdl_ray.tune.trainable",
     "WorkerFailed": "adaptdl_ray.tune.trainable",
     "is_adaptdl_trainable": "adaptdl_ray.tune.trainable",
-    "ReplicaSpec": "adaptdl_ray.tune.resources",
-    "SchedulerState": "adaptdl_ray.tune.scheduler_state",
-    "TrialRecord": "adaptdl_ray.tune.scheduler_state",
     "model_state_dict": "adaptdl_ray.tune.checkpoint_files",
     "METRIC_PREFIX": "adaptdl_ray.tune.results",
     "PROGRESS_COLUMNS": "adaptdl_ray.tune.results",
@@ -36,12 +33,16 @@ __all__ = list(_EXPORTS)
 def __getattr__(name: str) -> Any:
     """Import public name ``name`` from its module on first access (then cache it here).
 
+    An old name of a type (``ReplicaSpec``, ``SchedulerState``, ``TrialRecord``) returns
+    the type under its one name with a :class:`DeprecationWarning` (see :mod:`.renamed`).
+
     Raises:
         AttributeError: ``name`` is not a public name of this package.
     """
     module = _EXPORTS.get(name)
     if module is None:
-        raise AttributeError(f"module 'adaptdl_ray.tune' has no attribute {name!r}")
+        # (import_module: ``from adaptdl_ray.tune import renamed`` would come back here)
+        return importlib.import_module("adaptdl_ray.tune.renamed").resolve(__name__, name)
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value

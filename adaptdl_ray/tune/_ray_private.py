@@ -17,7 +17,8 @@ Ray 2.60 has no public seam for three things an AdaptDL trial needs:
 
 Everything here is checked at import: a Ray outside the tested range logs a warning, and a
 Ray whose internals moved raises :class:`ImportError` naming what is missing, rather than
-failing later inside a trial. ``tests/ray/test_ray_private.py`` exercises each seam.
+failing later inside a trial (:func:`check_ray`, tested in ``tests/ray/test_ray_private.py``);
+``tests/ray/test_trial_files_unit.py`` exercises each seam.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ import ray
 
 LOG = logging.getLogger(__name__)
 
-__all__ = ["TESTED_RAY", "StorageInfo", "install_replica_session", "clear_replica_session",
-           "trial_storage", "set_trainable_counters"]
+__all__ = ["TESTED_RAY", "StorageInfo", "check_ray", "install_replica_session",
+           "clear_replica_session", "trial_storage", "set_trainable_counters"]
 
 # The Ray versions these seams were read from and tested with ([low, high)).
 TESTED_RAY = ((2, 60), (2, 61))
@@ -45,8 +46,14 @@ def _version_tuple(version: str) -> tuple[int, int]:
         return (0, 0)
 
 
-def _check_ray() -> None:
-    """Warn outside the tested range; raise if an internal this module uses is gone."""
+def check_ray() -> None:
+    """Check the installed Ray (run at import): log a warning if its version is outside
+    :data:`TESTED_RAY`.
+
+    Raises:
+        ImportError: an internal this module uses is gone (names each one and the Ray to
+            install).
+    """
     found = _version_tuple(ray.__version__)
     if not TESTED_RAY[0] <= found < TESTED_RAY[1]:
         LOG.warning("adaptdl_ray was tested with Ray %d.%d; this is Ray %s. If AdaptDL trials "
@@ -63,7 +70,7 @@ def _check_ray() -> None:
             f"({', '.join(missing)}); install a tested Ray: pip install 'ray[tune]==2.60.*'")
 
 
-_check_ray()
+check_ray()
 
 
 # -- the replica's session ------------------------------------------------------------------

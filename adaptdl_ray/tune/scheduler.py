@@ -61,7 +61,7 @@ from adaptdl_ray.tune import checkpoint_files, control
 from adaptdl_ray.tune.interrupts import InterruptRelay, unsaved_trials
 from adaptdl_ray.tune.resources import cluster_nodes, num_replicas_of, placement_group_factory
 from adaptdl_ray.tune.results import METRIC_PREFIX
-from adaptdl_ray.tune.scheduler_state import SchedulerState
+from adaptdl_core.decision.state import CoreState
 from adaptdl_ray.tune.trainable import replica_spec_of, stop_timeout_of
 from adaptdl_ray.tune.traps import TrapWatch
 
@@ -243,7 +243,7 @@ class AdaptDLScheduler(TrialScheduler):
         return self._metric
 
     @property
-    def state(self) -> SchedulerState:
+    def state(self) -> CoreState:
         """The scheduler's records (read-only use: per-trial history, resizes and why)."""
         return self._core.state
 
@@ -696,7 +696,7 @@ class AdaptDLScheduler(TrialScheduler):
             return
         self._restored = True
         try:
-            saved = SchedulerState.load(self._state_dir)
+            saved = CoreState.load(self._state_dir)
         except (OSError, ValueError) as exc:
             LOG.warning("could not read the saved scheduler state (%s); starting afresh", exc)
             return

@@ -32,7 +32,6 @@ from __future__ import annotations
 import collections
 import inspect
 import logging
-import math
 import time
 from typing import Any, Callable, Mapping
 
@@ -40,8 +39,10 @@ import ray
 from ray import tune
 from ray.tune.result import (DONE, RESULT_DUPLICATE, SHOULD_CHECKPOINT, TIME_THIS_ITER_S)
 
+from adaptdl_core import validation
+from adaptdl_core.decision.jobs import JobSpec
 from adaptdl_ray.tune import _ray_private, checkpoint_files, control
-from adaptdl_ray.tune.resources import ReplicaSpec, num_replicas_of, placement_group_factory
+from adaptdl_ray.tune.resources import num_replicas_of, placement_group_factory
 from adaptdl_ray.tune.results import order_like, result_row
 from adaptdl_ray.tune.traps import warn_unscheduled
 from adaptdl_ray.tune.trial_progress import PendingReport, TrialProgress
@@ -83,7 +84,7 @@ class AdaptDLTrainable(tune.Trainable):
             creator."""
 
     _adaptdl_fn: Callable[..., Any] | None = None
-    adaptdl_replica_spec: ReplicaSpec | None = None
+    adaptdl_replica_spec: JobSpec | None = None
     adaptdl_stop_timeout_s: float = 120.0
     adaptdl_single_replica_in_process: bool = True
     _adaptdl_collective_timeout_s: float | None = None
@@ -500,8 +501,8 @@ def is_adaptdl_trainable(trainable_cls: Any) -> bool:
         and trainable_cls.adaptdl_replica_spec is not None
 
 
-def replica_spec_of(trainable_cls: Any) -> ReplicaSpec:
-    """The :class:`ReplicaSpec` of an AdaptDL trainable.
+def replica_spec_of(trainable_cls: Any) -> JobSpec:
+    """The :class:`JobSpec` of an AdaptDL trainable.
 
     Raises:
         TypeError: if ``trainable_cls`` was not made by :func:`AdaptDLTrainableCreator`
@@ -538,9 +539,7 @@ def _check_seconds(name: str, value: Any, *, optional: bool = False) -> None:
     """A finite number of seconds > 0 (or ``None`` where ``optional``)."""
     if optional and value is None:
         return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-            not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
+    validation.number(name, value, 0.0, low_open=True, what="a finite number of seconds")
 
 
 def _custom_resources(extra: Any, num_cpus: Any, num_gpus: Any) -> dict[str, float]:
@@ -565,11 +564,7 @@ def _custom_resources(extra: Any, num_cpus: Any, num_gpus: Any) -> dict[str, flo
         if not isinstance(key, str) or not key:
             raise ValueError(f"resources_per_worker: resource names must be non-empty "
                              f"strings, got {key!r}")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-                not math.isfinite(value) or value < 0:
-            raise ValueError(f"resources_per_worker[{key!r}] must be a finite number >= 0, "
-                             f"got {value!r}")
-        out[key] = float(value)
+        out[key] = validation.number(f"resources_per_worker[{key!r}]", value, 0.0)
     return out
 
 
@@ -633,9 +628,7 @@ def AdaptDLTrainableCreator(train_fn: Callable[..., Any], *,  # noqa: N802 (Adap
         pass  # builtins without a signature: let them fail at run time
     for arg, value in (("num_cpus_per_worker", num_cpus_per_worker),
                        ("num_gpus_per_worker", num_gpus_per_worker)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-                not math.isfinite(value) or value < 0:
-            raise ValueError(f"{arg} must be a finite number >= 0, got {value!r}")
+        validation.number(arg, value, 0.0)
     _check_seconds("stop_timeout_s", stop_timeout_s)
     _check_seconds("collective_timeout_s", collective_timeout_s, optional=True)
     if not isinstance(single_replica_in_process, bool):
@@ -646,7 +639,7 @@ def AdaptDLTrainableCreator(train_fn: Callable[..., Any], *,  # noqa: N802 (Adap
     resources = {"CPU": float(num_cpus_per_worker), "GPU": float(num_gpus_per_worker)}
     resources.update(_custom_resources(resources_per_worker, num_cpus_per_worker,
                                        num_gpus_per_worker))
-    spec = ReplicaSpec(resources, min_replicas=min_replicas, max_replicas=max_replicas)
+    spec = JobSpec(resources, min_replicas=min_replicas, max_replicas=max_replicas)
     cls_name = name or f"AdaptDL_{getattr(train_fn, '__name__', 'trainable')}"
     return type(cls_name, (AdaptDLTrainable,), {
         "_adaptdl_fn": staticmethod(train_fn),

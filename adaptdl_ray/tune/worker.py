@@ -144,7 +144,9 @@ class ReplicaWorker:
                 ``node_rank`` for ``tune.get_context()``.
 
         Returns:
-            ``{"status": "finished" | "checkpointed" | "error", "traceback": str | None}``.
+            ``{"status": "finished" | "checkpointed" | "error", "traceback": str | None}``;
+            an error adds the exception's types and time (see
+            :func:`adaptdl_ray.tune.failures.exception_record`).
             A function that returns normally is checkpointed once more at its end (every
             replica takes part), so the final state can be handed to Tune.
         """
@@ -184,8 +186,10 @@ class ReplicaWorker:
             checkpoint.save_all_states()
         except CheckpointExit:
             outcome["status"] = "checkpointed"
-        except BaseException:  # noqa: BLE001 - report any failure to the trial
-            outcome = {"status": "error", "traceback": traceback.format_exc()}
+        except BaseException as exc:  # noqa: BLE001 - report any failure to the trial
+            from adaptdl_ray.tune.failures import exception_record
+            outcome = {"status": "error", "traceback": traceback.format_exc(),
+                       **exception_record(exc, time.time())}
             LOG.error("replica %d failed:\n%s", self.rank, outcome["traceback"])
         finally:
             self._running = False

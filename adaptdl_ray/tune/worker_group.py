@@ -23,6 +23,7 @@ import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from adaptdl_core.launch import replica_env
+from adaptdl_ray.tune.failures import ReplicaFailure, failure_message, first_in_cause
 from adaptdl_ray.tune.worker import ReplicaWorker
 
 LOG = logging.getLogger(__name__)
@@ -33,19 +34,23 @@ __all__ = ["WorkerGroup", "InProcessReplica", "WorkerFailed", "first_line_of"]
 _ACTOR_CONCURRENCY = 4
 # After one replica failed, how long to wait for the others' outcomes to tell the cause.
 _SETTLE_S = 2.0
-# Errors a replica gets because another one failed (a collective lost its peer).
-_SECONDARY_ERRORS = ("Connection reset by peer", "Connection closed by peer", "Broken pipe",
-                     "CollectiveError", "DistStoreError", "DistNetworkError",
-                     "gloo/transport", "Connection refused", "timed out")
-
-
-def _looks_secondary(text: str) -> bool:
-    """Whether a replica's traceback looks like the echo of another replica's failure."""
-    return any(marker in text for marker in _SECONDARY_ERRORS)
 
 
 class WorkerFailed(RuntimeError):
-    """A replica of the trial failed; the message carries its traceback."""
+    """A replica of the trial failed; the message carries its traceback.
+
+    Attributes:
+        failure: the replica's failure that caused the others (which replica, node,
+            exception types; see :class:`~adaptdl_ray.tune.failures.ReplicaFailure`), or
+            ``None`` if the replica's worker itself broke.
+        others: the ranks of the replicas that failed after it.
+    """
+
+    def __init__(self, message: str, failure: ReplicaFailure | None = None,
+                 others: list[int] | None = None) -> None:
+        super().__init__(message)
+        self.failure = failure
+        self.others = list(others or [])
 
 
 def _job_env(rank: int, num_replicas: int, master_addr: str, master_port: int, num_nodes: int,
@@ -237,35 +242,33 @@ class WorkerGroup:
         """Raise :class:`WorkerFailed` if the replica behind ``ref`` failed.
 
         One replica's failure makes the others fail too (a collective loses its peer), so
-        the error names the replica that failed first in cause: one that died, else one
-        whose error is not a lost connection, waiting up to ``_SETTLE_S`` for the others.
+        the error names the replica that failed first in cause (see
+        :func:`~adaptdl_ray.tune.failures.first_in_cause`), waiting up to ``_SETTLE_S`` for
+        the others' outcomes.
         """
-        if self._failure(ref) is None:
+        if self._failure(self._runs.index(ref)) is None:
             return
         ray.wait(self._runs, num_returns=len(self._runs), timeout=_SETTLE_S)
-        failures = [(rank, f) for rank, f in enumerate(map(self._failure, self._runs))
-                    if f is not None]
-        rank, (died, text) = min(failures, key=lambda rf: (not rf[1][0],
-                                                          _looks_secondary(rf[1][1]), rf[0]))
-        others = [r for r, _ in failures if r != rank]
-        also = f" (replicas {others} failed after it)" if others else ""
-        where = self.describe(rank)
-        if died:
-            raise WorkerFailed(f"{where} died{also}: {text}")
-        raise WorkerFailed(f"{where} failed{also}:\n{text}")
+        failures = [f for f in map(self._failure, range(len(self._runs))) if f is not None]
+        cause = first_in_cause(failures)
+        others = [f.rank for f in failures if f.rank != cause.rank]
+        raise WorkerFailed(failure_message(cause, self.describe(cause.rank), others),
+                           cause, others)
 
-    def _failure(self, ref: ray.ObjectRef) -> tuple[bool, str] | None:
-        """``(died, message)`` if the replica behind a finished ``ref`` failed, else None."""
+    def _failure(self, rank: int) -> ReplicaFailure | None:
+        """Replica ``rank``'s failure if its function has ended and failed, else None."""
+        ref = self._runs[rank]
         done, _ = ray.wait([ref], timeout=0)
         if not done:
             return None
+        node = self.node_ips[rank]
         try:
             outcome = ray.get(ref)
         except ray.exceptions.RayActorError as exc:
-            return True, first_line_of(exc)
-        if outcome["status"] == "error":
-            return False, outcome["traceback"]
-        return None
+            return ReplicaFailure(rank, node, died=True, text=first_line_of(exc))
+        if outcome["status"] != "error":
+            return None
+        return ReplicaFailure.from_outcome(rank, node, outcome)
 
     def stop(self, timeout_s: float) -> list[dict]:
         """Ask every replica to checkpoint at the next batch boundary, wait for all to end.
@@ -459,7 +462,8 @@ class InProcessReplica:
         except Exception as exc:  # noqa: BLE001 - the worker itself broke (e.g. unpacking)
             raise WorkerFailed(f"{where} failed: {type(exc).__name__}: {exc}") from exc
         if outcome["status"] == "error":
-            raise WorkerFailed(f"{where} failed:\n{outcome['traceback']}")
+            failure = ReplicaFailure.from_outcome(0, self.node_ip, outcome)
+            raise WorkerFailed(failure_message(failure, where, []), failure)
         return outcome
 
     def finished(self, wait_s: float = 0.0) -> list[dict] | None:

@@ -2,7 +2,6 @@
 problem with analytically known |G|^2 and tr(Sigma), EMA details, the |G|^2 floor, gain,
 state round trips and the Adam preconditioning helpers."""
 
-import importlib
 import io
 import json
 import math
@@ -10,6 +9,7 @@ import math
 import pytest
 import torch
 
+from adaptdl_core import goodput
 from adaptdl_core.torch.gradient_noise_scale import (GradientNoiseScale, adam_preconditioner,
                                                      is_adam_family,
                                                      preconditioned_sqr_norm)
@@ -246,15 +246,10 @@ def test_progress_accumulates_gain():
 
 
 def test_grad_params():
-    try:
-        goodput = importlib.import_module("adaptdl_core.goodput")
-        GradParams = goodput.GradParams
-    except (ImportError, AttributeError) as exc:
-        pytest.skip(f"adaptdl_core.goodput.GradParams not available yet: {exc}")
     gns = GradientNoiseScale(M0)
     gns.update(5.0, 2.0, 2, 64)
     params = gns.grad_params()
-    assert isinstance(params, GradParams)
+    assert isinstance(params, goodput.GradParams)
     assert params == (gns.sqr_avg(), gns.var_avg())
     # consistent with the goodput model's efficiency
     fn = goodput.GoodputFunction([0.1, 0.01, 0, 0, 0, 0, 1], params, M0)

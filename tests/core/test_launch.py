@@ -108,7 +108,7 @@ def test_job_status_and_env():
     assert env == {"ADAPTDL_MASTER_ADDR": "127.0.0.1", "ADAPTDL_MASTER_PORT": "4321",
                    "ADAPTDL_REPLICA_RANK": "1", "ADAPTDL_NUM_REPLICAS": "3",
                    "ADAPTDL_NUM_RESTARTS": "2", "ADAPTDL_CHECKPOINT_PATH": "/x"}
-    with pytest.raises(ValueError, match="rank=3"):
+    with pytest.raises(ValueError, match=r"rank must be an integer in \[0, 2\], got 3"):
         launch.replica_env(3, 3, 1)
     with pytest.raises(ValueError, match="num_replicas"):
         launch.start_replicas([sys.executable, "-c", "pass"], 0)

@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 
+from adaptdl_core import goodput
 from adaptdl_core.policy import (
     DEFAULT_RESTART_COST_S,
     JobInfo,
@@ -656,9 +657,6 @@ def test_optimize_argument_validation():
 
 # ---------------------------------------------------------------------------------------
 # Integration with the real goodput model.
-
-goodput = pytest.importorskip("adaptdl_core.goodput")
-
 
 def test_with_real_goodput_functions():
     from adaptdl_core.policy import SpeedupFunction

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from adaptdl_core import goodput
 from adaptdl_core.policy import LinearSpeedup, SpeedupFunction
 
 
@@ -154,9 +155,6 @@ def test_linear_prior():
             LinearSpeedup(bad)
     with pytest.raises(ValueError, match="num_replicas"):
         prior(1, -2)
-
-
-goodput = pytest.importorskip("adaptdl_core.goodput")
 
 
 @pytest.mark.parametrize("seed", range(4))

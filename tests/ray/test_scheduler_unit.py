@@ -13,10 +13,10 @@ from ray.tune.schedulers import FIFOScheduler, TrialScheduler  # noqa: E402
 from adaptdl_core.policy import NodeInfo, ResizeVerdict, resize_verdict  # noqa: E402
 from tests.decision.stubs import CountingPolicy  # noqa: E402
 from adaptdl_ray.tune import AdaptDLScheduler, AdaptDLTrainableCreator  # noqa: E402
-from adaptdl_core.decision import job_info, speedup_from_hints  # noqa: E402
+from adaptdl_core.decision import CoreState, job_info, speedup_from_hints  # noqa: E402
 from adaptdl_ray.tune.resources import (ReplicaSpec, num_replicas_of,  # noqa: E402
                                         placement_group_factory)
-from adaptdl_ray.tune.scheduler_state import STATE_FILE, SchedulerState  # noqa: E402
+from adaptdl_ray.tune.scheduler_state import STATE_FILE  # noqa: E402
 
 
 def train_fn(config):
@@ -411,12 +411,12 @@ def test_state_survives_a_new_scheduler_instance(tmp_path, clock):
 
 
 def test_state_file_round_trip_and_bad_json(tmp_path):
-    state = SchedulerState()
+    state = CoreState()
     state.save(str(tmp_path))
-    assert SchedulerState.load(str(tmp_path)).trials == {}
+    assert CoreState.load(str(tmp_path)).trials == {}
     (tmp_path / STATE_FILE).write_text("{not json")
     with pytest.raises(ValueError):
-        SchedulerState.load(str(tmp_path))
+        CoreState.load(str(tmp_path))
 
 
 # -- no resize that cannot pay ----------------------------------------------------------
@@ -622,7 +622,7 @@ def test_a_hook_never_waits_for_the_disk(tmp_path):
         release.set()
         state_module.write_atomic = real
     assert sched.flush_state(timeout=10)
-    assert SchedulerState.load(str(tmp_path)).trials["a"].restarts == 1
+    assert CoreState.load(str(tmp_path)).trials["a"].restarts == 1
 
 
 def test_a_hook_stops_waiting_for_solves_once_they_are_slower_than_the_wait(clock):
