@@ -763,25 +763,25 @@ class DecisionCore:
         current, target = record.current, record.target
         if not current:
             if target:
-                return Decision(job_id, "start", target, tuple(record.nodes),
+                return Decision(job_id, Action.START, target, tuple(record.nodes),
                                 "the policy gives it replicas", None,
                                 self.resize_cost(job_id), target)
             reason = "the cluster cannot hold its minimum size" if job_id in self._unfit \
                 else "no room for it now"
-            return Decision(job_id, "wait", 0, (), reason, None, None, 0)
+            return Decision(job_id, Action.WAIT, 0, (), reason, None, None, 0)
         if target == current:
-            return Decision(job_id, "keep", current, tuple(record.placed), "no change",
+            return Decision(job_id, Action.KEEP, current, tuple(record.placed), "no change",
                             None, None, target)
         verdict = self._verdict(job_id, record)
         cost = self.resize_cost(job_id, target)
         if verdict.pays:
-            return Decision(job_id, "resize", target, tuple(record.nodes), verdict.reason,
+            return Decision(job_id, Action.RESIZE, target, tuple(record.nodes), verdict.reason,
                             verdict.saved_s, cost, target)
         if log and record.last_veto != verdict.reason:
             LOG.info("job %s: keeping %d replicas instead of %d: %s", job_id, current, target,
                      verdict.reason)
             record.last_veto = verdict.reason
-        return Decision(job_id, "hold", current, tuple(record.placed), verdict.reason,
+        return Decision(job_id, Action.HOLD, current, tuple(record.placed), verdict.reason,
                         verdict.saved_s, cost, target)
 
     def _verdict(self, job_id: Hashable, record: JobRecord) -> ResizeVerdict:

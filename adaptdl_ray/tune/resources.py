@@ -15,13 +15,16 @@ from ray.tune.execution.placement_groups import PlacementGroupFactory
 from adaptdl_core.decision.jobs import JobSpec, cluster_capacity, replicas_fitting
 from adaptdl_core.policy import NodeInfo
 
-__all__ = ["ReplicaSpec", "ReplicaRequest", "placement_group_factory", "num_replicas_of",
+__all__ = ["ReplicaRequest", "placement_group_factory", "num_replicas_of",
            "cluster_nodes", "cluster_capacity", "replicas_fitting"]
 
 
-#: How one trial may be shaped: the decision core's :class:`JobSpec` (resources per
-#: replica, ``min_replicas``, ``max_replicas``), under the name the trainable uses.
-ReplicaSpec = JobSpec
+def __getattr__(name: str) -> Any:
+    """``ReplicaSpec``, the old name of :class:`~adaptdl_core.decision.JobSpec`, with a
+    DeprecationWarning (see :mod:`adaptdl_ray.tune.renamed`)."""
+    from adaptdl_ray.tune import renamed
+
+    return renamed.resolve(__name__, name)
 
 
 class ReplicaRequest(PlacementGroupFactory):
@@ -43,7 +46,7 @@ class ReplicaRequest(PlacementGroupFactory):
                 "not apply to AdaptDL trainables)")
 
 
-def placement_group_factory(spec: ReplicaSpec, num_replicas: int) -> PlacementGroupFactory:
+def placement_group_factory(spec: JobSpec, num_replicas: int) -> PlacementGroupFactory:
     """The placement group request of a trial with ``num_replicas`` replicas."""
     if num_replicas < 1:
         raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")

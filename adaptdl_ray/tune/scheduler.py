@@ -53,15 +53,15 @@ import ray
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
-from adaptdl_core.decision import (DecisionCore, JobProgress, SolveRequest, StateWriter,
-                                   cluster_capacity, estimate_remaining_s, job_info)
+from adaptdl_core.decision import (CoreState, DecisionCore, JobProgress, SolveRequest,
+                                   StateWriter, cluster_capacity, estimate_remaining_s,
+                                   job_info)
 from adaptdl_core.decision.resize_cost import describe_resize
 from adaptdl_core.policy import NodeInfo, PolluxPolicy, policy_by_name, resize_verdict
 from adaptdl_ray.tune import checkpoint_files, control
 from adaptdl_ray.tune.interrupts import InterruptRelay, unsaved_trials
 from adaptdl_ray.tune.resources import cluster_nodes, num_replicas_of, placement_group_factory
 from adaptdl_ray.tune.results import METRIC_PREFIX
-from adaptdl_core.decision.state import CoreState
 from adaptdl_ray.tune.trainable import replica_spec_of, stop_timeout_of
 from adaptdl_ray.tune.traps import TrapWatch
 

@@ -13,8 +13,8 @@ from ray.tune.schedulers import FIFOScheduler, TrialScheduler  # noqa: E402
 from adaptdl_core.policy import NodeInfo, ResizeVerdict, resize_verdict  # noqa: E402
 from tests.decision.stubs import CountingPolicy  # noqa: E402
 from adaptdl_ray.tune import AdaptDLScheduler, AdaptDLTrainableCreator  # noqa: E402
-from adaptdl_core.decision import CoreState, job_info, speedup_from_hints  # noqa: E402
-from adaptdl_ray.tune.resources import (ReplicaSpec, num_replicas_of,  # noqa: E402
+from adaptdl_core.decision import CoreState, JobSpec, job_info, speedup_from_hints  # noqa: E402
+from adaptdl_ray.tune.resources import (num_replicas_of,  # noqa: E402
                                         placement_group_factory)
 from adaptdl_ray.tune.scheduler_state import STATE_FILE  # noqa: E402
 
@@ -159,7 +159,7 @@ def test_new_trials_stay_pending_so_tune_and_searchers_count_them():
 def test_a_retried_trial_is_added_again_and_keeps_a_size_that_fits():
     sched = AdaptDLScheduler(solve_wait_s=None, nodes_fn=cluster(4), allocation_interval_s=3600)
     tc, a = start_trial(sched, "a")
-    big = placement_group_factory(ReplicaSpec({"CPU": 1}), 3)
+    big = placement_group_factory(JobSpec({"CPU": 1}), 3)
     a.placement_group_factory = big
     # What Tune does on a failure with retries left: on_trial_error, PENDING, on_trial_add.
     sched.on_trial_error(tc, a)
@@ -167,7 +167,7 @@ def test_a_retried_trial_is_added_again_and_keeps_a_size_that_fits():
     sched.on_trial_add(tc, a)
     assert a.status == Trial.PENDING and a.replicas == 3
     # A request the cluster could never hold again (a node was lost) restarts small.
-    a.placement_group_factory = placement_group_factory(ReplicaSpec({"CPU": 1}), 6)
+    a.placement_group_factory = placement_group_factory(JobSpec({"CPU": 1}), 6)
     sched.on_trial_error(tc, a)
     sched.on_trial_add(tc, a)
     assert a.replicas == 4
@@ -285,7 +285,7 @@ def test_growth_waits_until_the_room_is_free():
     tc, a = start_trial(sched, "a")
     b = StubTrial("b")
     b.status = Trial.RUNNING
-    b.placement_group_factory = placement_group_factory(ReplicaSpec({"CPU": 1}), 3)
+    b.placement_group_factory = placement_group_factory(JobSpec({"CPU": 1}), 3)
     tc.trials.append(b)  # a trial holding 3 CPUs that the scheduler wants to shrink
     sched.state.trials["a"].target = 3
     assert sched.on_trial_result(tc, a, LONG) == TrialScheduler.CONTINUE  # no room yet
@@ -298,7 +298,7 @@ def test_a_resized_trial_is_not_resumed_by_the_base_scheduler_before_it_fits():
     tc, a = start_trial(sched, "a")
     b = StubTrial("b")
     b.status = Trial.RUNNING
-    b.placement_group_factory = placement_group_factory(ReplicaSpec({"CPU": 1}), 3)
+    b.placement_group_factory = placement_group_factory(JobSpec({"CPU": 1}), 3)
     tc.trials.append(b)
     sched.state.trials["a"].target = 4  # paused to grow to 4 while b still holds 3 CPUs
     sched._enqueue("a")
@@ -581,7 +581,7 @@ def test_hints_with_a_fitted_model_give_a_goodput_speedup():
     assert type(fn).__name__ == "SpeedupFunction"
     s = fn([1, 1, 1], [1, 2, 4])
     assert s[0] == pytest.approx(1.0) and s[2] > s[1] > 1.0
-    job = job_info(ReplicaSpec({"CPU": 1}), cluster(16)(), created=0.0, hints=hints)
+    job = job_info(JobSpec({"CPU": 1}), cluster(16)(), created=0.0, hints=hints)
     assert job.max_replicas == 4  # explores at most twice the profiled count
 
 

@@ -11,7 +11,8 @@ pytest.importorskip("ray.tune")
 from ray.tune.execution.placement_groups import PlacementGroupFactory  # noqa: E402
 
 from adaptdl_ray.tune import AdaptDLTrainableCreator  # noqa: E402
-from adaptdl_ray.tune.resources import ReplicaSpec, placement_group_factory  # noqa: E402
+from adaptdl_core.decision import JobSpec  # noqa: E402
+from adaptdl_ray.tune.resources import placement_group_factory  # noqa: E402
 from adaptdl_ray.tune import traps  # noqa: E402
 from adaptdl_ray.tune.traps import SILENT_AFTER_S, TrapWatch, warn_unscheduled  # noqa: E402
 
@@ -65,9 +66,9 @@ def test_a_result_or_a_pause_resets_the_silence():
 
 def test_no_adaptdl_scheduler_is_named_with_the_fix(caplog):
     with caplog.at_level(logging.WARNING, logger=traps.__name__):
-        warn_unscheduled(ReplicaSpec({"CPU": 1}, min_replicas=1))
+        warn_unscheduled(JobSpec({"CPU": 1}, min_replicas=1))
         warn_unscheduled(
-            ReplicaSpec({"CPU": 1}, min_replicas=2, max_replicas=2))  # fixed: no word
+            JobSpec({"CPU": 1}, min_replicas=2, max_replicas=2))  # fixed: no word
     messages = [r.getMessage() for r in caplog.records]
     assert len(messages) == 1
     assert "fixed min_replicas=1" in messages[0]
@@ -86,4 +87,4 @@ def test_resources_per_trial_error_points_to_the_creators_arguments():
     plain = PlacementGroupFactory([{}, {"CPU": 1.0}], strategy="PACK")
     assert isinstance(request, PlacementGroupFactory) and request == plain
     assert pickle.loads(pickle.dumps(request)) == request
-    assert "2 AdaptDL replica(s)" in str(placement_group_factory(ReplicaSpec({"CPU": 1}), 2))
+    assert "2 AdaptDL replica(s)" in str(placement_group_factory(JobSpec({"CPU": 1}), 2))
