@@ -31,7 +31,6 @@ from adaptdl_core import checkpoint, context, env
 from adaptdl_core.torch import _metrics
 from adaptdl_core.torch.batch_control import BatchSizeController, preferred_local_sizes
 from adaptdl_core.torch.boundary import current_dataloader, loops, training_loader
-from adaptdl_core.torch.elastic_loop import run_loop
 from adaptdl_core.torch.loader_state import STATE_PREFIX, LoaderState
 from adaptdl_core.torch.sampler import ElasticSampler, LocalBatchSampler
 from adaptdl_core.torch.step_cycle import StepCycle
@@ -296,7 +295,7 @@ class AdaptiveDataLoader(DataLoader):
     def note_optimizer_step(self) -> None:
         """Called by AdaptiveDataParallel when the optimizer stepped on this loader's
         batches (the step's time is then profiled as an optimizer step)."""
-        self._cycle.stepped = True
+        self._cycle.note_optimizer_step()
 
     def take_proposal(self) -> tuple[int, int] | None:
         """Replica 0's pending batch size choice ``(local batch, accumulation steps)``
@@ -349,5 +348,4 @@ class AdaptiveDataLoader(DataLoader):
         """One loop over the loader (see the class docstring): its steps are run by the
         loader's :class:`~adaptdl_core.torch.step_cycle.StepCycle`."""
         n = len(self.dataset)  # type: ignore[arg-type]
-        return run_loop(self, self._state, lambda epoch: self._cycle.loop(epoch, n),
-                        adaptive_loader=True)
+        return self._cycle.loop(n)

@@ -30,6 +30,7 @@ from adaptdl_core import collective
 from adaptdl_core.torch import _metrics, boundary
 from adaptdl_core.torch.batch_control import (DECIDE_EVERY_STEPS, BatchSizeController,
                                               replicas_measure)
+from adaptdl_core.torch.elastic_loop import loop_scope
 from adaptdl_core.torch.epoch import count_samples
 from adaptdl_core.torch.loader_state import LoaderState
 from adaptdl_core.torch.sampler import ElasticSampler, LocalBatchSampler
@@ -115,29 +116,35 @@ class StepCycle:
         return int(self.state.local_bsz) * (int(self.state.accum_steps) + 1) * self.world[1]
 
     # -- a loop: passes until it ends ----------------------------------------------------
-    def loop(self, epoch: int | None, n: int) -> Iterator[Any]:
-        """One loop over a dataset of ``n`` samples: passes over the data until the loop
-        ends (a fixed batch: one pass; an autoscaled training loader: an epoch's
-        statistical progress, possibly several passes), starting a new pass whenever the
-        local batch changes."""
-        self._book = boundary.loops()
-        try:
-            target = self._progress_target(epoch, n) if self.autoscaled() else None
-            while not self._loop_done(target, n):
-                if self.training:
-                    self.decide(initial=True)
-                self._check_pass_has_a_batch(n)
-                restarted = yield from self._one_pass(epoch, n, target)
-                if not restarted and not self.autoscaled():
-                    break
-            self.micro_index = 0
-            self.pair_first = False
-            self.step_samples = 0
-            choice = boundary.agree(self.world[1])
-            if choice is not None:
-                self.state.local_bsz, self.state.accum_steps = choice
-        finally:
-            self._book = None
+    def loop(self, n: int) -> Iterator[Any]:
+        """One loop over a dataset of ``n`` samples, in its
+        :func:`~adaptdl_core.torch.elastic_loop.loop_scope` (skipped if it finished before
+        a restart): passes over the data until the loop ends (a fixed batch: one pass; an
+        autoscaled training loader: an epoch's statistical progress, possibly several
+        passes), starting a new pass whenever the local batch changes."""
+        with loop_scope(self.owner, self.state, adaptive_loader=True) as entry:
+            if entry.skip:
+                return
+            epoch = entry.epoch
+            self._book = book = boundary.loops()
+            book.cycle = self  # (what AdaptiveDataParallel reads at every step)
+            try:
+                target = self._progress_target(epoch, n) if self.autoscaled() else None
+                while not self._loop_done(target, n):
+                    if self.training:
+                        self.decide(initial=True)
+                    self._check_pass_has_a_batch(n)
+                    restarted = yield from self._one_pass(epoch, n, target)
+                    if not restarted and not self.autoscaled():
+                        break
+                self.micro_index = 0
+                self.pair_first = False
+                self.step_samples = 0
+                choice = boundary.agree(self.world[1])
+                if choice is not None:
+                    self.state.local_bsz, self.state.accum_steps = choice
+            finally:
+                book.cycle = self._book = None
 
     def _progress_target(self, epoch: int | None, n: int) -> float:
         """The statistical progress at which this loop ends: an epoch lasts as long as
@@ -347,6 +354,11 @@ class StepCycle:
         """Replica 0's choice from the goodput model (refitted first if due)."""
         _metrics.maybe_refit()
         return self.control.choose(_metrics.goodput_fn(), current, initial)
+
+    def note_optimizer_step(self) -> None:
+        """AdaptiveDataParallel stepped the optimizer on the micro-batch handed out last
+        (its time is then profiled as an optimizer step)."""
+        self.stepped = True
 
     def take_proposal(self) -> tuple[int, int] | None:
         """Replica 0's pending choice for the replicas to agree on, or ``None``; taking
