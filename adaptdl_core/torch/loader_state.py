@@ -16,7 +16,7 @@ import logging
 import math
 from typing import Any
 
-from adaptdl_core import checkpoint
+from adaptdl_core import checkpoint, validation
 from adaptdl_core.torch.batch_control import BatchSizeController
 from adaptdl_core.torch.elastic_loop import LoopState
 
@@ -40,12 +40,11 @@ def position_limit(dataset_len: int, batch_size: int, max_batch_size: int | None
     Raises:
         ValueError: for a dataset length < 0 or batch sizes < 1.
     """
-    if dataset_len < 0 or batch_size < 1 or (max_batch_size is not None and max_batch_size < 1):
-        raise ValueError(f"position_limit(dataset_len={dataset_len}, batch_size={batch_size}, "
-                         f"max_batch_size={max_batch_size}): need a length >= 0 and batch "
-                         "sizes >= 1")
+    validation.integer("dataset_len", dataset_len, low=0)
+    validation.integer("batch_size", batch_size, low=1)
     if max_batch_size is None:
         return dataset_len
+    validation.integer("max_batch_size", max_batch_size, low=1)
     ratio = math.ceil(max(max_batch_size, batch_size) / batch_size)
     return 2 * (dataset_len * ratio + max_batch_size) + dataset_len
 
