@@ -48,7 +48,7 @@ from adaptdl_core.torch.gradient_noise_scale import adam_preconditioner, precond
 from adaptdl_core.torch.step_plan import StepPlan
 
 if TYPE_CHECKING:
-    from adaptdl_core.torch.data import AdaptiveDataLoader
+    from adaptdl_core.torch.step_cycle import StepCycle
 
 # A small all-reduce costs each replica a few hundred microseconds of CPU (launch, gloo
 # thread, wait), which a step of a few milliseconds feels; a stop request or a new batch
@@ -110,7 +110,7 @@ class GradientProbe:
         # Single replica: a copy of the first micro-batch's gradient of a measured step.
         self.first_grads: list[torch.Tensor] = []
         self.first_params: list[torch.Tensor] | None = None
-        self.first_copied: tuple[int, int] | None = None  # (loader id, step) copied last
+        self.first_copied: tuple[int, int] | None = None  # (step cycle id, step) copied last
         # Several replicas: measured steps whose local norms are not sent yet, those sent
         # with the side values in flight (local, total, batch, elapsed), the side
         # all-reduce (tensor, work), the (loader, step) it was started at, and its group
@@ -136,15 +136,16 @@ class GradientProbe:
         self.last_done = 0.0         # when the backward pass, all-reduces included, ended
 
     # -- around the forward and backward passes ------------------------------------------
-    def before_forward(self, loader: "AdaptiveDataLoader", sync: bool) -> None:
-        """A forward pass of a training loop's micro-batch is about to run; ``sync``: it
-        is the step's last micro-batch (its backward pass synchronises)."""
-        plan = loader.step_plan
-        micro = loader.micro_index
+    def before_forward(self, step: "StepCycle", sync: bool) -> None:
+        """A forward pass of a training loop's micro-batch is about to run (``step``: the
+        loader's step machinery); ``sync``: it is the step's last micro-batch (its
+        backward pass synchronises)."""
+        plan = step.plan
+        micro = step.micro_index
         if self.replicas > 1 and micro == 0 and self._side_values_due(plan.index):
-            self._start_side_values(loader, plan.index)
+            self._start_side_values(step, plan.index)
         if micro == 1 and plan.measures_first_micro_batch:
-            key = (id(loader), plan.index)
+            key = (id(step), plan.index)
             if self.first_copied != key:
                 # The accumulated gradient is still the first micro-batch's alone.
                 self.first_copied = key
@@ -229,7 +230,7 @@ class GradientProbe:
         self.last_done = time.perf_counter()
 
     # -- after the step's last backward pass ---------------------------------------------
-    def after_backward(self, loader: "AdaptiveDataLoader", batch_size: int) -> list[Measurement]:
+    def after_backward(self, step: "StepCycle", batch_size: int) -> list[Measurement]:
         """The step's gradients are averaged (in ``.grad``), before the optimizer step.
 
         Records the step's sync wait if it was timed, and returns the noise measurements
@@ -240,7 +241,7 @@ class GradientProbe:
         self.since_measure += batch_size
         found: list[Measurement] = []
         if self.replicas == 1:
-            micros = loader.step_plan.micros
+            micros = step.plan.micros
             if self.first_params is not None and micros > 1:
                 # n micro-batches of b = M / n samples, averaged into m, the first one
                 # g_1: with local = |m|^2 + |g_1 - m|^2, E[local] = |G|^2 + tr(Sigma) / b
@@ -314,19 +315,19 @@ class GradientProbe:
         # own start: it restarts the schedule instead of waiting.)
         return step >= self.side_next or self.side_next - step > SIDE_VALUES_MAX_EVERY
 
-    def _start_side_values(self, loader: "AdaptiveDataLoader", step: int) -> None:
+    def _start_side_values(self, cycle: "StepCycle", step: int) -> None:
         """Start summing over the replicas [stop flag, in-place checkpoint flag,
         replica 0's choice of (local batch, accumulation steps) or zeros, a proposal for
         the next interval, then per measured step since the last time (local |g|^2, 1)];
         read in :meth:`_receive_side_values` when the step ends."""
-        key = (id(loader), step)
+        key = (id(cycle), step)
         if self.side_step == key or self.side_work is not None:
             return  # (a second forward pass in the same step)
         self.side_step = key
         # Every replica measures the same steps: the slots line up. (More than the slots
         # only when steps ran outside a loader's schedule: drop the oldest.)
         self.in_flight, self.unsent = self.unsent[-SIDE_VALUES_MAX_EVERY:], []
-        proposal = loader.take_proposal()
+        proposal = cycle.take_proposal()
         requests = _interrupt.local_requests()
         values = [float(requests.exit), float(requests.save),
                   float(proposal[0]) if proposal else 0.0,

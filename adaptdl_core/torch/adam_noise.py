@@ -9,17 +9,27 @@ helpers recognise such optimizers and compute preconditioned squared norms, and
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Optional, Tuple
+from typing import Any, Optional, Protocol, Tuple
 
 import torch
 
 from adaptdl_core import validation
 
-if TYPE_CHECKING:
-    from adaptdl_core.torch.gradient_noise_scale import GradientNoiseScale
-
 __all__ = ["is_adam_family", "preconditioned_sqr_norm", "adam_preconditioner",
            "rescale_adam_state"]
+
+
+class NoiseGain(Protocol):
+    """What the rescaling reads from a gradient noise estimate (a
+    :class:`~adaptdl_core.torch.gradient_noise_scale.GradientNoiseScale`, which imports
+    this module: named here by what it offers, not imported)."""
+
+    @property
+    def has_estimate(self) -> bool:
+        """Whether any noise has been measured."""
+
+    def gain(self, scale: float) -> float:
+        """The AdaScale gain at batch scale ``scale``."""
 
 
 def is_adam_family(optimizer: Any) -> bool:
@@ -117,7 +127,7 @@ def adam_preconditioner(optimizer: torch.optim.Optimizer, param: torch.Tensor
 
 
 def _global_adam_factor(old_r: float, new_r: float,
-                        gns: Optional["GradientNoiseScale"]) -> float:
+                        gns: Optional[NoiseGain]) -> float:
     """``E|g_new|^2 / E|g_old|^2`` from the estimator, or the conservative bound."""
     if gns is not None and gns.has_estimate:
         # (sqr + var / new) / (sqr + var / old) == gain(old) / gain(new)
@@ -126,7 +136,7 @@ def _global_adam_factor(old_r: float, new_r: float,
 
 
 def rescale_adam_state(optimizer: torch.optim.Optimizer, old_scale: float, new_scale: float,
-                       gns: Optional["GradientNoiseScale"] = None) -> float:
+                       gns: Optional[NoiseGain] = None) -> float:
     """Rescale Adam's second moments in place when the batch scale changes (do not zero
     them); returns the overall factor applied (``sum(v_new) / sum(v_old)``, 1.0 if there
     was nothing to rescale).

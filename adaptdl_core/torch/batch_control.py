@@ -104,6 +104,17 @@ class BatchSizeController:
         self._decided_on: tuple[float, int] | None = None
         self._steps_since_decision = 0
 
+    def autoscale(self, max_batch_size: int,
+                  local_bsz_bounds: tuple[int | None, int | None] | None,
+                  gradient_accumulation: bool) -> None:
+        """Make the batch size adaptive within these limits (the loader's
+        ``autoscale_batch_size``, which checked them); the decision cadence restarts."""
+        self.max_batch_size = max_batch_size
+        self.local_bsz_bounds = local_bsz_bounds
+        self.gradient_accumulation = gradient_accumulation
+        self._decided_on = None
+        self._steps_since_decision = 0
+
     @property
     def adaptive(self) -> bool:
         """True when the batch size is chosen by goodput (a ``max_batch_size`` is set)."""

@@ -19,14 +19,11 @@ import collections
 import concurrent.futures
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import Any
 
 from adaptdl_core import checkpoint, collective, context, env
 from adaptdl_core.torch import _interrupt
 from adaptdl_core.torch.epoch import current_epoch
-
-if TYPE_CHECKING:
-    from adaptdl_core.torch.data import AdaptiveDataLoader
 
 __all__ = ["Loops", "loops", "current_dataloader", "training_loader", "agree",
            "post_side_values", "side_values_owed", "STORE_STOP_CHECK_EVERY"]
@@ -43,17 +40,23 @@ class Loops:
     """The job's bookkeeping of data loader loops (held by the job context, see
     :func:`loops`): runtime-internal, shared by the loader and the model wrapper."""
 
-    def __init__(self) -> None:
+    def __init__(self, requests: context.StopRequests) -> None:
+        # This replica's stop and checkpoint requests (the job context's), read at every
+        # boundary of one replica.
+        self.requests = requests
         # epoch -> number of adaptive loader loops entered so far in this run. A loop's
         # position identifies it when the program replays an epoch after a restart.
         self.position: collections.Counter = collections.Counter()
-        self.current: "AdaptiveDataLoader | None" = None
+        self.current: Any = None  # the AdaptiveDataLoader being iterated
         # The owner of the loop being iterated (the adaptive loader, or an ElasticLoop).
         self.active: object | None = None
         # Future of the last all-reduce of the replicas' requests through the store.
         self.pending_requests: "concurrent.futures.Future | None" = None
         self.store_boundaries = 0  # boundaries that used the store path (its schedule)
-        self.training: "AdaptiveDataLoader | None" = None  # the loader optimizer steps follow
+        self.training: Any = None  # the AdaptiveDataLoader optimizer steps follow
+        # The step machinery (a StepCycle) of the loader being iterated, which
+        # AdaptiveDataParallel reads at every step.
+        self.cycle: Any = None
         # Set by AdaptiveDataParallel after every optimizer step with several replicas
         # (from its side values, summed every few steps; see _gradient_probe): (the
         # requests of any replica, replica 0's batch size choice or None).
@@ -64,16 +67,16 @@ def loops() -> Loops:
     """The job's :class:`Loops` (created in the job context on first use)."""
     ctx = context.current()
     if ctx.loops is None:
-        ctx.loops = Loops()
+        ctx.loops = Loops(ctx.requests)
     return ctx.loops
 
 
-def current_dataloader() -> "AdaptiveDataLoader | None":
+def current_dataloader() -> Any:
     """The :class:`AdaptiveDataLoader` being iterated right now, or ``None``."""
     return loops().current
 
 
-def training_loader() -> "AdaptiveDataLoader | None":
+def training_loader() -> Any:
     """The loader whose batches the optimizer steps on (the one that called
     :meth:`AdaptiveDataLoader.autoscale_batch_size`, or that AdaptiveDataParallel first
     stepped on), or ``None``."""
@@ -150,7 +153,8 @@ def agree(replicas: int) -> tuple[int, int] | None:
     if replicas == 1 or not collective.is_initialized():
         book.side_channel = None
         # (Two flag reads, no allocation: this runs at every boundary of one replica.)
-        if _interrupt.exit_requested() or _interrupt.checkpoint_requested():
+        requests = book.requests
+        if requests.exit_requested() or requests.has_pending():
             _honour(_interrupt.local_requests(), 1)
         return None
     side, book.side_channel = book.side_channel, None

@@ -4,7 +4,8 @@ Whatever is iterated inside ``remaining_epochs_until``, a restart replays the ep
 its top, so a loop must know three things: whether it already finished before the
 restart (then it is skipped), where it stopped (then it resumes there), and where the
 replicas may stop or checkpoint together (its boundaries). :class:`LoopState` keeps the
-first two in a checkpointed State; :func:`run_loop` applies them around a loop body.
+first two in a checkpointed State; :func:`loop_scope` applies them around a loop body
+(:func:`run_loop` wraps a body in it).
 :class:`AdaptiveDataLoader` is built on both, and so is :class:`ElasticLoop`, which makes
 any iterable elastic::
 
@@ -20,15 +21,16 @@ same number of items per loop (the boundaries are collective).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
-from typing import IO, Any, Callable, Iterable, Iterator
+from typing import IO, Any, Callable, Iterable, Iterator, NamedTuple
 
 from adaptdl_core import checkpoint, context
 from adaptdl_core.torch import _interrupt, boundary
 from adaptdl_core.torch.epoch import current_epoch
 
-__all__ = ["LoopState", "run_loop", "ElasticLoop"]
+__all__ = ["LoopState", "LoopEntry", "loop_scope", "run_loop", "ElasticLoop"]
 
 LOG = logging.getLogger(__name__)
 
@@ -73,11 +75,21 @@ class LoopState(checkpoint.State):
         self.loop_start_progress = data.get("loop_start_progress")
 
 
-def run_loop(owner: Any, state: LoopState, body: Callable[[int | None], Iterator[Any]],
-             adaptive_loader: bool = False) -> Iterator[Any]:
-    """Run one loop of ``owner`` (``body(epoch)``) in the epoch context: skip it if it
-    finished before the restart, refuse to overlap another loop, and when it ends
-    normally (not by a checkpoint-and-exit) mark it finished and rewind ``state``.
+class LoopEntry(NamedTuple):
+    """What :func:`loop_scope` gives the loop it opened: the epoch it runs in (``None``
+    outside ``remaining_epochs_until``), and whether it is to be skipped (it finished
+    before the restart)."""
+    epoch: int | None
+    skip: bool
+
+
+@contextlib.contextmanager
+def loop_scope(owner: Any, state: LoopState, adaptive_loader: bool = False
+               ) -> Iterator[LoopEntry]:
+    """The bookkeeping around one loop of ``owner``, entered once per loop (not at every
+    item): say whether it finished before the restart (then it is skipped), refuse to
+    overlap another loop, and when it ends normally (not by a checkpoint-and-exit) mark
+    it finished and rewind ``state``.
 
     Arguments:
         adaptive_loader: ``owner`` is an AdaptiveDataLoader: it becomes the job's
@@ -96,13 +108,14 @@ def run_loop(owner: Any, state: LoopState, body: Callable[[int | None], Iterator
                            "(or elastic loop) is still being iterated")
     if position <= state.last_position.get(key, -1):
         LOG.info("skipping loop %d of epoch %s: it finished before the restart", position, epoch)
+        yield LoopEntry(epoch, True)
         return
     book.active = owner
     if adaptive_loader:
         book.current = owner
     interrupted = False
     try:
-        yield from body(epoch)
+        yield LoopEntry(epoch, False)
     except _interrupt.CheckpointExit:
         interrupted = True
         raise
@@ -113,6 +126,18 @@ def run_loop(owner: Any, state: LoopState, body: Callable[[int | None], Iterator
             state.loop_start_progress = None
             # Only the current epoch's entries can matter for a replay.
             state.last_position = {key: position}
+
+
+def run_loop(owner: Any, state: LoopState, body: Callable[[int | None], Iterator[Any]],
+             adaptive_loader: bool = False) -> Iterator[Any]:
+    """Run one loop of ``owner`` (``body(epoch)``) inside its :func:`loop_scope`.
+
+    Raises:
+        RuntimeError: if another loop (of any owner) is still being iterated.
+    """
+    with loop_scope(owner, state, adaptive_loader) as entry:
+        if not entry.skip:
+            yield from body(entry.epoch)
 
 
 class ElasticLoop:

@@ -40,7 +40,7 @@ import dataclasses
 import logging
 from typing import IO, Any, Iterator
 
-from adaptdl_core import checkpoint, context, env
+from adaptdl_core import checkpoint, context, env, validation
 
 __all__ = ["remaining_epochs_until", "current_epoch", "finished_epochs", "job_finished",
            "DataProgress", "data_progress", "count_samples", "EPOCH_STATE_NAME"]
@@ -255,9 +255,9 @@ def count_samples(samples: int, dataset_len: int) -> None:
     Raises:
         ValueError: if ``samples < 0`` or ``dataset_len < 1``.
     """
-    if samples < 0 or dataset_len < 1:
-        raise ValueError(f"count_samples(samples={samples}, dataset_len={dataset_len}): need "
-                         "samples >= 0 and a dataset length >= 1")
+    if not (samples >= 0 and dataset_len >= 1):  # (inline: this runs at every batch)
+        validation.integer("samples", samples, low=0)
+        validation.integer("dataset_len", dataset_len, low=1)
     state = _state()
     if state.samples_epoch != state.current_epoch:
         state.samples_epoch, state.epoch_samples = state.current_epoch, 0

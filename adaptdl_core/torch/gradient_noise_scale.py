@@ -296,7 +296,10 @@ class GradientNoiseScale:
         Raises:
             ValueError: if ``scale`` is not a finite number ``> 0``.
         """
-        r = validation.number("scale", scale, 0.0, low_open=True)
+        # (Every optimizer step comes here with a plain float: that is checked inline;
+        # anything else gets the full check, and its message.)
+        r = scale if type(scale) is float and 0.0 < scale < math.inf \
+            else validation.number("scale", scale, 0.0, low_open=True)
         # (r == 1: the initial batch, the bounds below meet; every step of a fixed batch.)
         if r == 1.0 or not self.has_estimate or self._var_ema / self._weight <= _TINY:
             return 1.0

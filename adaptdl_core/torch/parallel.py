@@ -23,12 +23,12 @@ from torch.nn.parallel import DistributedDataParallel
 
 from adaptdl_core import checkpoint, context
 from adaptdl_core.torch import _metrics
-from adaptdl_core.torch import data as _data
 from adaptdl_core.torch._gradient_probe import GradientProbe, Measurement
-from adaptdl_core.torch.data import current_dataloader
+from adaptdl_core.torch.boundary import current_dataloader, loops, training_loader
 from adaptdl_core.torch.gradient_noise_scale import GradientNoiseScale, is_adam_family
 from adaptdl_core.torch.scaling_rules import (LR_SCHED_MARK, ScalingRuleBase,
                                               default_rule_for, rescale_adam_state)
+from adaptdl_core.torch.step_cycle import StepCycle
 
 __all__ = ["AdaptiveDataParallel"]
 
@@ -118,16 +118,18 @@ class AdaptiveDataParallel(DistributedDataParallel):
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
         """Run the model; gradients are synchronised only on the last micro-batch of an
         optimizer step (earlier ones accumulate locally)."""
-        loader = current_dataloader()
-        sync = loader is None or not loader.is_accumulation_step
+        # (The job's loop book, read once: the loader being iterated and its steps.)
+        book = loops()
+        step = book.cycle
+        sync = step is None or not step.is_accumulation_step
         # One replica has nothing to exchange: DDP's reduction would only copy. (Set
         # only on a change: a Module's __setattr__ costs more than the comparison.)
         want_sync = sync and self._replicas > 1
         if self.require_backward_grad_sync is not want_sync:
             self.require_backward_grad_sync = want_sync
-        if loader is not None and torch.is_grad_enabled() and (
-                _data.training_loader() is None or loader.training):
-            self._probe.before_forward(loader, sync)
+        if step is not None and torch.is_grad_enabled() and (
+                book.training is None or book.training is book.current):
+            self._probe.before_forward(step, sync)
         output = super().forward(*inputs, **kwargs)
         if self._probe.hook_output:
             self._probe.after_forward(output)
@@ -144,7 +146,7 @@ class AdaptiveDataParallel(DistributedDataParallel):
     def gain(self) -> float:
         """The AdaScale gain of the current batch scale: how many steps at the initial
         batch size one step is worth (1.0 before any estimate)."""
-        loader = current_dataloader() or _data.training_loader()
+        loader = current_dataloader() or training_loader()
         if self._gns is None or loader is None:
             return 1.0
         return float(self._gns.gain(loader.current_batch_size / loader.batch_size))
@@ -182,39 +184,41 @@ class AdaptiveDataParallel(DistributedDataParallel):
         """The one wrapper of ``optimizer.step``; its hooks run in this order: (1) skip the
         step on accumulation micro-batches, (2) the measurements (noise, Adam moments),
         (3) the lr scaling rule around the optimizer's own step, (4) progress."""
-        loader = current_dataloader()
-        if loader is None:
+        book = loops()
+        loader, step = book.current, book.cycle
+        if step is None:
             # Outside a loader loop: no batch to account for; the rule keeps its scale.
             if self._gns is None:
                 return self._inner_step(*args, **kwargs)
             return self.scaling_rule.apply(self.adaptdl_optimizer, self._inner_step,
                                            *args, **kwargs)
         # (1) (On the probe, a plain object: setting a torch Module's attribute is slow.)
-        if loader.is_accumulation_step:
+        if step.is_accumulation_step:
             self._probe.accumulating = True
             return None
         self._probe.accumulating = False
         _metrics.metrics()  # make sure the metrics State exists before any checkpoint
-        if _data.training_loader() is None:
-            _data.loops().training = loader
-            _metrics.set_batch_size_limits(loader.batch_size, loader.max_batch_size,
-                                           loader.local_bsz_bounds,
-                                           loader.gradient_accumulation)
-        init_bsz = loader.batch_size
+        control = step.control
+        if book.training is None:
+            book.training = loader
+            _metrics.set_batch_size_limits(control.init_batch_size, control.max_batch_size,
+                                           control.local_bsz_bounds,
+                                           control.gradient_accumulation)
+        init_bsz = control.init_batch_size
         if self._gns is None:
             self._start_noise_estimate(init_bsz)
         # The loader's batch size, and the samples this step actually has: fewer for the
         # partial last batch of a pass, which then counts (lr and progress) for what it is.
-        current = loader.current_batch_size
+        current = step.batch_size
         nominal = current / init_bsz
-        batch = loader.step_batch_size or current
+        batch = step.step_samples * step.world[1] or current
         scale = batch / init_bsz
         previous = self.scaling_rule.scale
         # (2)
         if self._precondition and self.adaptdl_optimizer.state and previous != nominal:
             # Adam's second moments estimate E[g^2] at the old batch: rescale, not zero.
             rescale_adam_state(self.adaptdl_optimizer, previous, nominal, self._gns)
-        self._update_noise(loader, batch)
+        self._update_noise(step, batch)
         rule = self.scaling_rule
         if previous != scale:
             rule.set_scale(scale)
@@ -226,7 +230,7 @@ class AdaptiveDataParallel(DistributedDataParallel):
             if scale != nominal:
                 rule.set_scale(nominal)
         _metrics.add_progress(self._gns.accumulate_progress(scale))  # (4)
-        loader.note_optimizer_step()
+        step.note_optimizer_step()
         return result
 
     # -- checkpoint ----------------------------------------------------------------------
@@ -289,8 +293,8 @@ class AdaptiveDataParallel(DistributedDataParallel):
                              "an empty checkpoint directory") from exc
 
     # -- gradient noise ----------------------------------------------------------------
-    def _update_noise(self, loader: "_data.AdaptiveDataLoader", batch_size: int) -> None:
-        for measurement in self._probe.after_backward(loader, batch_size):
+    def _update_noise(self, step: StepCycle, batch_size: int) -> None:
+        for measurement in self._probe.after_backward(step, batch_size):
             self._record_noise(measurement)
 
     def _record_noise(self, m: Measurement) -> None:

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
-from adaptdl_core import env
+from adaptdl_core import env, validation
 from adaptdl_core.torch.batch_control import NoiseSampling
 
 __all__ = ["ElasticSampler", "LocalBatchSampler"]
@@ -105,8 +105,8 @@ class ElasticSampler(Sampler[int]):
         Raises:
             ValueError: for a negative ``index`` or ``size``.
         """
-        if index < 0 or size < 0:
-            raise ValueError(f"distinct_count(index={index}, size={size}): both must be >= 0")
+        validation.integer("index", index, low=0)
+        validation.integer("size", size, low=0)
         n = len(self.dataset)
         pass_end = (index // n + 1) * n
         # Position index + rank + k * replicas is this replica's k-th sample.

@@ -60,6 +60,11 @@ LR_SCHED_MARK = "_wrapped_by_lr_sched"
 
 
 def _check_scale(scale: Any) -> float:
+    """``scale`` as a finite float > 0 (ValueError otherwise, naming it). Every optimizer
+    step comes here with a plain float: that is checked inline; anything else gets the
+    full check, and its message."""
+    if type(scale) is float and 0.0 < scale < math.inf:
+        return scale
     return validation.number("scale", scale, 0.0, low_open=True)
 
 

@@ -35,7 +35,7 @@ def main():
                                     shuffle=True)
     loader.autoscale_batch_size(batch, gradient_accumulation=True)
     loader._state.local_bsz, loader._state.accum_steps = LOCAL_BSZ, MICROS - 1
-    loader._goodput_choice = lambda current, initial: current
+    loader._cycle.choose = lambda current, initial: current
     checked, worst, xs, ys = 0, 0.0, [], []
     for _epoch in adl.remaining_epochs_until(3):
         for xb, yb in loader:
