@@ -77,7 +77,7 @@ def test_bad_torchrun_value_names_torchrun_variable(no_torchrun):
     with pytest.raises(ValueError, match="RANK='one' is not an integer"):
         env.replica_rank()
     no_torchrun.setenv("LOCAL_RANK", "-1")
-    with pytest.raises(ValueError, match="LOCAL_RANK=-1"):
+    with pytest.raises(ValueError, match="LOCAL_RANK must be an integer >= 0, got -1"):
         env.local_rank()
 
 

@@ -355,13 +355,15 @@ def test_once_interrupted_no_trial_starts_and_a_pickled_copy_starts_uninterrupte
 
     from ray import cloudpickle
 
-    sched = AdaptDLScheduler(solve_wait_s=None, nodes_fn=cluster(4), allocation_interval_s=3600)
-    tc = StubController(cpus=4)
-    a = tc.add(sched, StubTrial("a"))
     calls = []
     previous = signal.getsignal(signal.SIGINT)
-    signal.signal(signal.SIGINT, lambda s, f: calls.append(s))  # Tune's handler
+    # Tune's handler, in place before the first hook: under Ray (an earlier test started
+    # it) that hook installs the relay in front of whatever handler is there.
+    signal.signal(signal.SIGINT, lambda s, f: calls.append(s))
+    sched = AdaptDLScheduler(solve_wait_s=None, nodes_fn=cluster(4), allocation_interval_s=3600)
+    tc = StubController(cpus=4)
     try:
+        a = tc.add(sched, StubTrial("a"))
         assert sched._relay.install()
         signal.raise_signal(signal.SIGINT)  # held back by the relay
         assert calls == []
