@@ -4,7 +4,7 @@
 :class:`~adaptdl_core.torch.data.AdaptiveDataLoader` (the loader holds one and reads its
 public attributes; nothing else shares its state). A loop over the loader
 (:meth:`StepCycle.loop`) runs passes over the data; within a pass
-(:meth:`StepCycle._one_pass`) every optimizer step goes through the same five stages:
+(its method ``_one_pass``) every optimizer step goes through the same five stages:
 
 1. **agree** at the boundary before it (:meth:`_agree`): stop and checkpoint requests,
    and a batch size replica 0 chose, agreed with the other replicas
