@@ -203,7 +203,7 @@ def predictions(state: object) -> list[dict]:
     """Each resize's predicted cost (what the scheduler assumed when it began it) beside
     its measured one, from the scheduler's ``resize_log``."""
     out = []
-    for record in state.trials.values():
+    for record in state.jobs.values():
         for entry in record.resize_log:
             if entry.get("measured_s") is not None:
                 out.append({"from": entry["from"], "to": entry["to"],

@@ -304,7 +304,7 @@ def run(num_trials: int, seed: int, pace: bool = True) -> dict:
             sched.flush_state()
         setattr(owner, attr, original_write)
         DecisionCore.begin_solve, SolveRequest.run = original_begin, original_run
-        resizes = sum(r.resizes for r in sched.state.trials.values())
+        resizes = sum(r.resizes for r in sched.state.jobs.values())
         return {"trials": num_trials, "finished": finished, "sim_s": clock.now - 1_000_000.0,
                 "latency": lat, "solves": policy.calls, "solve_s": policy.seconds,
                 "writes": writes["count"], "state_bytes": writes["bytes"], "resizes": resizes,

@@ -367,7 +367,7 @@ def load_best_model(best: Any, samples: int) -> tuple[float, float] | None:
 
 def summarize(results: Any, scheduler: Any, wall_s: float, args: argparse.Namespace) -> dict:
     """The run's summary: every trial, its resizes, the best one and its reloaded model."""
-    records = scheduler.state.trials
+    records = scheduler.state.jobs
     trials = sorted((trial_summary(r, records.get((r.metrics or {}).get("trial_id")))
                      for r in results), key=lambda t: t["trial_id"] or "")
     best, loaded = None, None

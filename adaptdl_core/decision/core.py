@@ -263,7 +263,7 @@ class DecisionCore:
             TypeError: ``state`` is not a :class:`CoreState`."""
         if not isinstance(state, CoreState):
             raise TypeError(f"state must be a CoreState, got {type(state).__name__}")
-        for record in state.trials.values():
+        for record in state.jobs.values():
             record.live = False
             record.current = 0
             record.placed_known = False
@@ -274,7 +274,7 @@ class DecisionCore:
         self._group_best.clear()
         self._group_costs.clear()
         self._cost_cache.clear()
-        for job_id, record in state.trials.items():
+        for job_id, record in state.jobs.items():
             if record.spec is not None:
                 self._offer(job_id, record)
         self._dirty = True
@@ -285,7 +285,7 @@ class DecisionCore:
         Raises:
             KeyError: the core never saw the job."""
         try:
-            return self._state.trials[job_id]
+            return self._state.jobs[job_id]
         except KeyError:
             raise KeyError(f"job {job_id!r} is unknown to the decision core: add it with "
                            "add_job() first") from None
@@ -346,9 +346,9 @@ class DecisionCore:
             job_info(spec, self._nodes, created=0.0, hints=None)  # raises the clear error
         if replicas is not None:
             validation.integer("replicas", replicas, 0, what="None or an integer")
-        record = self._state.trials.get(job_id)
+        record = self._state.jobs.get(job_id)
         if record is None:
-            record = self._state.trials[job_id] = JobRecord(
+            record = self._state.jobs[job_id] = JobRecord(
                 created=now if submitted is None else submitted)
         record.spec = spec.to_dict()
         self._group_costs.pop(spec.profile_group, None)
@@ -454,7 +454,7 @@ class DecisionCore:
     def remove(self, job_id: Hashable) -> None:
         """The job finished, failed or was removed: its replicas are free at the next
         solve. Its record stays (not live) for the history; unknown ids are ignored."""
-        record = self._state.trials.get(job_id)
+        record = self._state.jobs.get(job_id)
         if record is None:
             return
         if record.target:
@@ -510,7 +510,7 @@ class DecisionCore:
         if force or self.due():
             self.solve()
         return {job_id: self._decision(job_id, record, log=True)
-                for job_id, record in self._state.trials.items() if record.live}
+                for job_id, record in self._state.jobs.items() if record.live}
 
     def decision_for(self, job_id: Hashable, *, log: bool = True) -> Decision:
         """The standing decision of one live job (no solve; cheap).
@@ -565,7 +565,7 @@ class DecisionCore:
         else:
             cached = self._group_costs.get(group)
             if cached is None:
-                members = [(k, r) for k, r in self._state.trials.items()
+                members = [(k, r) for k, r in self._state.jobs.items()
                            if self._group_of(k, r) == group]
                 cached = self._group_costs[group] = (
                     [(k, s) for k, r in members for s in _cost_samples(r, own=False)],
@@ -612,7 +612,7 @@ class DecisionCore:
             self._last_event_solve = now
         self._dirty = False
         self._state.last_allocation = now
-        live = {k: r for k, r in self._state.trials.items() if r.live}
+        live = {k: r for k, r in self._state.jobs.items() if r.live}
         entries = []
         for job_id, record in live.items():
             entries.append(_Entry(job_id, self._spec(job_id, record), record.created,
@@ -643,7 +643,7 @@ class DecisionCore:
         changes = []
         allocations = request.result.allocations if request.result is not None else {}
         for entry in request.entries:
-            record = self._state.trials.get(entry.job_id)
+            record = self._state.jobs.get(entry.job_id)
             if record is None or not record.live:
                 continue
             if entry.job_id not in request.unfit:

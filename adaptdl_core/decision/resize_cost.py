@@ -95,8 +95,8 @@ def estimate_resize_cost(samples: Iterable[CostSample], *, target: int | None = 
     if pool:
         latest = sorted(pool, key=lambda s: s.time)[-recent:]
         own = sum(s.own for s in latest)
-        where = "this trial" if own == len(latest) else \
-            "its profile group" if own == 0 else "this trial and its profile group"
+        where = "this job" if own == len(latest) else \
+            "its profile group" if own == 0 else "this job and its profile group"
         kind = f"to {target} replicas" if same else "of any size"
         return ResizeCostEstimate(float(statistics.median(s.seconds for s in latest)),
                                   f"median of the last {len(latest)} measured resizes "
@@ -108,19 +108,20 @@ def estimate_resize_cost(samples: Iterable[CostSample], *, target: int | None = 
     return ResizeCostEstimate(float(prior_s), "no resize measured yet: the prior")
 
 
-def describe_resize(job_id: Any, entry: Mapping[str, Any]) -> str:
+def describe_resize(job_id: Any, entry: Mapping[str, Any], kind: str = "job") -> str:
     """One line for a resize of ``job_id``: from -> to replicas, why, the predicted saving,
     the predicted cost (and its basis), then the measured cost.
 
     Args:
-        job_id: the job (trial id).
+        job_id: the job's id.
+        kind: what the front-end calls a job, first word of the line (Tune: ``"trial"``).
         entry: its ``resize_log`` entry (``from``, ``to``, ``reason``, ``saved_s``,
             ``cost_s``, optional ``cost_basis`` and ``measured_s``).
     """
     saved = entry.get("saved_s")
     basis = entry.get("cost_basis")
     measured = entry.get("measured_s")
-    return (f"trial {job_id} resized {entry['from']} -> {entry['to']} replicas "
+    return (f"{kind} {job_id} resized {entry['from']} -> {entry['to']} replicas "
             f"({entry['reason']}); predicted saving "
             f"{'n/a' if saved is None else f'{saved:.1f} s'}, predicted cost "
             f"{entry['cost_s']:.1f} s{f' ({basis})' if basis else ''}, measured cost "

@@ -1,8 +1,8 @@
 """Everything the decision core remembers, as one plain JSON-serialisable object.
 
-:class:`CoreState` maps job ids to :class:`JobRecord` (under the JSON key ``"trials"``,
-the layout the Tune scheduler has always written, so an existing state file still loads;
-fields a file lacks take their defaults, fields this version does not know are ignored).
+:class:`CoreState` maps job ids to :class:`JobRecord` (under the JSON key ``"jobs"``; a
+state file written before, with the key ``"trials"``, still loads; fields a file lacks take
+their defaults, fields this version does not know are ignored).
 :class:`StateWriter` writes snapshots of it from a background thread, so that a front-end's
 event loop never waits for the disk.
 """
@@ -16,6 +16,7 @@ import logging
 import os
 import tempfile
 import threading
+import warnings
 from typing import Any
 
 LOG = logging.getLogger(__name__)
@@ -101,23 +102,31 @@ class CoreState:
     """All job records (by job id) and when the policy last re-divided the cluster.
 
     Attributes:
-        trials: job id -> :class:`JobRecord` (the name is the state file's).
+        jobs: job id -> :class:`JobRecord`.
         last_allocation: clock time of the latest solve (seconds).
         num_allocations: solves so far.
     """
 
-    trials: dict[str, JobRecord] = dataclasses.field(default_factory=dict)
+    jobs: dict[str, JobRecord] = dataclasses.field(default_factory=dict)
     last_allocation: float = 0.0
     num_allocations: int = 0
 
     #: File name used by :meth:`save` and :meth:`load`.
     FILE = "adaptdl_scheduler_state.json"
 
+    @property
+    def trials(self) -> dict[str, JobRecord]:
+        """Deprecated name of :attr:`jobs` (the state is the core's, which speaks of jobs;
+        a Tune trial is one kind of job)."""
+        warnings.warn("CoreState.trials is deprecated: use CoreState.jobs (the same dict)",
+                      DeprecationWarning, stacklevel=2)
+        return self.jobs
+
     def to_json(self) -> str:
         """Serialise (strict JSON; job ids become strings)."""
         # vars(), not dataclasses.asdict(): the fields are JSON values already, and the
         # deep copy asdict makes is most of the cost of a write.
-        return json.dumps({"trials": {str(k): vars(v) for k, v in self.trials.items()},
+        return json.dumps({"jobs": {str(k): vars(v) for k, v in self.jobs.items()},
                            "last_allocation": self.last_allocation,
                            "num_allocations": self.num_allocations},
                           allow_nan=False, separators=(",", ":"))
@@ -134,12 +143,14 @@ class CoreState:
         if not isinstance(data, dict):
             raise ValueError("malformed scheduler state: not a JSON object")
         known = {f.name for f in dataclasses.fields(JobRecord)}
+        # "trials": the key of state files written before the core spoke of jobs.
+        records = data["jobs"] if "jobs" in data else data.get("trials", {})
         try:
-            trials = {k: JobRecord(**{f: v for f, v in rec.items() if f in known})
-                      for k, rec in data.get("trials", {}).items()}
+            jobs = {k: JobRecord(**{f: v for f, v in rec.items() if f in known})
+                    for k, rec in records.items()}
         except (TypeError, AttributeError) as exc:
             raise ValueError(f"malformed scheduler state: {exc}") from exc
-        return cls(trials, float(data.get("last_allocation", 0.0)),
+        return cls(jobs, float(data.get("last_allocation", 0.0)),
                    int(data.get("num_allocations", 0)))
 
     def save(self, directory: str) -> str:

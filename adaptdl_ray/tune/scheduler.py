@@ -21,7 +21,7 @@ needs (pause announcements, interrupts, result files, the base scheduler):
 * **Resize**: a running trial whose decision is ``resize`` is paused at its next result
   (Tune checkpoints it in place), its placement group request is updated while it is
   paused, and it is resumed with the new count; it grows only once the room is free, and
-  each resize is logged with its reason (``state.trials[id].resize_log``).
+  each resize is logged with its reason (``state.jobs[id].resize_log``).
 * **Interrupts**: the driver's first Ctrl-C or SIGTERM makes every running trial save at
   its next batch boundary before Tune stops it, so ``Tuner.restore`` resumes there.
 * **Early stopping**: an optional base scheduler (e.g. ASHA) decides stop/continue; this
@@ -299,7 +299,7 @@ class AdaptDLScheduler(TrialScheduler):
         Raises:
             ValueError: the experiment's metric is missing from the result."""
         self._hook()
-        record = self._core.state.trials.get(trial.trial_id)
+        record = self._core.state.jobs.get(trial.trial_id)
         if record is None or not record.live:  # added before this scheduler saw it
             self.on_trial_add(tune_controller, trial)
         if self._metric and self._metric not in result:
@@ -315,14 +315,14 @@ class AdaptDLScheduler(TrialScheduler):
         current = num_replicas_of(trial.placement_group_factory)
         # Its size first: a count that changed through a resize begun here is not a new one.
         self._core.running(trial.trial_id, replicas=current)
-        record = self._core.state.trials[trial.trial_id]
+        record = self._core.state.jobs[trial.trial_id]
         resizing = record.resize_pending
         if self._core.update(trial.trial_id, progress=self._progress(result)):
             self._save()  # a relaunch happened (rare): its measured cost is worth keeping
         else:
             self._flush_save()
         if resizing and not record.resize_pending and record.resize_log:
-            RESIZE_LOG.info(describe_resize(trial.trial_id, record.resize_log[-1]))
+            RESIZE_LOG.info(describe_resize(trial.trial_id, record.resize_log[-1], "trial"))
         decision = self._base.on_trial_result(tune_controller, trial, result)
         if decision == TrialScheduler.PAUSE:
             self._traps.forget(trial.trial_id)
@@ -397,7 +397,7 @@ class AdaptDLScheduler(TrialScheduler):
 
     def _check_traps(self, tune_controller: Any) -> None:
         """Name a running trial that the policy would resize but that does not report."""
-        trials = self._core.state.trials
+        trials = self._core.state.jobs
         running = [(t.trial_id, trials[t.trial_id].target,
                     num_replicas_of(t.placement_group_factory))
                    for t in tune_controller.get_trials()
@@ -420,7 +420,7 @@ class AdaptDLScheduler(TrialScheduler):
                 continue
             if trial.status != Trial.PAUSED:
                 continue  # still saving before its pause
-            record = self._core.state.trials[trial_id]
+            record = self._core.state.jobs[trial_id]
             spec = replica_spec_of(trial.get_trainable_cls())
             target = record.target or spec.min_replicas
             if not self._fits(free, trial, target):
@@ -433,7 +433,7 @@ class AdaptDLScheduler(TrialScheduler):
     def debug_string(self) -> str:
         """One line for Tune's status output: allocations, replicas in use, waiting trials."""
         state = self._core.state
-        live = [r for r in state.trials.values() if r.live and r.target > 0]
+        live = [r for r in state.jobs.values() if r.live and r.target > 0]
         return (f"AdaptDLScheduler: {state.num_allocations} allocations, "
                 f"{sum(r.target for r in live)} replicas over {len(live)} trials, "
                 f"{len(self._queue)} resizing; base: {self._base.debug_string()}")
@@ -480,10 +480,10 @@ class AdaptDLScheduler(TrialScheduler):
 
     def _trial_ended(self, trial: Trial) -> None:
         self._hook()
-        record = self._core.state.trials.get(trial.trial_id)
+        record = self._core.state.jobs.get(trial.trial_id)
         if record is not None and record.live and record.resize_pending and record.resize_log:
             RESIZE_LOG.info("%s (the trial ended first)",
-                            describe_resize(trial.trial_id, record.resize_log[-1]))
+                            describe_resize(trial.trial_id, record.resize_log[-1], "trial"))
         self._traps.forget(trial.trial_id)
         self._core.remove(trial.trial_id)
         if trial.trial_id in self._queue:
@@ -491,7 +491,7 @@ class AdaptDLScheduler(TrialScheduler):
         if self._control is not None:
             self._control.forget.remote(trial.trial_id)
         self._save_soon()
-        if not any(r.live for r in self._core.state.trials.values()):
+        if not any(r.live for r in self._core.state.jobs.values()):
             # The experiment may be over: nothing is left to flush it later, and the
             # driver may read or upload the file next.
             self._save()
@@ -536,7 +536,7 @@ class AdaptDLScheduler(TrialScheduler):
             return
         live = {t.trial_id: t for t in tune_controller.get_trials()
                 if t.status in (Trial.PENDING, Trial.RUNNING, Trial.PAUSED)}
-        ids = [k for k, r in self._core.state.trials.items() if r.live and k in live]
+        ids = [k for k, r in self._core.state.jobs.items() if r.live and k in live]
         for trial_id in ids:
             trial = live[trial_id]
             # A PENDING trial holds nothing yet: Tune starts it at its request once there
@@ -603,7 +603,7 @@ class AdaptDLScheduler(TrialScheduler):
                         exc)
             return
         for trial_id, hints in fresh.items():
-            record = self._core.state.trials.get(trial_id)
+            record = self._core.state.jobs.get(trial_id)
             if record is not None and record.live and hints:
                 self._core.update(trial_id, hints=hints)
 
@@ -701,7 +701,7 @@ class AdaptDLScheduler(TrialScheduler):
             LOG.warning("could not read the saved scheduler state (%s); starting afresh", exc)
             return
         if saved is not None:
-            LOG.info("restored AdaptDLScheduler state: %d trials", len(saved.trials))
+            LOG.info("restored AdaptDLScheduler state: %d trials", len(saved.jobs))
             self._core.restore(saved)
 
     def _save_soon(self) -> None:

@@ -108,7 +108,7 @@ def test_a_profiled_job_grows_and_the_resize_is_logged_with_its_measured_cost():
     d = core.decide()["a"]  # ...and resized once known and paying
     assert d.action == "resize" and d.replicas == 2 and "saves" in d.reason
     core.begin_resize("a", d)
-    record = core.state.trials["a"]
+    record = core.state.jobs["a"]
     assert record.resizes == 1 and record.resize_pending
     entry = record.resize_log[-1]
     assert (entry["from"], entry["to"], entry["cost_s"]) == (1, 2, 30.0)
@@ -145,7 +145,7 @@ def test_a_finishing_job_is_left_alone():
     core.add_job("a", GPU)
     core.running("a", nodes=list(core.decide()["a"].nodes))
     core.update("a", hints=PROFILED_2, progress=JobProgress(remaining_s=1.0))
-    core.state.trials["a"].resize_s = 22.9
+    core.state.jobs["a"].resize_s = 22.9
     clock.now += 31
     assert core.finishing("a")
     assert core.decide()["a"].action == "keep"  # pinned: the policy keeps it at 1
@@ -161,13 +161,13 @@ def test_a_growth_that_does_not_pay_is_held_with_the_reason():
     core.add_job("a", GPU)
     core.running("a", nodes=list(core.decide()["a"].nodes))
     core.update("a", hints=POOR, progress=JobProgress(remaining_s=100.0))
-    core.state.trials["a"].resize_s = 30.0
+    core.state.jobs["a"].resize_s = 30.0
     clock.now += 600
     d = core.decide()["a"]
     assert d.action == "hold" and d.replicas == 1 and d.proposed > 1
     assert "not more than the resize cost" in d.reason
     assert d.saved_s is not None and d.saved_s < 30.0
-    assert core.state.trials["a"].last_veto == d.reason
+    assert core.state.jobs["a"].last_veto == d.reason
 
 
 def test_a_shrink_for_a_newcomer():
@@ -236,19 +236,24 @@ def test_state_round_trip_and_restore():
     core.update("a", hints=PROFILED_2, progress=JobProgress(restarts=3, remaining_s=50.0))
     text = core.state.to_json()
     again = DecisionCore(clock=clock, state=CoreState.from_json(text))
-    record = again.state.trials["a"]
+    record = again.state.jobs["a"]
     assert record.hints == PROFILED_2 and record.restarts == 3 and not record.live
     assert again.decide() == {}
     clock.now += 5
     again.set_nodes(core.nodes)
     again.add_job("a", GPU)
-    assert again.state.trials["a"].created == 1000.0
+    assert again.state.jobs["a"].created == 1000.0
     assert again.decide()["a"].action == "start"
     # A state file written before the core existed (no spec/live/current fields) loads.
     old = ('{"trials": {"t1": {"created": 5.0, "restarts": 2, "target": 1, "nodes": ["n0"],'
            ' "unknown_field": 1}}, "last_allocation": 7.0, "num_allocations": 3}')
     state = CoreState.from_json(old)
-    assert state.trials["t1"].restarts == 2 and state.num_allocations == 3
+    assert state.jobs["t1"].restarts == 2 and state.num_allocations == 3
+    # Written under the key "jobs" now; the old attribute name warns and is the same dict.
+    assert '"jobs":' in state.to_json() and '"trials"' not in state.to_json()
+    assert CoreState.from_json(state.to_json()).jobs["t1"].restarts == 2
+    with pytest.warns(DeprecationWarning, match="CoreState.jobs"):
+        assert state.trials is state.jobs
     with pytest.raises(ValueError):
         CoreState.from_json("[1, 2]")
 
@@ -278,7 +283,7 @@ def test_running_jobs_known_only_by_count_are_placed_apart_and_finishing_ones_pi
         core.add_job(f"j{i}", GPU)
         core.running(f"j{i}", replicas=2)
         core.update(f"j{i}", progress=JobProgress(remaining_s=1.0))  # all finishing
-    core.state.trials["j0"].nodes = []
+    core.state.jobs["j0"].nodes = []
     clock.now += 31
     decisions = core.decide()
     assert {d.action for d in decisions.values()} == {"keep"}
@@ -299,7 +304,7 @@ def test_a_solve_run_elsewhere_applies_only_to_jobs_still_live():
     request.run()
     assert policy.calls == 1 and request.error is None
     core.finish_solve(request)
-    assert core.state.trials["a"].target == 0 and not core.state.trials["a"].live
+    assert core.state.jobs["a"].target == 0 and not core.state.jobs["a"].live
     assert core.decision_for("b").action == "start"
     assert core.decision_for("c").action == "wait"
     assert core.due()  # c arrived after the snapshot
@@ -325,7 +330,7 @@ def test_submission_time_dates_the_job_for_the_policy():
     core.remove("early")
     clock.now += 30
     core.add_job("early", GPU, submitted=1020.0)
-    assert core.state.trials["early"].created == 955.0
+    assert core.state.jobs["early"].created == 955.0
     with pytest.raises(ValueError, match="submitted"):
         core.add_job("late", GPU, submitted=clock.now + 1)
     with pytest.raises(ValueError, match="submitted"):
@@ -376,7 +381,7 @@ def test_a_grouped_job_keeps_its_own_gradient_statistics_and_outgrows_the_donor(
     seen = core.hints_for("b")
     assert seen["perf_params"] == GOOD_4["perf_params"]
     assert seen["max_profiled_replicas"] == 4 and seen["grad_params"] == OWN_1["grad_params"]
-    assert core.hints_for("a") is core.state.trials["a"].hints  # the donor: its own
+    assert core.hints_for("a") is core.state.jobs["a"].hints  # the donor: its own
     assert core.hints_for("b") is seen  # cached while nothing changed
     # Once b's own profile covers as many replicas, b is modelled by its own hints.
     own_4 = dict(OWN_1, max_profiled_replicas=4)

@@ -38,10 +38,10 @@ def test_resizes_to_the_same_size_come_first_then_any_size():
 
 def test_the_basis_says_whose_resizes_it_rests_on():
     own, group = CostSample(1, 2, 9.0, True), CostSample(2, 2, 11.0, False)
-    assert "(this trial)" in estimate_resize_cost([own], target=2, prior_s=30).basis
+    assert "(this job)" in estimate_resize_cost([own], target=2, prior_s=30).basis
     assert "(its profile group)" in estimate_resize_cost([group], target=2, prior_s=30).basis
     both = estimate_resize_cost([own, group], target=2, prior_s=30)
-    assert both.seconds == 10.0 and "this trial and its profile group" in both.basis
+    assert both.seconds == 10.0 and "this job and its profile group" in both.basis
 
 
 @pytest.mark.parametrize("kwargs, name", [
@@ -73,7 +73,7 @@ def test_a_trial_predicts_with_its_profile_groups_measured_resizes():
     # b's own resize is measured too: the median of both, and the log holds both figures.
     now[0] += 10
     core.begin_resize("b", to=2)
-    entry = core.state.trials["b"].resize_log[-1]
+    entry = core.state.jobs["b"].resize_log[-1]
     assert entry["cost_s"] == 17.0 and "profile group" in entry["cost_basis"]
     core.update("b", progress=JobProgress(restarts=1, resize_cost_s=25.0))
     assert (entry["cost_s"], entry["measured_s"]) == (17.0, 25.0)

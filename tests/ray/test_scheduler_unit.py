@@ -187,10 +187,10 @@ def test_a_lone_trial_starts_at_one_replica_and_grows_once_profiled(clock):
     clock[0] += 600
     # Not while its remaining training is unknown (issue 25)...
     assert sched.on_trial_result(tc, trial, {}) == TrialScheduler.CONTINUE
-    assert "not known yet" in sched.state.trials["solo"].last_veto
+    assert "not known yet" in sched.state.jobs["solo"].last_veto
     # ...and once it is known, and a growth pays.
     assert sched.on_trial_result(tc, trial, LONG) == TrialScheduler.PAUSE
-    record = sched.state.trials["solo"]
+    record = sched.state.jobs["solo"]
     assert record.target == 2 and record.resize_pending
     assert record.resize_log[-1]["from"] == 1 and record.resize_log[-1]["to"] == 2
     assert "saves" in record.resize_log[-1]["reason"]
@@ -234,7 +234,7 @@ def test_each_resize_is_one_visible_line_with_its_predicted_and_measured_cost(cl
     assert line.startswith("trial solo resized 1 -> 2 replicas (predicted speedup")
     assert "predicted saving" in line and "predicted cost 30.0 s" in line
     assert line.endswith("measured cost 27.5 s")
-    entry = sched.state.trials["solo"].resize_log[-1]
+    entry = sched.state.jobs["solo"].resize_log[-1]
     assert (entry["cost_s"], entry["measured_s"]) == (30.0, 27.5)
 
 
@@ -270,13 +270,13 @@ def test_interval_elapsed_reallocates_and_pauses_trials_whose_count_changes(cloc
     calls = policy.calls
     assert sched.on_trial_result(tc, a, LONG) == TrialScheduler.PAUSE
     assert policy.calls == calls + 1
-    assert sched.state.trials["a"].target == 4
+    assert sched.state.jobs["a"].target == 4
     # Tune pauses it; the scheduler then resumes it with 4 replicas.
     a.status = Trial.PAUSED
     sched._last_check = float("-inf")  # past the throttle delay
     assert sched.choose_trial_to_run(tc) is a
     assert a.replicas == 4
-    assert sched.state.trials["a"].resizes == 1
+    assert sched.state.jobs["a"].resizes == 1
 
 
 def test_growth_waits_until_the_room_is_free():
@@ -287,7 +287,7 @@ def test_growth_waits_until_the_room_is_free():
     b.status = Trial.RUNNING
     b.placement_group_factory = placement_group_factory(JobSpec({"CPU": 1}), 3)
     tc.trials.append(b)  # a trial holding 3 CPUs that the scheduler wants to shrink
-    sched.state.trials["a"].target = 3
+    sched.state.jobs["a"].target = 3
     assert sched.on_trial_result(tc, a, LONG) == TrialScheduler.CONTINUE  # no room yet
     b.status = Trial.PAUSED
     assert sched.on_trial_result(tc, a, LONG) == TrialScheduler.PAUSE
@@ -300,7 +300,7 @@ def test_a_resized_trial_is_not_resumed_by_the_base_scheduler_before_it_fits():
     b.status = Trial.RUNNING
     b.placement_group_factory = placement_group_factory(JobSpec({"CPU": 1}), 3)
     tc.trials.append(b)
-    sched.state.trials["a"].target = 4  # paused to grow to 4 while b still holds 3 CPUs
+    sched.state.jobs["a"].target = 4  # paused to grow to 4 while b still holds 3 CPUs
     sched._enqueue("a")
     a.status = Trial.PAUSED
     for _ in range(3):
@@ -308,7 +308,7 @@ def test_a_resized_trial_is_not_resumed_by_the_base_scheduler_before_it_fits():
         assert sched.choose_trial_to_run(tc) is None
     b.status = Trial.TERMINATED
     sched._last_check = float("-inf")
-    sched.state.trials["a"].target = 4
+    sched.state.jobs["a"].target = 4
     assert sched.choose_trial_to_run(tc) is a and a.replicas == 4
 
 
@@ -345,7 +345,7 @@ def test_a_slow_solve_runs_in_the_background_without_blocking_tune():
         sched.choose_trial_to_run(tc)
         time.sleep(0.01)
     assert sched.state.num_allocations == 1 and policy.calls == 1
-    assert sched.state.trials["a"].target == 1
+    assert sched.state.jobs["a"].target == 1
 
 
 def test_once_interrupted_no_trial_starts_and_a_pickled_copy_starts_uninterrupted():
@@ -406,8 +406,8 @@ def test_state_survives_a_new_scheduler_instance(tmp_path, clock):
     tc2 = StubController()
     a2 = StubTrial("a", state_dir=str(tmp_path))
     tc2.add(again, a2)
-    record = again.state.trials["a"]
-    assert record.created == sched.state.trials["a"].created
+    record = again.state.jobs["a"]
+    assert record.created == sched.state.jobs["a"].created
     assert record.restarts == 3 and record.hints == PROFILED_2
     assert a2.status == Trial.PENDING
 
@@ -415,7 +415,7 @@ def test_state_survives_a_new_scheduler_instance(tmp_path, clock):
 def test_state_file_round_trip_and_bad_json(tmp_path):
     state = CoreState()
     state.save(str(tmp_path))
-    assert CoreState.load(str(tmp_path)).trials == {}
+    assert CoreState.load(str(tmp_path)).jobs == {}
     (tmp_path / STATE_FILE).write_text("{not json")
     with pytest.raises(ValueError):
         CoreState.load(str(tmp_path))
@@ -430,7 +430,7 @@ def test_a_trial_one_short_epoch_from_its_end_is_not_grown(clock):
     tc, a = start_trial(sched, "a")
     hints.hints["a"] = PROFILED_2
     # 9 of 10 one-second epochs done; its last resize cost 22.9 s.
-    record = sched.state.trials["a"]
+    record = sched.state.jobs["a"]
     record.resize_s = 22.9
     result = {"adaptdl/epochs_done": 9, "adaptdl/epochs": 10, "time_total_s": 9.0}
     clock[0] += 31
@@ -454,7 +454,7 @@ def test_a_growth_whose_gain_is_below_its_cost_is_not_made(clock):
                         "perf_params": [0.01, 0.001, 0.05, 0.0001, 0.5, 0.0002, 1.2],
                         "grad_params": [1.0, 50.0], "max_profiled_replicas": 2,
                         "max_profiled_nodes": 1, "local_bsz_bounds": [16, 256]}
-    record = sched.state.trials["a"]
+    record = sched.state.jobs["a"]
     record.resize_s = 30.0
     # 100 s left (more than two resize costs), but growing saves ~20 s < 30 s.
     result = {"adaptdl/epochs_done": 1, "adaptdl/epochs": 2, "time_total_s": 100.0}
@@ -624,7 +624,7 @@ def test_a_hook_never_waits_for_the_disk(tmp_path):
         release.set()
         state_module.write_atomic = real
     assert sched.flush_state(timeout=10)
-    assert CoreState.load(str(tmp_path)).trials["a"].restarts == 1
+    assert CoreState.load(str(tmp_path)).jobs["a"].restarts == 1
 
 
 def test_a_hook_stops_waiting_for_solves_once_they_are_slower_than_the_wait(clock):
@@ -729,7 +729,7 @@ def test_a_new_trial_grows_in_one_resize_to_what_the_shared_profile_supports(clo
     assert b.status == Trial.RUNNING and b.replicas == 1
     clock[0] += 2  # past the gap between event-driven solves
     action = sched.on_trial_result(tc, b, LONG)
-    target = sched.state.trials["b"].target
+    target = sched.state.jobs["b"].target
     if share:
         assert action == TrialScheduler.PAUSE and target == 8
     else:

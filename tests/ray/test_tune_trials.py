@@ -116,7 +116,7 @@ def test_trial_grows_shrinks_and_finishes_every_epoch_exactly_once(tmp_path):
     resize = [float(r["adaptdl/resize_s"]) for r in rows]
     assert resize[0] == 0.0 and resize[-1] > 0.0
     # The scheduler's own record agrees with what the workers saw.
-    record = scheduler.state.trials[trial.trial_id]
+    record = scheduler.state.jobs[trial.trial_id]
     assert record.resizes == len(shapes) - 1
     assert [n for _, n in record.history] == [1, 3, 2, 1, 0]
 

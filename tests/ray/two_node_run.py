@@ -40,7 +40,7 @@ def main(record_dir: str, storage_dir: str) -> None:
         trial = analysis.trials[0]
         print(json.dumps({"status": trial.status, "trial_id": trial.trial_id,
                           "num_nodes": len(ray.nodes()),
-                          "history": scheduler.state.trials[trial.trial_id].history}))
+                          "history": scheduler.state.jobs[trial.trial_id].history}))
     finally:
         ray.shutdown()
         cluster.shutdown()

@@ -91,4 +91,4 @@ def test_core_pollux_dates_jobs_from_their_submission():
     out = pol.decide(60.0, {"b": job}, {}, {0: 4})
     assert len(out["b"]) >= 1
     # The round boundary is 60 s, but the job's age (restart penalty) counts from 17 s.
-    assert pol.core.state.trials["b"].created == 17.0
+    assert pol.core.state.jobs["b"].created == 17.0
