@@ -2,18 +2,23 @@
 
 Front-ends (the Ray Tune scheduler, the trace-driven simulator, a cluster service) feed
 :class:`DecisionCore` plain events (jobs arrive, report hints and progress, run, end;
-nodes come and go) and act on its :class:`Decision` per job. See :mod:`.core`.
+nodes come and go) and act on its :class:`Decision` per job (see :mod:`.core`), driving
+it through a :class:`CoreDriver` (when and where it solves, its state on disk; see
+:mod:`.driver`).
 """
 
 from adaptdl_core.policy import NodeInfo
 
 from .core import ACTIONS, Action, Decision, DecisionCore, JobProgress, SolveRequest
+from .driver import CoreDriver
 from .estimate import estimate_remaining_s
 from .jobs import (JobSpec, cluster_capacity, exploration_cap, group_hints, job_info,
                    pack_guess, profiled_extent, replicas_fitting, speedup_from_hints)
+from .shared import SharedSolve, capacity_left
 from .state import CoreState, JobRecord, StateWriter, write_atomic
 
-__all__ = ["ACTIONS", "Action", "CoreState", "Decision", "DecisionCore", "JobProgress", "JobRecord",
-           "JobSpec", "NodeInfo", "SolveRequest", "StateWriter", "cluster_capacity",
-           "estimate_remaining_s", "exploration_cap", "group_hints", "job_info", "pack_guess",
-           "profiled_extent", "replicas_fitting", "speedup_from_hints", "write_atomic"]
+__all__ = ["ACTIONS", "Action", "CoreDriver", "CoreState", "Decision", "DecisionCore",
+           "JobProgress", "JobRecord", "JobSpec", "NodeInfo", "SharedSolve", "SolveRequest",
+           "StateWriter", "capacity_left", "cluster_capacity", "estimate_remaining_s",
+           "exploration_cap", "group_hints", "job_info", "pack_guess", "profiled_extent",
+           "replicas_fitting", "speedup_from_hints", "write_atomic"]

@@ -49,8 +49,8 @@ from typing import Any, Callable, Hashable, Mapping, Sequence
 import numpy as np
 
 from adaptdl_core import validation
-from adaptdl_core.policy import (DEFAULT_RESTART_COST_S, MIN_COST_MULTIPLES, NodeInfo,
-                                 PolluxPolicy, ResizeVerdict, policy_by_name,
+from adaptdl_core.policy import (DEFAULT_RESTART_COST_S, MIN_COST_MULTIPLES, AllocationResult,
+                                 NodeInfo, PolluxPolicy, ResizeVerdict, policy_by_name,
                                  resize_verdict)
 
 from .jobs import (JobSpec, check_profile_group, cluster_capacity, group_hints, job_info,
@@ -849,6 +849,58 @@ class SolveRequest:
         self.unfit: dict = {}
         self.error: BaseException | None = None
         self.seconds = 0.0
+
+    # -- the request as plain data (a solve run in another process) ------------------
+    def to_plain(self) -> dict[str, Any]:
+        """The request's jobs as JSON-compatible data, for a solver in another process
+        (the cluster allocator): ``{"now", "jobs": {job id: {...}}}``, each job with its
+        spec (``JobSpec.to_dict()``), creation time, hints, restarts, resize cost,
+        current replicas, whether it is pinned, its remaining seconds and its current
+        placement (``base``). Job ids must be strings."""
+        jobs = {}
+        for e in self.entries:
+            jobs[str(e.job_id)] = {
+                "spec": e.spec.to_dict(), "created": e.created, "hints": e.hints,
+                "restarts": e.restarts, "cost_s": e.cost_s, "current": e.current,
+                "pinned": e.pinned, "remaining_s": e.remaining_s,
+                "base": list(self.base.get(e.job_id, []))}
+        return {"now": self.now, "jobs": jobs}
+
+    @classmethod
+    def from_plain(cls, now: float, nodes: Mapping[Hashable, NodeInfo],
+                   jobs: Mapping[Hashable, Mapping[str, Any]], policy: Any,
+                   speedup_for: Callable[[Hashable, Any], Any]) -> "SolveRequest":
+        """A request over ``jobs`` (job id -> one job of :meth:`to_plain`'s ``"jobs"``,
+        possibly gathered from several front-ends) on ``nodes``, solved by ``policy``.
+
+        Raises:
+            ValueError: a job entry that lacks a field or has a malformed spec (named)."""
+        entries, base = [], {}
+        for job_id, job in jobs.items():
+            try:
+                entries.append(_Entry(job_id, JobSpec.from_dict(job["spec"]),
+                                      float(job["created"]), job.get("hints"),
+                                      int(job["restarts"]), float(job["cost_s"]),
+                                      int(job["current"]), bool(job["pinned"]),
+                                      job.get("remaining_s")))
+            except (KeyError, TypeError) as exc:
+                raise ValueError(f"job {job_id!r}: malformed solve entry ({exc!r})") from None
+            if job.get("base"):
+                base[job_id] = list(job["base"])
+        return cls(float(now), dict(nodes), entries, base, policy, speedup_for)
+
+    def accept(self, allocations: Mapping[Hashable, Sequence[Hashable]],
+               unfit: Mapping[Hashable, str] | None = None, *,
+               solve_time_s: float = 0.0, seconds: float | None = None) -> None:
+        """Fill the request in with an allocation solved elsewhere (instead of
+        :meth:`run`): job id -> node ids, one per replica; ``unfit``: job id -> why the
+        cluster cannot hold it; ``seconds``: the whole round trip."""
+        self.result = AllocationResult({k: list(v) for k, v in allocations.items()}, {},
+                                       math.nan, 0, False, math.nan, float(solve_time_s))
+        self.unfit = dict(unfit or {})
+        self.error = None
+        if seconds is not None:
+            self.seconds = float(seconds)
 
     def run(self) -> None:
         """Build the policy's jobs and solve; errors are kept in :attr:`error`."""

@@ -1,6 +1,6 @@
 """Every use of Ray internals by adaptdl_ray, in one place, checked against the Ray version.
 
-Ray 2.60 has no public seam for three things an AdaptDL trial needs:
+Ray 2.60 has no public seam for four things AdaptDL needs:
 
 * **The replica's Tune context.** ``tune.report``, ``tune.get_checkpoint`` and
   ``tune.get_context()`` read a process-wide session object
@@ -14,6 +14,9 @@ Ray 2.60 has no public seam for three things an AdaptDL trial needs:
 * **The trainable's iteration and time counters**, which Tune restores only from its own
   checkpoints: :func:`set_trainable_counters` (used when a trial resumes from the state it
   saved on an interrupted run, which Tune does not know about).
+* **What each node has free**, which the cluster allocator subtracts from the nodes'
+  totals to leave out what other work holds (``ray.available_resources()`` only gives
+  the sum over nodes): :func:`available_resources_per_node`.
 
 Everything here is checked at import: a Ray outside the tested range logs a warning, and a
 Ray whose internals moved raises :class:`ImportError` naming what is missing, rather than
@@ -32,7 +35,8 @@ import ray
 LOG = logging.getLogger(__name__)
 
 __all__ = ["TESTED_RAY", "StorageInfo", "check_ray", "install_replica_session",
-           "clear_replica_session", "trial_storage", "set_trainable_counters"]
+           "clear_replica_session", "trial_storage", "set_trainable_counters",
+           "available_resources_per_node"]
 
 # The Ray versions these seams were read from and tested with ([low, high)).
 TESTED_RAY = ((2, 60), (2, 61))
@@ -64,6 +68,9 @@ def check_ray() -> None:
     for name in ("_iteration", "_time_total", "_storage"):
         if name not in Trainable.__init__.__code__.co_names:
             missing.append(f"Trainable.{name}")
+    from ray._private import state as ray_state
+    if not callable(getattr(ray_state, "available_resources_per_node", None)):
+        missing.append("ray._private.state.available_resources_per_node")
     if missing:
         raise ImportError(
             f"adaptdl_ray needs Ray internals that Ray {ray.__version__} does not have "
@@ -197,3 +204,12 @@ def set_trainable_counters(trainable: Any, *, iteration: int, time_total_s: floa
                          f"time_total_s={time_total_s}")
     trainable._iteration = int(iteration)
     trainable._time_total = float(time_total_s)
+
+
+# -- each node's free resources -----------------------------------------------------------
+def available_resources_per_node() -> dict[str, dict[str, float]]:
+    """node id (hex) -> resource name -> amount free now, for every alive node (Ray's own
+    accounting: placement-group reservations count as used). Needs a connected Ray."""
+    from ray._private import state as ray_state
+    return {str(node): {str(k): float(v) for k, v in resources.items()}
+            for node, resources in ray_state.available_resources_per_node().items()}

@@ -26,26 +26,22 @@ needs (pause announcements, interrupts, result files, the base scheduler):
   its next batch boundary before Tune stops it, so ``Tuner.restore`` resumes there.
 * **Early stopping**: an optional base scheduler (e.g. ASHA) decides stop/continue; this
   scheduler decides resources only.
-* **State**: the core's :class:`~adaptdl_core.decision.CoreState`, written to the
+* **State and solves**: driven by the core's own
+  :class:`~adaptdl_core.decision.CoreDriver`, as every front-end drives it: the policy
+  solves in a worker thread (a hook waits only while solves are quick, never for the
+  disk), and the core's :class:`~adaptdl_core.decision.CoreState` is written to the
   experiment directory after each solve, resize, relaunch and interrupt and when the last
-  trial ends (other changes at most every ``_SAVE_INTERVAL_S``), so it survives
-  ``Tuner.restore``. A hook only takes the snapshot (serialised in its own thread, so it is
-  consistent); a writer thread writes it (temporary file, then rename). A crash of the
-  driver keeps the last file written: it loses at most the changes of the last
-  ``_SAVE_INTERVAL_S`` and the write in flight. On an interrupt and when the last trial
-  ends, the hook waits for the write.
-* **Never blocking Tune**: the policy solves in a worker thread; a hook waits for a solve
-  it starts only while solves are quick (the previous one took at most ``solve_wait_s``),
-  and never for the disk.
+  trial ends (other changes at most every few seconds), so it survives ``Tuner.restore``;
+  on an interrupt and when the last trial ends, the hook waits for the write.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import json
 import logging
 import math
+import os
 import time
 from typing import Any, Callable, Mapping
 
@@ -53,11 +49,12 @@ import ray
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
-from adaptdl_core.decision import (CoreState, DecisionCore, JobProgress, SolveRequest,
-                                   StateWriter, cluster_capacity, estimate_remaining_s,
-                                   job_info)
+from adaptdl_core.decision import (CoreDriver, CoreState, DecisionCore, JobProgress,
+                                   cluster_capacity, estimate_remaining_s, job_info)
+from adaptdl_core.decision.driver import DEFAULT_SOLVE_WAIT_S
 from adaptdl_core.decision.resize_cost import describe_resize
 from adaptdl_core.policy import NodeInfo, PolluxPolicy, policy_by_name, resize_verdict
+from adaptdl_ray.cluster.client import AllocatorSolver, new_member_id
 from adaptdl_ray.tune import checkpoint_files, control
 from adaptdl_ray.tune.interrupts import InterruptRelay, unsaved_trials
 from adaptdl_ray.tune.resources import cluster_nodes, num_replicas_of, placement_group_factory
@@ -80,11 +77,6 @@ _MIN_CHECK_INTERVAL_S = 0.2
 # Trials arrive in bursts (a searcher's suggestions, one per event-loop step): solves that
 # additions and ends trigger are this far apart, so a burst costs a few solves, not one each.
 _MIN_EVENT_GAP_S = 1.0
-# A hook that starts a solve waits this long for it before answering with the standing
-# decisions (see AdaptDLScheduler's solve_wait_s).
-_SOLVE_WAIT_S = 0.02
-# Hints and progress change with every result; write the state out at most this often.
-_SAVE_INTERVAL_S = 5.0
 # How long the cluster's node list is reused between allocations.
 _NODES_TTL_S = 5.0
 # On an interrupt, time for writing the trials' state on top of their stop timeouts.
@@ -142,6 +134,14 @@ class AdaptDLScheduler(TrialScheduler):
             others without it); or a function of the trial's config returning a
             hashable group key, ``None`` for no sharing (it must pickle: Tune pickles the
             scheduler).
+        cluster_allocator: share the Ray cluster with every other AdaptDL experiment and
+            job on it through the cluster allocator (:mod:`adaptdl_ray.cluster`, started
+            on first use): this experiment's trials then get the share of one solve over
+            every AdaptDL job on the cluster (the allocator's own policy decides; this
+            scheduler's ``policy`` decides only while the allocator cannot be reached, with
+            one warning). ``False``: decide for this experiment alone over the whole
+            cluster. ``None`` (default): share when running on Ray with the default
+            ``nodes_fn``.
 
     Raises:
         TypeError: for an argument of the wrong kind (e.g. ``base_scheduler='asha'``);
@@ -156,8 +156,9 @@ class AdaptDLScheduler(TrialScheduler):
                  policy: Any = None,
                  hints_fn: Callable[[list[str]], Mapping[str, dict]] | None = None,
                  resize_rule: Callable[..., Any] | None = None,
-                 solve_wait_s: float | None = _SOLVE_WAIT_S,
-                 share_profiles: bool | str | Callable[[dict], Any] = True) -> None:
+                 solve_wait_s: float | None = DEFAULT_SOLVE_WAIT_S,
+                 share_profiles: bool | str | Callable[[dict], Any] = True,
+                 cluster_allocator: bool | None = None) -> None:
         if base_scheduler is not None and not isinstance(base_scheduler, TrialScheduler):
             raise TypeError(f"base_scheduler must be a ray.tune TrialScheduler instance such as "
                             f"ASHAScheduler(), got {base_scheduler!r}")
@@ -183,6 +184,9 @@ class AdaptDLScheduler(TrialScheduler):
                          ("resize_rule", resize_rule)):
             if fn is not None and not callable(fn):
                 raise TypeError(f"{name} must be a function, got {fn!r}")
+        if cluster_allocator is not None and not isinstance(cluster_allocator, bool):
+            raise TypeError(f"cluster_allocator must be True, False or None (share when on "
+                            f"Ray), got {cluster_allocator!r}")
         if not isinstance(share_profiles, (bool, str)) and not callable(share_profiles):
             raise TypeError(f"share_profiles must be True, False, the name of a config entry "
                             f"or a function of the trial's config, got {share_profiles!r}")
@@ -199,11 +203,8 @@ class AdaptDLScheduler(TrialScheduler):
         self._nodes_fn = nodes_fn or cluster_nodes
         self._hints_fn = hints_fn
         self._nodes_cache: tuple[float, dict[Any, NodeInfo]] | None = None
-        self._state_dir: str | None = None
         self._restored = False
         self._last_check = float("-inf")
-        self._last_save = float("-inf")
-        self._save_pending = False
         self._queue: list[str] = []  # paused (resized) trial ids waiting to run, in order
         self._metric: str | None = None
         self._mode: str | None = None
@@ -211,21 +212,20 @@ class AdaptDLScheduler(TrialScheduler):
         self._relay = InterruptRelay()
         self._interrupt: dict[str, Any] | None = None
         self._interrupt_done = False  # the held-back signal went to Tune
-        self._solve_wait_s = solve_wait_s
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
-        self._inflight: tuple[SolveRequest, concurrent.futures.Future] | None = None
-        self._last_solve_s: float | None = None
-        self._writer = StateWriter(sync=solve_wait_s is None)
+        # Solves in a worker thread, state snapshots to the experiment directory.
+        self._driver = CoreDriver(self._core, solve_wait_s=solve_wait_s)
         self._share_profiles = share_profiles
         self._missing_entry_logged = False
         self._traps = TrapWatch(allocation_interval_s)
+        self._share_cluster = cluster_allocator if cluster_allocator is not None \
+            else nodes_fn is None
+        self._allocator: AllocatorSolver | None = None
 
     def __getstate__(self) -> dict:
         # Tune pickles its configuration (with this scheduler) before the run; a worker
         # thread and a solve in flight do not travel.
         state = dict(self.__dict__)
-        state["_executor"] = state["_inflight"] = None
-        # Nor does an interrupt: a restored run starts uninterrupted.
+        # (the driver leaves its worker thread behind itself). Nor does an interrupt: a restored run starts uninterrupted.
         state["_relay"], state["_interrupt"], state["_interrupt_done"] = \
             InterruptRelay(), None, False
         return state
@@ -252,12 +252,17 @@ class AdaptDLScheduler(TrialScheduler):
         """The decision core this scheduler drives (read-only use)."""
         return self._core
 
+    @property
+    def driver(self) -> CoreDriver:
+        """How this scheduler drives its core (solves, state writes; read-only use)."""
+        return self._driver
+
     def flush_state(self, timeout: float | None = None) -> bool:
         """Wait until the state snapshots taken so far are in the experiment directory
         (at most ``timeout`` seconds; ``None``: as long as it takes). Returns ``True`` if
         nothing is left to write. Tune does not need this; a script reading the state
         file while the experiment runs may."""
-        return self._writer.flush(timeout)
+        return self._driver.flush(timeout)
 
     # -- trial events ---------------------------------------------------------------
     def on_trial_add(self, tune_controller: Any, trial: Trial) -> None:
@@ -290,7 +295,7 @@ class AdaptDLScheduler(TrialScheduler):
         elif trial.status == Trial.PAUSED:
             self._enqueue(trial.trial_id)
         self._core.add_job(trial.trial_id, spec, replicas=requested)
-        self._save_soon()
+        self._driver.save_soon()
 
     def on_trial_result(self, tune_controller: Any, trial: Trial, result: dict) -> str:
         """Pass progress and resize costs to the core; return PAUSE when the core decides
@@ -318,9 +323,9 @@ class AdaptDLScheduler(TrialScheduler):
         record = self._core.state.jobs[trial.trial_id]
         resizing = record.resize_pending
         if self._core.update(trial.trial_id, progress=self._progress(result)):
-            self._save()  # a relaunch happened (rare): its measured cost is worth keeping
+            self._driver.save()  # a relaunch happened (rare): its measured cost is worth keeping
         else:
-            self._flush_save()
+            self._driver.save_if_due()
         if resizing and not record.resize_pending and record.resize_log:
             RESIZE_LOG.info(describe_resize(trial.trial_id, record.resize_log[-1], "trial"))
         decision = self._base.on_trial_result(tune_controller, trial, result)
@@ -346,7 +351,7 @@ class AdaptDLScheduler(TrialScheduler):
                  "one line follows once its cost is measured", trial.trial_id, current,
                  verdict.replicas, verdict.reason, record.resize_log[-1]["cost_s"])
         self._enqueue(trial.trial_id)
-        self._save()
+        self._driver.save()
         self._traps.forget(trial.trial_id)
         self._announce_pause(trial)
         return TrialScheduler.PAUSE
@@ -372,7 +377,7 @@ class AdaptDLScheduler(TrialScheduler):
         # Tune calls this on every step of its event loop: do real work at most every
         # _MIN_CHECK_INTERVAL_S (a resized trial then resumes within that delay).
         self._relay.alive()
-        self._collect_solve(0.0)
+        self._driver.collect(0.0)
         now = time.monotonic()
         if now - self._last_check >= _MIN_CHECK_INTERVAL_S:
             self._last_check = now
@@ -380,7 +385,7 @@ class AdaptDLScheduler(TrialScheduler):
             self._handle_interrupt(tune_controller)
             if self._relay.requested_at is None:
                 self._maybe_decide(tune_controller)
-                self._flush_save()
+                self._driver.save_if_due()
                 self._check_traps(tune_controller)
                 trial = self._next_resized_trial(tune_controller)
                 if trial is not None:
@@ -440,10 +445,22 @@ class AdaptDLScheduler(TrialScheduler):
 
     # -- internals ------------------------------------------------------------------
     def _hook(self) -> None:
-        """Per-hook set-up: the interrupt relay and, under Ray, the control actor."""
+        """Per-hook set-up: the interrupt relay and, under Ray, the control actor and the
+        cluster allocator's solver."""
         if self._control is None and ray.is_initialized():
             self._control = control.start()
             self._relay.install()
+            if self._share_cluster and self._allocator is None:
+                self._allocator = AllocatorSolver(
+                    new_member_id("tune"), "experiment",
+                    interval_s=self._core.interval_s)
+                self._driver.solver = self._allocator
+
+    def _leave_cluster(self) -> None:
+        """This experiment has no live trial left: its share of the cluster is freed now
+        (it joins again with its next trial)."""
+        if self._allocator is not None:
+            self._allocator.leave()
 
     def _announce_pause(self, trial: Trial) -> None:
         """Tell the trial that the save Tune asks for next precedes a pause, so that its
@@ -490,12 +507,13 @@ class AdaptDLScheduler(TrialScheduler):
             self._queue.remove(trial.trial_id)
         if self._control is not None:
             self._control.forget.remote(trial.trial_id)
-        self._save_soon()
+        self._driver.save_soon()
         if not any(r.live for r in self._core.state.jobs.values()):
             # The experiment may be over: nothing is left to flush it later, and the
             # driver may read or upload the file next.
-            self._save()
-            self._writer.flush(_FINAL_FLUSH_S)
+            self._leave_cluster()
+            self._driver.save()
+            self._driver.flush(_FINAL_FLUSH_S)
 
     def _profile_group(self, trial: Trial) -> str | None:
         """The trial's profile group under ``share_profiles`` (``None``: it shares none)."""
@@ -529,62 +547,22 @@ class AdaptDLScheduler(TrialScheduler):
             trial.update_resources(placement_group_factory(spec, replicas))
 
     def _maybe_decide(self, tune_controller: Any) -> None:
-        """Start a re-solve through the core when it is due (with the trials' sizes,
-        hints and the cluster brought up to date first), and apply a finished one."""
-        self._collect_solve(0.0)
-        if self._inflight is not None or not self._core.due():
-            return
-        live = {t.trial_id: t for t in tune_controller.get_trials()
-                if t.status in (Trial.PENDING, Trial.RUNNING, Trial.PAUSED)}
-        ids = [k for k, r in self._core.state.jobs.items() if r.live and k in live]
-        for trial_id in ids:
-            trial = live[trial_id]
-            # A PENDING trial holds nothing yet: Tune starts it at its request once there
-            # is room (and the core then resizes it like any other).
-            self._core.running(trial_id, replicas=num_replicas_of(
-                trial.placement_group_factory) if trial.status == Trial.RUNNING else 0)
-        self._refresh_hints(ids)
-        self._core.set_nodes(self._nodes(refresh=True))
-        request = self._core.begin_solve()
-        if self._solve_wait_s is None:
-            request.run()
-            self._inflight = (request, None)
-        else:
-            if self._executor is None:
-                self._executor = concurrent.futures.ThreadPoolExecutor(
-                    1, thread_name_prefix="adaptdl-solve")
-            self._inflight = (request, self._executor.submit(request.run))
-        self._collect_solve(self._solve_wait())
+        """Have the driver start a re-solve when it is due (with the trials' sizes, hints
+        and the cluster brought up to date first), and apply a finished one."""
+        def prepare() -> None:
+            live = {t.trial_id: t for t in tune_controller.get_trials()
+                    if t.status in (Trial.PENDING, Trial.RUNNING, Trial.PAUSED)}
+            ids = [k for k, r in self._core.state.jobs.items() if r.live and k in live]
+            for trial_id in ids:
+                trial = live[trial_id]
+                # A PENDING trial holds nothing yet: Tune starts it at its request once
+                # there is room (and the core then resizes it like any other).
+                self._core.running(trial_id, replicas=num_replicas_of(
+                    trial.placement_group_factory) if trial.status == Trial.RUNNING else 0)
+            self._refresh_hints(ids)
+            self._core.set_nodes(self._nodes(refresh=True))
 
-    def _solve_wait(self) -> float | None:
-        """How long a hook waits for the solve it started: ``solve_wait_s`` while solves
-        are quick, else not at all (its wait would time out anyway, and waking up again
-        beside a busy solve thread can take many times the wait)."""
-        if self._solve_wait_s is None:
-            return None
-        if self._last_solve_s is not None and self._last_solve_s > self._solve_wait_s:
-            return 0.0
-        return self._solve_wait_s
-
-    def _collect_solve(self, wait_s: float | None) -> None:
-        """Apply the solve in flight if it has finished (waiting up to ``wait_s``)."""
-        if self._inflight is None:
-            return
-        request, future = self._inflight
-        if future is not None:
-            try:
-                future.result(timeout=wait_s)
-            except concurrent.futures.TimeoutError:
-                return
-        self._inflight = None
-        self._last_solve_s = request.seconds
-        try:
-            self._core.finish_solve(request)
-        except ValueError as exc:
-            LOG.warning("the allocation failed (%s); the trials keep their sizes", exc)
-            return
-        # Solves are rate-limited (_MIN_EVENT_GAP_S, the interval), and so are these writes.
-        self._save()
+        self._driver.step(prepare)
 
     def _refresh_hints(self, trial_ids: list[str]) -> None:
         """Pull the trials' latest scheduler hints (posted by the trials, not in results)."""
@@ -662,8 +640,9 @@ class AdaptDLScheduler(TrialScheduler):
         if waiting:
             LOG.warning("trials %s did not save in time; stopping anyway", sorted(waiting))
         self._interrupt_done = True
-        self._save()
-        self._writer.flush(_FINAL_FLUSH_S)
+        self._leave_cluster()
+        self._driver.save()
+        self._driver.flush(_FINAL_FLUSH_S)
         self._relay.release()
 
     # -- persistence ----------------------------------------------------------------
@@ -689,42 +668,20 @@ class AdaptDLScheduler(TrialScheduler):
                         exc)
 
     def _maybe_restore(self, trial: Trial) -> None:
-        if self._state_dir is None:
+        if self._driver.state_dir is None:
             storage = getattr(trial, "storage", None)
-            self._state_dir = getattr(storage, "experiment_driver_staging_path", None)
-        if self._restored or self._state_dir is None:
+            self._driver.state_dir = getattr(storage, "experiment_driver_staging_path", None)
+        if self._allocator is not None and self._driver.state_dir:
+            # What `adaptdl-ray ls` shows as the experiment: its directory's name.
+            self._allocator.label = os.path.basename(self._driver.state_dir.rstrip("/"))
+        if self._restored or self._driver.state_dir is None:
             return
         self._restored = True
         try:
-            saved = CoreState.load(self._state_dir)
+            saved = CoreState.load(self._driver.state_dir)
         except (OSError, ValueError) as exc:
             LOG.warning("could not read the saved scheduler state (%s); starting afresh", exc)
             return
         if saved is not None:
             LOG.info("restored AdaptDLScheduler state: %d trials", len(saved.jobs))
             self._core.restore(saved)
-
-    def _save_soon(self) -> None:
-        """Mark the state as changed; it is written within _SAVE_INTERVAL_S."""
-        self._save_pending = True
-        self._flush_save()
-
-    def _flush_save(self) -> None:
-        """Write a pending change once _SAVE_INTERVAL_S has passed since the last write
-        (hooks then never pay for a write per event)."""
-        if self._save_pending and time.monotonic() - self._last_save >= _SAVE_INTERVAL_S:
-            self._save()
-
-    def _save(self) -> None:
-        """Snapshot the state now (consistent: serialised here) and have the writer
-        thread write it (in this thread when ``solve_wait_s`` is ``None``)."""
-        self._last_save = time.monotonic()
-        self._save_pending = False
-        if self._state_dir is None:
-            return
-        try:
-            text = self._core.state.to_json()
-        except ValueError as exc:  # a non-finite number slipped into a record
-            LOG.warning("could not serialise the scheduler state: %s", exc)
-            return
-        self._writer.submit(self._state_dir, text)

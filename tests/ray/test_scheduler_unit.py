@@ -336,7 +336,9 @@ def test_a_slow_solve_runs_in_the_background_without_blocking_tune():
     assert time.perf_counter() - t0 < 1.0
     assert sched.state.num_allocations == 0
     # Tune pickles its configuration: the worker thread and the solve in flight stay behind.
-    assert sched.__getstate__()["_inflight"] is None
+    assert sched.driver.solving
+    assert sched.driver.__getstate__()["_inflight"] is None
+    assert sched.driver.__getstate__()["_executor"] is None
     pickle.dumps(AdaptDLScheduler(nodes_fn=None))
     release.set()
     deadline = time.monotonic() + 10

@@ -1,0 +1,8 @@
+"""One Ray cluster shared by every AdaptDL experiment and job.
+
+* :mod:`.allocator`: the cluster allocator, a Ray actor that divides the cluster among
+  every AdaptDL job on it (one solve over all of them, see
+  :class:`~adaptdl_core.decision.SharedSolve`);
+* :mod:`.client`: finding and starting it, and the solver through which a front-end's
+  decision core shares the cluster (:class:`~.client.AllocatorSolver`).
+"""

@@ -1,0 +1,143 @@
+"""SharedSolve: one solve over the jobs of several front-ends (no Ray)."""
+
+from __future__ import annotations
+
+import pytest
+
+from adaptdl_core.decision import (CoreDriver, DecisionCore, JobSpec, NodeInfo, SharedSolve,
+                                   capacity_left)
+from tests.decision.test_core import GOOD_4, Clock
+
+GPU = JobSpec({"GPU": 1})
+NODES = {"n0": NodeInfo({"GPU": 4}), "n1": NodeInfo({"GPU": 4})}
+
+
+def front_end(shared, member, clock, jobs, *, label=None):
+    """A front-end's core whose solves go to ``shared`` (as AllocatorSolver does)."""
+    core = DecisionCore(clock=clock, interval_s=60.0)
+    core.set_nodes(NODES)
+
+    def solver(request):
+        reply = shared.sync(member, request.to_plain(), label=label or member)
+        request.accept(reply["allocations"], reply["unfit"])
+
+    driver = CoreDriver(core, solve_wait_s=None, solver=solver)
+    for name in jobs:
+        core.add_job(name, GPU)
+        core.update(name, hints=GOOD_4)
+    return driver
+
+
+def shares(driver):
+    return {k: r.target for k, r in driver.core.state.jobs.items() if r.live}
+
+
+def test_two_experiments_of_unequal_size_get_the_shares_of_one_objective():
+    clock = Clock()
+    shared = SharedSolve(clock=clock)
+    shared.set_nodes(NODES)
+    a = front_end(shared, "A", clock, ["a1", "a2", "a3"])
+    b = front_end(shared, "B", clock, ["b1"])
+    a.step()
+    b.step()
+    a.core.state.last_allocation = -1e9  # A asks again: it learns of B
+    a.step()
+    # Alone, each experiment plans for the whole cluster: their plans overlap.
+    alone_a = front_end(SharedSolve(clock=clock), "A", clock, ["a1", "a2", "a3"])
+    alone_b = front_end(SharedSolve(clock=clock), "B", clock, ["b1"])
+    for d in (alone_a, alone_b):
+        d.solver = None
+        d.step()
+    assert sum(shares(alone_a).values()) + sum(shares(alone_b).values()) > 8
+    # Shared: one Pollux solve over the four identical jobs (p = -1 over each job's
+    # speedup at its fair share) gives each job the same share, so A gets 3x B's share,
+    # exactly what one core over all four jobs decides.
+    together = front_end(SharedSolve(clock=clock), "all", clock, ["a1", "a2", "a3", "b1"])
+    together.solver = None
+    together.step()
+    expected = shares(together)
+    got = dict(shares(a), **shares(b))
+    assert got == expected
+    assert sum(got.values()) <= 8
+    assert sum(shares(a).values()) == 3 * sum(shares(b).values())
+
+
+def test_a_member_that_leaves_or_expires_frees_its_share():
+    clock = Clock()
+    shared = SharedSolve(clock=clock, interval_s=30.0)
+    shared.set_nodes(NODES)
+    a = front_end(shared, "A", clock, ["a1"])
+    b = front_end(shared, "B", clock, ["b1"])
+    a.step()
+    b.step()
+    before = shares(b)["b1"]
+    assert shared.leave("A") is True and shared.leave("A") is False
+    clock.now += 31
+    b.core.state.last_allocation = -1e9
+    b.step()
+    assert shares(b)["b1"] > before
+    # A member that stops syncing expires after its lease (3 intervals, at least 120 s).
+    a.core.state.last_allocation = -1e9
+    a.step()  # joins again at its next solve
+    assert "A" in shared.members
+    clock.now += 100
+    b.core.state.last_allocation = -1e9
+    b.step()  # B keeps syncing, A falls silent
+    clock.now += 21
+    assert shared.expire() == ["A"] and list(shared.members) == ["B"]
+
+
+def test_state_survives_a_restart_of_the_solver():
+    clock = Clock()
+    shared = SharedSolve(clock=clock)
+    shared.set_nodes(NODES)
+    a = front_end(shared, "A", clock, ["a1", "a2"], label="sweep-a")
+    a.step()
+    text = shared.to_json()
+    clock.now += 500  # longer than a lease: a restart must not expire anyone
+    again = SharedSolve(clock=clock)
+    again.restore(text)
+    again.set_nodes(NODES)
+    assert again.expire() == []
+    rows = {r["name"]: r for r in again.rows()}
+    assert set(rows) == {"a1", "a2"} and rows["a1"]["experiment"] == "sweep-a"
+    assert rows["a1"]["target"] == shares(a)["a1"]
+    assert rows["a1"]["age_s"] == pytest.approx(500.0)  # its age counts on
+    assert again.history == shared.history
+    with pytest.raises(ValueError, match="malformed"):
+        again.restore("{not json")
+
+
+def test_capacity_held_by_other_work_is_not_divided():
+    totals = {"n0": {"CPU": 8.0, "GPU": 2.0}, "n1": {"CPU": 8.0}}
+    available = {"n0": {"CPU": 1.0, "GPU": 2.0}, "n1": {"CPU": 8.0}}
+    held = {"n0": {"CPU": 4.0}}  # our jobs hold 4 of the 7 CPUs in use on n0
+    nodes = capacity_left(totals, available, held)
+    assert nodes["n0"].resources == {"CPU": 5.0, "GPU": 2.0}  # 3 CPUs held by others
+    assert nodes["n1"].resources == {"CPU": 8.0}
+
+
+def test_rows_predict_batch_size_and_goodput_from_hints():
+    clock = Clock()
+    shared = SharedSolve(clock=clock)
+    shared.set_nodes(NODES)
+    a = front_end(shared, "A", clock, ["a1"])
+    a.step()
+    a.core.running("a1", replicas=2)
+    a.core.state.last_allocation = -1e9
+    a.step()
+    (row,) = shared.rows()
+    assert row["status"] == "running" and row["replicas"] == 2
+    assert row["batch_size"] >= GOOD_4["init_batch_size"] and row["goodput"] > 0
+
+
+def test_bad_input_is_named():
+    shared = SharedSolve()
+    with pytest.raises(ValueError, match="member"):
+        shared.sync("", {"jobs": {}})
+    with pytest.raises(ValueError, match="to_plain"):
+        shared.sync("A", {"nope": 1})
+    with pytest.raises(TypeError, match="NodeInfo"):
+        shared.set_nodes({"n0": {"GPU": 4}})
+    with pytest.raises(ValueError, match="interval_s"):
+        SharedSolve(interval_s=0)
