@@ -153,16 +153,20 @@ class AllocatorSolver:
         kind: ``"tune"`` for an experiment, ``"job"`` for a command-line job.
         namespace_name: the allocator's namespace (see :func:`namespace`).
         timeout_s: seconds to wait for an answer before solving alone.
+        policy: the allocator's policy if this solver starts it (see
+            :func:`start_allocator`).
     """
 
     def __init__(self, member: str, label: str, *, interval_s: float, kind: str = "tune",
-                 namespace_name: str | None = None, timeout_s: float = _CALL_TIMEOUT_S) -> None:
+                 namespace_name: str | None = None, timeout_s: float = _CALL_TIMEOUT_S,
+                 policy: str = "pollux") -> None:
         self.member = member
         self.label = label
         self.interval_s = float(interval_s)
         self.kind = kind
         self.namespace = namespace(namespace_name)
         self.timeout_s = float(timeout_s)
+        self.policy = policy
         self._handle: Any = None
         #: Whether the latest solve was made alone (the allocator was not reached).
         self.alone = False
@@ -182,7 +186,8 @@ class AllocatorSolver:
         t0 = time.perf_counter()
         try:
             if self._handle is None:
-                self._handle = get_allocator(self.namespace, create=True)
+                self._handle = get_allocator(self.namespace, create=True,
+                                             interval_s=self.interval_s, policy=self.policy)
             reply = ray.get(self._handle.sync.remote(
                 self.member, request.to_plain(), label=self.label,
                 interval_s=self.interval_s, kind=self.kind), timeout=self.timeout_s)

@@ -139,9 +139,11 @@ class AdaptDLScheduler(TrialScheduler):
             on first use): this experiment's trials then get the share of one solve over
             every AdaptDL job on the cluster (the allocator's own policy decides; this
             scheduler's ``policy`` decides only while the allocator cannot be reached, with
-            one warning). ``False``: decide for this experiment alone over the whole
-            cluster. ``None`` (default): share when running on Ray with the default
-            ``nodes_fn``.
+            one warning; a ``policy`` name given here is the allocator's policy if this
+            experiment starts it). ``False``: decide for this experiment alone over the
+            whole cluster. ``None`` (default): share when running on Ray with the default
+            ``nodes_fn`` and no policy object of its own (a policy object cannot be the
+            allocator's, so such an experiment decides alone).
 
     Raises:
         TypeError: for an argument of the wrong kind (e.g. ``base_scheduler='asha'``);
@@ -170,6 +172,8 @@ class AdaptDLScheduler(TrialScheduler):
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not math.isfinite(p):
             raise ValueError(f"p must be a finite number (-1: fair, 1: total goodput), "
                              f"got {p!r}")
+        policy_name = policy if isinstance(policy, str) else "pollux"
+        own_policy = policy is not None and not isinstance(policy, str)
         if isinstance(policy, str):
             policy = policy_by_name(policy, p)  # ValueError names the known policies
         if policy is not None and not callable(getattr(policy, "allocate", None)):
@@ -218,7 +222,8 @@ class AdaptDLScheduler(TrialScheduler):
         self._missing_entry_logged = False
         self._traps = TrapWatch(allocation_interval_s)
         self._share_cluster = cluster_allocator if cluster_allocator is not None \
-            else nodes_fn is None
+            else nodes_fn is None and not own_policy
+        self._policy_name = policy_name
         self._allocator: AllocatorSolver | None = None
 
     def __getstate__(self) -> dict:
@@ -453,7 +458,7 @@ class AdaptDLScheduler(TrialScheduler):
             if self._share_cluster and self._allocator is None:
                 self._allocator = AllocatorSolver(
                     new_member_id("tune"), "experiment",
-                    interval_s=self._core.interval_s)
+                    interval_s=self._core.interval_s, policy=self._policy_name)
                 self._driver.solver = self._allocator
 
     def _leave_cluster(self) -> None:
