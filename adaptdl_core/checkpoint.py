@@ -332,6 +332,10 @@ def latest_checkpoint_dir(root: str | os.PathLike | None = None) -> str | None:
 def _restore_dir() -> str | None:
     registry = _registry()
     if registry.restore_dir is context.StateRegistry.UNKNOWN:
+        if env.replica_rank() == 0:
+            # The first State of the process: an unwritable path is found now, before
+            # training, also where init_process_group (which checks it too) was not used.
+            check_checkpoint_root(env.checkpoint_path())
         registry.restore_dir = latest_checkpoint_dir()
         if registry.restore_dir is not None:
             LOG.info("restoring states from %s", registry.restore_dir)

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch.utils.data import TensorDataset
 
 import adaptdl_core.torch as adl
-from adaptdl_core import checkpoint, env
+from adaptdl_core import checkpoint, context, env
 
 
 @pytest.fixture
@@ -74,6 +74,35 @@ def test_init_process_group_refuses_a_bad_checkpoint_path(no_process_group, monk
     assert not dist.is_initialized()
     assert [k for k in os.environ if k.startswith("ADAPTDL_")] == ["ADAPTDL_CHECKPOINT_PATH"]
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers
+
+
+@pytest.mark.parametrize("make", ["loader", "accumulator"])
+def test_an_unwritable_path_is_refused_at_the_first_state_without_init(monkeypatch, tmp_path,
+                                                                     make):
+    # Without init_process_group (a loader-only script, or torch's own process group) the
+    # path was found only at the first save, after the training: a bare NotADirectoryError.
+    path = unwritable(tmp_path)
+    monkeypatch.setenv("ADAPTDL_CHECKPOINT_PATH", path)
+    with pytest.raises(ValueError) as info:
+        if make == "loader":
+            adl.AdaptiveDataLoader(TensorDataset(torch.zeros(4)), batch_size=2)
+        else:
+            adl.Accumulator()
+    assert f"ADAPTDL_CHECKPOINT_PATH={path!r} cannot hold checkpoints" in str(info.value)
+
+
+def test_only_replica_0_probes_the_checkpoint_path(monkeypatch, tmp_path):
+    # (Only replica 0 writes checkpoints; the others only read them.)
+    root = tmp_path / "ckpt"
+    monkeypatch.setenv("ADAPTDL_CHECKPOINT_PATH", str(root))
+    monkeypatch.setenv("ADAPTDL_NUM_REPLICAS", "2")
+    monkeypatch.setenv("ADAPTDL_REPLICA_RANK", "1")
+    adl.Accumulator()
+    assert not root.exists()
+    monkeypatch.setenv("ADAPTDL_REPLICA_RANK", "0")
+    context.reset()
+    adl.Accumulator()
+    assert root.is_dir() and os.listdir(root) == []
 
 
 def test_a_stop_without_checkpoint_path_says_it_saved_nothing(caplog):
