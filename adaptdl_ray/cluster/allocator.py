@@ -99,6 +99,10 @@ class ClusterAllocator:
         return dict(self._shared.status(), alive=True, state_dir=self.state_dir,
                     started=self.started, pid=os.getpid())
 
+    def history(self) -> dict[str, list]:
+        """Each job's share over time: job key -> ``[time, replicas]`` per change."""
+        return {k: [list(e) for e in v] for k, v in self._shared.history.items()}
+
     def ping(self) -> bool:
         """Returns ``True`` (a liveness check)."""
         return True

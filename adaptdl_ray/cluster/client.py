@@ -87,6 +87,9 @@ class _AllocatorActor:
     def status(self) -> dict:
         return self._allocator.status()
 
+    def history(self) -> dict:
+        return self._allocator.history()
+
     def ping(self) -> bool:
         return self._allocator.ping()
 

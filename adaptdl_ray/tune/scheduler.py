@@ -79,6 +79,8 @@ _MIN_CHECK_INTERVAL_S = 0.2
 _MIN_EVENT_GAP_S = 1.0
 # How long the cluster's node list is reused between allocations.
 _NODES_TTL_S = 5.0
+# How long Ray's count of free resources is reused (a shared cluster's room for a grow).
+_FREE_TTL_S = 1.0
 # On an interrupt, time for writing the trials' state on top of their stop timeouts.
 _INTERRUPT_MARGIN_S = 30.0
 # When the last trial ends (the experiment may be over) or on an interrupt, a hook waits
@@ -225,6 +227,7 @@ class AdaptDLScheduler(TrialScheduler):
             else nodes_fn is None and not own_policy
         self._policy_name = policy_name
         self._allocator: AllocatorSolver | None = None
+        self._ray_free_cache: tuple[float, dict[str, float]] | None = None
 
     def __getstate__(self) -> dict:
         # Tune pickles its configuration (with this scheduler) before the run; a worker
@@ -598,16 +601,37 @@ class AdaptDLScheduler(TrialScheduler):
         return self._nodes_cache[1]
 
     def _free(self, tune_controller: Any) -> dict[str, float]:
-        """Resources the running and starting trials leave free (aggregate over nodes)."""
+        """Resources the running and starting trials leave free (aggregate over nodes).
+        When the cluster is shared, what other experiments, jobs and other work hold is
+        not free either: Ray's own count of free resources bounds it."""
         free: dict[str, float] = {}
         for node in self._nodes().values():
             for k, v in node.resources.items():
                 free[k] = free.get(k, 0.0) + v
+        pending: dict[str, float] = {}
         for trial in tune_controller.get_trials():
             if trial.status in (Trial.RUNNING, Trial.PENDING):
                 for k, v in trial.placement_group_factory.required_resources.items():
                     free[k] = free.get(k, 0.0) - v
+                    if trial.status == Trial.PENDING:
+                        pending[k] = pending.get(k, 0.0) + v
+        if self._allocator is not None:
+            # A pending trial may not hold its resources yet: they are as good as taken.
+            for k, v in self._ray_free().items():
+                free[k] = min(free.get(k, 0.0), v - pending.get(k, 0.0))
         return free
+
+    def _ray_free(self) -> dict[str, float]:
+        """``ray.available_resources()``, re-read at most every _FREE_TTL_S (an RPC)."""
+        now = time.monotonic()
+        if self._ray_free_cache is None or now - self._ray_free_cache[0] > _FREE_TTL_S:
+            try:
+                self._ray_free_cache = (now, {k: float(v) for k, v in
+                                              ray.available_resources().items()})
+            except Exception as exc:  # noqa: BLE001 - fall back to this experiment's view
+                LOG.debug("could not read Ray's free resources: %s", exc)
+                return {}
+        return self._ray_free_cache[1]
 
     @staticmethod
     def _fits(free: dict[str, float], trial: Trial, replicas: int) -> bool:

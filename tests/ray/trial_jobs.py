@@ -40,7 +40,11 @@ def _start(config: dict) -> tuple:
     torch.manual_seed(0)
     adl.init_process_group("gloo")
     rank, restarts, replicas = env.replica_rank(), env.num_restarts(), env.num_replicas()
-    path = os.path.join(config["record_dir"], f"restart{restarts}-rank{rank}.jsonl")
+    record_dir = config["record_dir"]
+    if config.get("per_trial_records"):  # several trials share the record_dir
+        record_dir = os.path.join(record_dir, tune.get_context().get_trial_id())
+        os.makedirs(record_dir, exist_ok=True)
+    path = os.path.join(record_dir, f"restart{restarts}-rank{rank}.jsonl")
     log = open(path, "a", buffering=1)
     loader = adl.AdaptiveDataLoader(IndexedData(config["size"]),
                                     batch_size=config["batch_size"], shuffle=True)
@@ -48,18 +52,22 @@ def _start(config: dict) -> tuple:
 
 
 def _train_batch(model, opt, x, y, config: dict) -> torch.Tensor:
-    """One optimizer step of the linear regression, then ``config["sleep"]`` seconds."""
+    """One optimizer step of the linear regression, then ``config["sleep"]`` seconds plus
+    ``config["sleep_per_sample"]`` per sample of this replica's batch (a step time that
+    shrinks with more replicas, as a real model's would, without using the CPUs)."""
     opt.zero_grad()
     loss = torch.nn.functional.mse_loss(model(x).squeeze(1), y)
     loss.backward()
     opt.step()
-    time.sleep(config.get("sleep", 0.0))
+    time.sleep(config.get("sleep", 0.0) + config.get("sleep_per_sample", 0.0) * len(x))
     return loss
 
 
 def counting_job(config: dict) -> None:
     """Config: ``record_dir``, ``epochs``, ``size``, ``batch_size``, ``sleep`` (seconds per
-    batch), ``report_every`` (batches between reports), optional ``autoscale`` (max batch)."""
+    batch), ``report_every`` (batches between reports), optional ``autoscale`` (max batch),
+    ``sleep_per_sample`` (seconds per sample of a replica's batch) and
+    ``per_trial_records`` (records under ``record_dir/<trial id>``)."""
     rank, restarts, replicas, log, loader = _start(config)
     if config.get("autoscale"):
         loader.autoscale_batch_size(config["autoscale"], local_bsz_bounds=(2, 64))

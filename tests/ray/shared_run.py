@@ -1,0 +1,109 @@
+"""A driver process of the shared-cluster test and benchmark: one Tune experiment of
+``counting_job`` trials on the cluster at ``--address``, writing its record as JSON.
+
+    python tests/ray/shared_run.py --address A --name N --arm shared|alone --out F \\
+        --record-dir D --storage S [--cpus --trials --epochs --size --batch-size
+        --sleep-per-sample --interval]
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import sys
+import time
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
+    __file__)))))
+
+from tests.exactly_once import assert_exactly_once  # noqa: E402
+
+ARMS = ("shared", "alone")
+
+
+def shape_arguments(parser: argparse.ArgumentParser) -> None:
+    """The experiment's shape, shared by the driver, the benchmark and the test."""
+    parser.add_argument("--cpus", type=int, default=4, help="logical CPUs of the cluster")
+    parser.add_argument("--trials", type=int, default=4, help="trials per experiment")
+    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--size", type=int, default=384, help="samples per epoch")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--sleep-per-sample", type=float, default=0.004,
+                        help="seconds per sample of a replica's batch")
+    parser.add_argument("--interval", type=float, default=5.0,
+                        help="the schedulers' allocation_interval_s")
+
+
+def shape_argv(args: argparse.Namespace) -> list[str]:
+    """``args``' shape as command-line arguments for a driver."""
+    return ["--cpus", str(args.cpus), "--trials", str(args.trials), "--epochs",
+            str(args.epochs), "--size", str(args.size), "--batch-size", str(args.batch_size),
+            "--sleep-per-sample", str(args.sleep_per_sample), "--interval", str(args.interval)]
+
+
+def run_driver(args: argparse.Namespace) -> dict[str, Any]:
+    """One experiment on the cluster at ``args.address``; returns its record."""
+    import ray
+    from ray import tune
+
+    from adaptdl_ray.tune import AdaptDLScheduler, AdaptDLTrainableCreator
+    from tests.ray.trial_jobs import counting_job
+
+    start = time.time()
+    ray.init(address=args.address, log_to_driver=False)
+    scheduler = AdaptDLScheduler(allocation_interval_s=args.interval,
+                                 cluster_allocator=args.arm == "shared")
+    trainable = AdaptDLTrainableCreator(counting_job, max_replicas=args.cpus)
+    config = {"record_dir": args.record_dir, "per_trial_records": True,
+              "epochs": args.epochs, "size": args.size, "batch_size": args.batch_size,
+              "sleep_per_sample": args.sleep_per_sample, "report_every": 4,
+              "seed": tune.grid_search(list(range(args.trials)))}
+    tuner = tune.Tuner(trainable, param_space=config,
+                       run_config=tune.RunConfig(name=args.name, storage_path=args.storage,
+                                                 verbose=0),
+                       tune_config=tune.TuneConfig(scheduler=scheduler))
+    results = tuner.fit()
+    end = time.time()
+    trials = [{"error": str(r.error) if r.error else None,
+               "restarts": r.metrics.get("adaptdl/restarts"),
+               "replicas": r.metrics.get("adaptdl/replicas"),
+               "time_total_s": r.metrics.get("time_total_s")} for r in results]
+    return {"name": args.name, "arm": args.arm, "start": start, "end": end,
+            "wall_s": end - start, "trials": trials,
+            "resizes": sum(rec.resizes for rec in scheduler.state.jobs.values())}
+
+
+def exactly_once(record_dir: str, trials: int, size: int, epochs: int) -> bool | str:
+    """``True`` if each of ``trials`` trials recorded under ``record_dir`` trained every
+    sample of every epoch exactly once, else what went wrong."""
+    dirs = [d for d in glob.glob(os.path.join(record_dir, "*")) if os.path.isdir(d)]
+    if len(dirs) != trials:
+        return f"{len(dirs)} trials recorded of {trials}"
+    for trial in dirs:
+        events = [json.loads(line) for path in glob.glob(os.path.join(trial, "*.jsonl"))
+                  for line in open(path) if line.strip()]
+        try:
+            assert_exactly_once(events, size, epochs)
+        except AssertionError as exc:
+            return f"{os.path.basename(trial)}: {exc}"
+    return True
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    shape_arguments(parser)
+    for name in ("--address", "--name", "--out", "--record-dir", "--storage"):
+        parser.add_argument(name, required=True)
+    parser.add_argument("--arm", choices=ARMS, required=True)
+    args = parser.parse_args()
+    record = run_driver(args)
+    with open(args.out, "w") as f:
+        json.dump(record, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""Two sweeps in two driver processes share one Ray cluster through the cluster allocator
+(issue 26): the replicas given never exceed the cluster, every trial trains every sample
+of every epoch exactly once, trials grow when others end, and each job's state is a Ray
+metric on the node's metrics port."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+
+from tests.ray.local_cluster import REPO_ROOT, cluster_env, free_port, head_node
+from tests.ray.shared_run import exactly_once
+
+DRIVER = os.path.join(REPO_ROOT, "tests", "ray", "shared_run.py")
+SHAPE = {"cpus": 4, "trials": 2, "epochs": 3, "size": 192, "batch_size": 16,
+         "sleep_per_sample": 0.01, "interval": 2.0}
+
+
+def _allocator_view(address: str) -> dict:
+    code = ("import json, ray; from adaptdl_ray.cluster import client; "
+            f"ray.init(address={address!r}, log_to_driver=False); "
+            "h = client.get_allocator(); "
+            "print(json.dumps({'history': ray.get(h.history.remote()), "
+            "'status': ray.get(h.status.remote())}))")
+    out = subprocess.run([sys.executable, "-c", code], env=cluster_env(), capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _peak(history: dict) -> int:
+    current, peak = {}, 0
+    for _, key, n in sorted((t, k, n) for k, changes in history.items() for t, n in changes):
+        current[key] = n
+        peak = max(peak, sum(current.values()))
+    return peak
+
+
+def test_two_sweeps_share_one_cluster(tmp_path):
+    metrics_port = free_port()
+    shape = [a for k, v in SHAPE.items() for a in (f"--{k.replace('_', '-')}", str(v))]
+    with head_node(SHAPE["cpus"], extra_args=(f"--metrics-export-port={metrics_port}",)) \
+            as cluster:
+        procs = []
+        for name in ("sweep-a", "sweep-b"):
+            records = tmp_path / f"{name}-records"
+            records.mkdir()
+            out = tmp_path / f"{name}.json"
+            log = open(tmp_path / f"{name}.log", "w")
+            procs.append((name, out, records, log, subprocess.Popen(
+                [sys.executable, DRIVER, "--arm", "shared", "--address", cluster["address"],
+                 "--name", name, "--out", str(out), "--record-dir", str(records),
+                 "--storage", str(tmp_path / "storage"), *shape],
+                env=cluster_env(), stdout=log, stderr=subprocess.STDOUT)))
+        for name, out, records, log, proc in procs:
+            assert proc.wait(timeout=360) == 0, open(log.name).read()[-3000:]
+        view = _allocator_view(cluster["address"])
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics",
+                                         timeout=30).read().decode()
+    trials = []
+    for name, out, records, log, _ in procs:
+        record = json.load(open(out))
+        assert all(t["error"] is None for t in record["trials"]), record
+        assert exactly_once(str(records), SHAPE["trials"], SHAPE["size"],
+                            SHAPE["epochs"]) is True
+        trials += record["trials"]
+    # The allocator never gave more replicas than the cluster holds, and both
+    # experiments' trials were in its solves.
+    assert 0 < _peak(view["history"]) <= SHAPE["cpus"]
+    assert len(view["history"]) == 2 * SHAPE["trials"]
+    assert view["status"]["members"] == 0  # both experiments left when they ended
+    # Trials grew as the others ended (4 trials on 4 CPUs start at one replica each).
+    assert max(t["replicas"] for t in trials) >= 2
+    assert any(t["restarts"] for t in trials)
+    assert "adaptdl_job_replicas" in metrics and 'experiment="sweep-a"' in metrics
