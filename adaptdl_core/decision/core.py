@@ -50,11 +50,11 @@ import numpy as np
 
 from adaptdl_core import validation
 from adaptdl_core.policy import (DEFAULT_RESTART_COST_S, MIN_COST_MULTIPLES, AllocationResult,
-                                 NodeInfo, PolluxPolicy, ResizeVerdict, policy_by_name,
-                                 resize_verdict)
+                                 NodeInfo, ResizeVerdict, resize_verdict)
 
-from .jobs import (JobSpec, check_profile_group, cluster_capacity, group_hints, job_info,
-                   pack_guess, profiled_extent, speedup_from_hints)
+from .jobs import (JobSpec, allocation_policy, check_profile_group, checked_nodes,
+                   cluster_capacity, group_hints, job_info, pack_guess, profiled_extent,
+                   speedup_from_hints)
 from .resize_cost import CostSample, ResizeCostEstimate, estimate_resize_cost
 from .state import CoreState, JobRecord
 
@@ -199,11 +199,7 @@ class DecisionCore:
                  interval_s: float = 60.0, resize_rule: Callable[..., Any] | None = None, *,
                  min_event_gap_s: float = 0.0, state: CoreState | None = None,
                  profile_group: str | None = None) -> None:
-        if isinstance(policy, str):
-            policy = policy_by_name(policy)
-        if policy is not None and not callable(getattr(policy, "allocate", None)):
-            raise TypeError(f"policy must be an allocation policy such as PolluxPolicy() "
-                            f"(with an allocate() method), got {policy!r}")
+        policy = allocation_policy(policy)
         if not callable(clock):
             raise TypeError(f"clock must be a function returning seconds, got {clock!r}")
         if resize_rule is not None and not callable(resize_rule):
@@ -214,7 +210,7 @@ class DecisionCore:
         check_profile_group(profile_group)
         #: Profile group of jobs added without one of their own (``None``: no sharing).
         self.default_profile_group = profile_group
-        self.policy = policy if policy is not None else PolluxPolicy(-1.0, fair_share=True)
+        self.policy = policy
         self.clock = clock
         self.interval_s = float(interval_s)
         self.resize_rule = resize_rule or resize_verdict
@@ -303,10 +299,7 @@ class DecisionCore:
 
         Raises:
             TypeError: a value that is not a NodeInfo."""
-        nodes = dict(nodes)
-        for key, node in nodes.items():
-            if not isinstance(node, NodeInfo):
-                raise TypeError(f"nodes[{key!r}] must be a NodeInfo, got {node!r}")
+        nodes = checked_nodes(nodes)
         if nodes != self._nodes:
             self._nodes = nodes
             self._dirty = True

@@ -17,7 +17,8 @@ from typing import Any, Hashable, Mapping
 
 from adaptdl_core import validation
 from adaptdl_core.goodput import GoodputFunction, PerfParams
-from adaptdl_core.policy import JobInfo, LinearSpeedup, NodeInfo, SpeedupFunction
+from adaptdl_core.policy import (JobInfo, LinearSpeedup, NodeInfo, PolluxPolicy, SpeedupFunction,
+                                 policy_by_name)
 from adaptdl_core.sched_hints import SchedHints
 
 LOG = logging.getLogger(__name__)
@@ -96,6 +97,36 @@ class JobSpec:
         return cls(dict(d["resources"]), int(d.get("min_replicas", 1)),
                    None if d.get("max_replicas") is None else int(d["max_replicas"]),
                    d.get("profile_group"))
+
+
+def allocation_policy(policy: Any) -> Any:
+    """The policy a decision maker solves with: ``policy`` itself (anything with
+    ``allocate(jobs, nodes, base, now=...)``), a name of
+    :func:`~adaptdl_core.policy.policy_by_name`, or for ``None`` the default,
+    ``PolluxPolicy(p=-1, fair_share=True)`` (Pollux's normalisation).
+
+    Raises:
+        TypeError: an object without ``allocate``; ValueError: an unknown name."""
+    if isinstance(policy, str):
+        return policy_by_name(policy)
+    if policy is None:
+        return PolluxPolicy(-1.0, fair_share=True)
+    if not callable(getattr(policy, "allocate", None)):
+        raise TypeError(f"policy must be an allocation policy such as PolluxPolicy() "
+                        f"(with an allocate() method), got {policy!r}")
+    return policy
+
+
+def checked_nodes(nodes: Mapping[Hashable, NodeInfo]) -> dict[Hashable, NodeInfo]:
+    """``nodes`` as a dict (node id -> :class:`~adaptdl_core.policy.NodeInfo`).
+
+    Raises:
+        TypeError: a value that is not a NodeInfo (named by its key)."""
+    nodes = dict(nodes)
+    for key, node in nodes.items():
+        if not isinstance(node, NodeInfo):
+            raise TypeError(f"nodes[{key!r}] must be a NodeInfo, got {node!r}")
+    return nodes
 
 
 def replicas_fitting(resources: Mapping[str, float], node: NodeInfo) -> int:

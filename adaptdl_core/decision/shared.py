@@ -38,10 +38,10 @@ import time
 from typing import Any, Callable, Hashable, Mapping
 
 from adaptdl_core import validation
-from adaptdl_core.policy import NodeInfo, PolluxPolicy, policy_by_name
+from adaptdl_core.policy import NodeInfo
 
 from .core import SolveRequest
-from .jobs import speedup_from_hints
+from .jobs import allocation_policy, checked_nodes, speedup_from_hints
 
 LOG = logging.getLogger(__name__)
 
@@ -130,11 +130,7 @@ class SharedSolve:
 
     def __init__(self, policy: Any = None, *, clock: Callable[[], float] = time.time,
                  interval_s: float = 30.0, lease_s: float | None = None) -> None:
-        if isinstance(policy, str):
-            policy = policy_by_name(policy)
-        if policy is not None and not callable(getattr(policy, "allocate", None)):
-            raise TypeError(f"policy must be an allocation policy such as PolluxPolicy() "
-                            f"(with an allocate() method), got {policy!r}")
+        policy = allocation_policy(policy)
         if not callable(clock):
             raise TypeError(f"clock must be a function returning seconds, got {clock!r}")
         validation.number("interval_s", interval_s, 0.0, low_open=True,
@@ -142,7 +138,7 @@ class SharedSolve:
         if lease_s is not None:
             validation.number("lease_s", lease_s, 0.0, low_open=True,
                               what="None or a finite number of seconds")
-        self.policy = policy if policy is not None else PolluxPolicy(-1.0, fair_share=True)
+        self.policy = policy
         self.clock = clock
         self.interval_s = float(interval_s)
         self.lease_s = None if lease_s is None else float(lease_s)
@@ -167,10 +163,7 @@ class SharedSolve:
 
         Raises:
             TypeError: a value that is not a NodeInfo."""
-        nodes = dict(nodes)
-        for key, node in nodes.items():
-            if not isinstance(node, NodeInfo):
-                raise TypeError(f"nodes[{key!r}] must be a NodeInfo, got {node!r}")
+        nodes = checked_nodes(nodes)
         if nodes != self._nodes:
             self._nodes = nodes
             self._dirty = True
