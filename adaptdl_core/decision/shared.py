@@ -294,8 +294,9 @@ class SharedSolve:
             if len(share) != len(self.shares.get(key, [])) or key not in self.shares:
                 self.history.setdefault(key, []).append([now, len(share)])
             self.shares[key] = share
-        for key in [k for k in self.shares if k not in jobs]:
-            del self.shares[key]
+        for key in [k for k in self.shares if k not in jobs]:  # ended since the last solve
+            if self.shares.pop(key):
+                self.history.setdefault(key, []).append([now, 0])
 
     def _speedup_for(self, key: Hashable, hints: Any) -> Any:
         cached = self._speedups.get(key)

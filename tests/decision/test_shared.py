@@ -141,3 +141,20 @@ def test_bad_input_is_named():
         shared.set_nodes({"n0": {"GPU": 4}})
     with pytest.raises(ValueError, match="interval_s"):
         SharedSolve(interval_s=0)
+
+
+def test_history_closes_the_share_of_an_ended_job():
+    """A job its member no longer lists has its share ended in the history (so the sum of
+    the shares at any time, rebuilt from the history, never exceeds the cluster)."""
+    clock = Clock()
+    shared = SharedSolve(clock=clock)
+    shared.set_nodes(NODES)
+    a = front_end(shared, "A", clock, ["a1", "a2"])
+    a.step()
+    assert all(changes[-1][1] > 0 for changes in shared.history.values())
+    a.core.remove("a1")
+    clock.now += 1
+    a.core.state.last_allocation = -1e9
+    a.step()
+    ended = [changes for key, changes in shared.history.items() if key.endswith("a1")]
+    assert ended and ended[0][-1] == [clock.now, 0]

@@ -28,10 +28,10 @@ def shape_arguments(parser: argparse.ArgumentParser) -> None:
     """The experiment's shape, shared by the driver, the benchmark and the test."""
     parser.add_argument("--cpus", type=int, default=4, help="logical CPUs of the cluster")
     parser.add_argument("--trials", type=int, default=4, help="trials per experiment")
-    parser.add_argument("--epochs", type=int, default=4)
-    parser.add_argument("--size", type=int, default=384, help="samples per epoch")
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--sleep-per-sample", type=float, default=0.004,
+    parser.add_argument("--epochs", type=int, default=8)
+    parser.add_argument("--size", type=int, default=2048, help="samples per epoch")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--sleep-per-sample", type=float, default=0.003,
                         help="seconds per sample of a replica's batch")
     parser.add_argument("--interval", type=float, default=5.0,
                         help="the schedulers' allocation_interval_s")
