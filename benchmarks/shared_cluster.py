@@ -65,7 +65,7 @@ def run_arm(arm: str, args: argparse.Namespace, work: str) -> dict[str, Any]:
         for (out, records), code in zip(outs, codes):
             rec = json.load(open(out)) if code == 0 and os.path.exists(out) else \
                 {"error": f"driver exited {code}; see {out}.log"}
-            rec["exactly_once"] = exactly_once(records, args.trials, args.size, args.epochs)
+            rec["exactly_once"] = exactly_once(records, args)
             drivers.append(rec)
         peak = _peak_shared_target(cluster["address"]) if arm == "shared" else None
     ok = all("error" not in d for d in drivers)

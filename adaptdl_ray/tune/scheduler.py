@@ -41,7 +41,6 @@ import dataclasses
 import json
 import logging
 import math
-import os
 import time
 from typing import Any, Callable, Mapping
 
@@ -562,11 +561,20 @@ class AdaptDLScheduler(TrialScheduler):
                     if t.status in (Trial.PENDING, Trial.RUNNING, Trial.PAUSED)}
             ids = [k for k, r in self._core.state.jobs.items() if r.live and k in live]
             for trial_id in ids:
-                trial = live[trial_id]
-                # A PENDING trial holds nothing yet: Tune starts it at its request once
-                # there is room (and the core then resizes it like any other).
-                self._core.running(trial_id, replicas=num_replicas_of(
-                    trial.placement_group_factory) if trial.status == Trial.RUNNING else 0)
+                trial, record = live[trial_id], self._core.state.jobs[trial_id]
+                if trial.status == Trial.RUNNING:
+                    replicas = num_replicas_of(trial.placement_group_factory)
+                elif record.resize_pending and record.resize_log:
+                    # Paused for a resize, or relaunching (PENDING) at its new size: it is
+                    # about to hold that size. Counted as holding it, the next solve keeps
+                    # it there (as nothing, the solve would give its room away and undo
+                    # the resize before it lands).
+                    replicas = record.resize_log[-1]["to"]
+                else:
+                    # A PENDING trial holds nothing yet: Tune starts it at its request
+                    # once there is room (and the core then resizes it like any other).
+                    replicas = 0
+                self._core.running(trial_id, replicas=replicas)
             self._refresh_hints(ids)
             self._core.set_nodes(self._nodes(refresh=True))
 
@@ -700,9 +708,9 @@ class AdaptDLScheduler(TrialScheduler):
         if self._driver.state_dir is None:
             storage = getattr(trial, "storage", None)
             self._driver.state_dir = getattr(storage, "experiment_driver_staging_path", None)
-        if self._allocator is not None and self._driver.state_dir:
-            # What `adaptdl-ray ls` shows as the experiment: its directory's name.
-            self._allocator.label = os.path.basename(self._driver.state_dir.rstrip("/"))
+        name = getattr(getattr(trial, "storage", None), "experiment_dir_name", None)
+        if self._allocator is not None and name:
+            self._allocator.label = name  # what `adaptdl-ray ls` shows as the experiment
         if self._restored or self._driver.state_dir is None:
             return
         self._restored = True

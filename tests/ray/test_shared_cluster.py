@@ -5,6 +5,7 @@ metric on the node's metrics port."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -15,8 +16,9 @@ from tests.ray.local_cluster import REPO_ROOT, cluster_env, free_port, head_node
 from tests.ray.shared_run import exactly_once
 
 DRIVER = os.path.join(REPO_ROOT, "tests", "ray", "shared_run.py")
-SHAPE = {"cpus": 4, "trials": 2, "epochs": 3, "size": 192, "batch_size": 16,
-         "sleep_per_sample": 0.01, "interval": 2.0}
+# Each sweep: one long trial and one short; the long ones grow once the short ones end.
+SHAPE = {"cpus": 4, "trials": 2, "epochs": 2, "long_epochs": 36, "size": 192,
+         "batch_size": 16, "sleep_per_sample": 0.01, "interval": 2.0}
 
 
 def _allocator_view(address: str) -> dict:
@@ -41,7 +43,8 @@ def _peak(history: dict) -> int:
 
 def test_two_sweeps_share_one_cluster(tmp_path):
     metrics_port = free_port()
-    shape = [a for k, v in SHAPE.items() for a in (f"--{k.replace('_', '-')}", str(v))]
+    shape = [a for k, v in SHAPE.items() for a in (f"--{k.replace('_', '-')}", str(v))] + \
+        ["--always-resize"]
     with head_node(SHAPE["cpus"], extra_args=(f"--metrics-export-port={metrics_port}",)) \
             as cluster:
         procs = []
@@ -64,8 +67,7 @@ def test_two_sweeps_share_one_cluster(tmp_path):
     for name, out, records, log, _ in procs:
         record = json.load(open(out))
         assert all(t["error"] is None for t in record["trials"]), record
-        assert exactly_once(str(records), SHAPE["trials"], SHAPE["size"],
-                            SHAPE["epochs"]) is True
+        assert exactly_once(str(records), argparse.Namespace(**SHAPE)) is True
         trials += record["trials"]
     # The allocator never gave more replicas than the cluster holds, and both
     # experiments' trials were in its solves.
