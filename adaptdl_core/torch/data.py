@@ -33,8 +33,7 @@ from adaptdl_core.torch.batch_control import BatchSizeController, preferred_loca
 from adaptdl_core.torch.boundary import current_dataloader, loops, training_loader
 from adaptdl_core.torch.loader_state import STATE_PREFIX, LoaderState
 from adaptdl_core.torch.sampler import ElasticSampler, LocalBatchSampler
-from adaptdl_core.torch.step_cycle import StepCycle
-from adaptdl_core.torch.step_plan import StepPlan
+from adaptdl_core.torch.step_cycle import StepCycle, StepPlan
 
 # (ElasticSampler, current_dataloader, preferred_local_sizes and training_loader are
 # defined next door and exported here too, where they were defined before.)
@@ -291,16 +290,6 @@ class AdaptiveDataLoader(DataLoader):
         """Which micro-batch of the current optimizer step was handed out last (0 for the
         first)."""
         return self._cycle.micro_index
-
-    def note_optimizer_step(self) -> None:
-        """Called by AdaptiveDataParallel when the optimizer stepped on this loader's
-        batches (the step's time is then profiled as an optimizer step)."""
-        self._cycle.note_optimizer_step()
-
-    def take_proposal(self) -> tuple[int, int] | None:
-        """Replica 0's pending batch size choice ``(local batch, accumulation steps)``
-        for the replicas to agree on, or ``None``; taking it clears it."""
-        return self._cycle.take_proposal()
 
     @property
     def max_batch_size(self) -> int | None:
