@@ -27,7 +27,7 @@ from typing import Any, Iterator
 
 from torch.utils.data import DataLoader, IterableDataset
 
-from adaptdl_core import checkpoint, context, env
+from adaptdl_core import checkpoint, context, env, validation
 from adaptdl_core.torch import _metrics
 from adaptdl_core.torch.batch_control import BatchSizeController, preferred_local_sizes
 from adaptdl_core.torch.boundary import current_dataloader, loops, training_loader
@@ -87,9 +87,8 @@ class AdaptiveDataLoader(DataLoader):
                              "supported; wrap the data in a map-style Dataset with __len__, "
                              "or iterate the stream with adaptdl_core.torch.ElasticLoop, "
                              "which makes any iterable restart-consistent")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"AdaptiveDataLoader(batch_size={batch_size!r}): the global batch "
-                             "size must be an integer >= 1")
+        batch_size = validation.integer("batch_size", batch_size, 1,
+                                        what="an integer (the global batch size)")
         drop_last = kwargs.pop("drop_last", False)
         for key, value in (("shuffle", shuffle), ("drop_last", drop_last)):
             if not isinstance(value, bool):  # ('no' would be true, and would shuffle)
