@@ -19,9 +19,10 @@ the samples from its records.
 from __future__ import annotations
 
 import dataclasses
-import math
 import statistics
 from typing import Any, Iterable, Mapping
+
+from adaptdl_core import validation
 
 __all__ = ["CostSample", "ResizeCostEstimate", "estimate_resize_cost", "describe_resize",
            "RECENT_RESIZES"]
@@ -81,15 +82,12 @@ def estimate_resize_cost(samples: Iterable[CostSample], *, target: int | None = 
         ValueError: a non-finite or negative prior, sample or launch time, or
             ``recent < 1``.
     """
-    if not (isinstance(prior_s, (int, float)) and math.isfinite(prior_s) and prior_s >= 0):
-        raise ValueError(f"prior_s must be a finite number of seconds >= 0, got {prior_s!r}")
-    if isinstance(recent, bool) or not isinstance(recent, int) or recent < 1:
-        raise ValueError(f"recent must be an integer >= 1, got {recent!r}")
+    validation.number("prior_s", prior_s, 0.0, what="a finite number of seconds")
+    validation.integer("recent", recent, 1)
     samples = list(samples)
     launches = list(launches_s)
     for value in [s.seconds for s in samples] + launches:
-        if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-            raise ValueError(f"measured seconds must be finite and >= 0, got {value!r}")
+        validation.number("measured seconds", value, 0.0, what="a finite number")
     same = [s for s in samples if target is not None and s.to == target]
     pool = same or samples
     if pool:

@@ -36,12 +36,13 @@ import dataclasses
 import logging
 import math
 import time
-from typing import Dict, Hashable, List, Mapping, Optional, Sequence
+from typing import Any, Dict, Hashable, List, Mapping, Optional, Sequence
 
 import numpy as np
 
+from adaptdl_core import validation
+
 from .allocator import AllocationResult, JobInfo, NodeInfo, PolluxPolicy, power_mean
-from .records import _is_real
 
 LOG = logging.getLogger(__name__)
 
@@ -49,12 +50,12 @@ __all__ = ["POLICY_NAMES", "RemainingWorkPolicy", "admission_order", "policy_by_
            "remaining_weights"]
 
 
-def _check_positive(name: str, value, *, allow_inf: bool = False) -> float:
-    if not _is_real(value) or math.isnan(float(value)) or float(value) <= 0 or (
-            not allow_inf and math.isinf(float(value))):
-        bound = "> 0 (inf allowed)" if allow_inf else "a finite number > 0"
-        raise ValueError(f"{name} must be {bound}, got {value!r}")
-    return float(value)
+def _check_seconds_or_inf(name: str, value: Any) -> float:
+    """``value`` as seconds > 0, where ``inf`` means never."""
+    if isinstance(value, float) and value == math.inf:
+        return value
+    return validation.number(name, value, 0.0, low_open=True,
+                             what="a number of seconds (or inf)")
 
 
 def remaining_weights(jobs: Mapping[Hashable, JobInfo], now: float, *, alpha: float = 1.0,
@@ -77,11 +78,9 @@ def remaining_weights(jobs: Mapping[Hashable, JobInfo], now: float, *, alpha: fl
     Raises:
         ValueError: a malformed argument (named).
     """
-    if not _is_real(alpha) or not math.isfinite(float(alpha)) or alpha < 0:
-        raise ValueError(f"alpha must be a finite number >= 0, got {alpha!r}")
-    if not _is_real(max_weight) or not math.isfinite(float(max_weight)) or max_weight < 1:
-        raise ValueError(f"max_weight must be a finite number >= 1, got {max_weight!r}")
-    patience_s = _check_positive("patience_s", patience_s, allow_inf=True)
+    validation.number("alpha", alpha, 0.0)
+    validation.number("max_weight", max_weight, 1.0)
+    patience_s = _check_seconds_or_inf("patience_s", patience_s)
     known = [j.remaining_s for j in jobs.values() if j.remaining_s is not None]
     # A job estimated to be done weighs the most; one second stands in for zero.
     ref = max(float(np.median(known)), 1.0) if known else None
@@ -148,10 +147,7 @@ class RemainingWorkPolicy:
             raise ValueError(f"p must be < 0 for RemainingWorkPolicy (weights scale speedups "
                              f"as w ** (1/p)), got {p!r}; use -1")
         remaining_weights({}, 0.0, alpha=alpha, max_weight=max_weight, patience_s=patience_s)
-        if not _is_real(running_bonus) or not math.isfinite(float(running_bonus)) \
-                or running_bonus < 1:
-            raise ValueError(f"running_bonus must be a finite number >= 1, "
-                             f"got {running_bonus!r}")
+        validation.number("running_bonus", running_bonus, 1.0)
         self.alpha, self.max_weight = float(alpha), float(max_weight)
         self.patience_s, self.running_bonus = float(patience_s), float(running_bonus)
         if not isinstance(quantize, (bool, int, float)):

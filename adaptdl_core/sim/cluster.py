@@ -155,8 +155,8 @@ def synthetic_workload(num_jobs: int, num_nodes: int, *, seed: int = 0,
     Raises:
         ValueError: ``num_jobs`` or ``num_nodes`` < 1.
     """
-    if num_jobs < 1 or num_nodes < 1:
-        raise ValueError(f"num_jobs and num_nodes must be >= 1, got {num_jobs}, {num_nodes}")
+    validation.integer("num_jobs", num_jobs, 1)
+    validation.integer("num_nodes", num_nodes, 1)
     rows = load_workload(base)
     rng = np.random.default_rng(seed)
     times = np.sort(np.array([r.time for r in rows]))

@@ -321,9 +321,9 @@ def fixed_batch_config(app: Application, num_replicas: int, batch_size: int,
     Raises:
         ValueError: ``num_replicas`` or ``batch_size`` < 1.
     """
-    if num_replicas < 1 or batch_size < 1:
-        raise ValueError(f"num_replicas and batch_size must be >= 1, got {num_replicas}, "
-                         f"{batch_size}")
+    if not (num_replicas >= 1 and batch_size >= 1):  # (inline first: the search's hot path)
+        validation.number("num_replicas", num_replicas, 1.0)
+        validation.number("batch_size", batch_size, 1.0)
     local = math.ceil(batch_size / num_replicas - _EPS)
     accum = math.ceil(local / app.max_local_bsz - _EPS) - 1
     if force_accum_single and num_replicas == 1 and batch_size > app.init_batch_size:
@@ -540,10 +540,9 @@ class SimJob:
         Raises:
             ValueError: negative ``seconds`` or ``interference`` outside [0, 1).
         """
-        if seconds < 0:
-            raise ValueError(f"seconds must be >= 0, got {seconds}")
-        if not 0.0 <= interference < 1.0:
-            raise ValueError(f"interference must be in [0, 1), got {interference}")
+        if not (seconds >= 0 and 0.0 <= interference < 1.0):  # (inline first: every tick)
+            validation.number("seconds", seconds, 0.0)
+            validation.number("interference", interference, 0.0, 1.0, high_open=True)
         if not self.placement or self.done:
             self.now += seconds
             return

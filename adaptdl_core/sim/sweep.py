@@ -118,8 +118,7 @@ class AshaRule:
 
         Raises:
             ValueError: ``epoch`` < 1 or a non-finite metric."""
-        if epoch < 1:
-            raise ValueError(f"epoch must be >= 1, got {epoch}")
+        validation.integer("epoch", epoch, 1)
         metric = validation.number("metric", metric)
         if epoch >= self.max_t:
             return True

@@ -9,7 +9,7 @@ adds, only on the steps that need it:
   is complete, *before* DDP copies it into its bucket (a parameter's post-accumulate-grad
   hook runs before DDP's own hook on it).
 - **The gradient noise.** With several replicas, on the steps the loader samples (see
-  ``data.NOISE_DENSE_STEPS``) the local gradients' squared norms are taken in one fused
+  ``sampler.replicas_measure``) the local gradients' squared norms are taken in one fused
   call when the backward pass has computed them all, before DDP copies its averages
   back into ``.grad`` (an autograd-engine callback queued from a hook on the model's
   output runs before the one DDP queues to finish its all-reduces); the averaged
@@ -43,12 +43,11 @@ import torch
 import torch.distributed as dist
 
 from adaptdl_core.torch import _interrupt, _metrics
-from adaptdl_core.torch import boundary, grad_norms
+from adaptdl_core.torch import boundary
 from adaptdl_core.torch.gradient_noise_scale import adam_preconditioner, preconditioned_sqr_norm
-from adaptdl_core.torch.step_plan import StepPlan
 
 if TYPE_CHECKING:
-    from adaptdl_core.torch.step_cycle import StepCycle
+    from adaptdl_core.torch.step_cycle import StepCycle, StepPlan
 
 # A small all-reduce costs each replica a few hundred microseconds of CPU (launch, gloo
 # thread, wait), which a step of a few milliseconds feels; a stop request or a new batch
@@ -176,7 +175,7 @@ class GradientProbe:
         waits for the all-reduces and copies the averages into ``.grad``, only when its
         last bucket is ready, after ours)."""
         self.hook_output = False
-        for tensor in grad_norms.grad_tensors(output):
+        for tensor in _grad_tensors(output):
             self.hooks.append(tensor.register_hook(self._on_backward_start))
 
     def disarm(self) -> None:
@@ -264,7 +263,7 @@ class GradientProbe:
     # -- norms -----------------------------------------------------------------------------
     def _sqr_norm(self, param: torch.Tensor, grad: torch.Tensor) -> "float | torch.Tensor":
         if not self.precondition:
-            return grad_norms.blocked_sqr_norm(grad)
+            return _blocked_sqr_norm(grad)
         v, eps, bc2 = adam_preconditioner(self.optimizer, param)
         return preconditioned_sqr_norm(grad.view_as(param), v, eps, bc2)
 
@@ -302,7 +301,7 @@ class GradientProbe:
         grads = [p.grad.detach() for p in params]
         diffs = self.first_grads
         torch._foreach_sub_(diffs, grads)
-        total, spread = grad_norms.read_floats(self._sqr_norms_sum(params, grads),
+        total, spread = _read_floats(self._sqr_norms_sum(params, grads),
                                                self._sqr_norms_sum(params, diffs))
         return total, spread
 
@@ -355,8 +354,8 @@ class GradientProbe:
         (stop, in-place checkpoint) and batch choice to the loader's next boundary."""
         if self.measured:
             params = [p for p in self.params if p.grad is not None]
-            local, total = grad_norms.read_floats(
-                grad_norms.sum_parts(self.local_parts),
+            local, total = _read_floats(
+                _sum_parts(self.local_parts),
                 self._sqr_norms_sum(params, [p.grad.detach() for p in params]))
             self.unsent.append((local, total, batch_size, self.since_measure))
             self.since_measure = 0
@@ -391,3 +390,51 @@ def _side_values_group() -> Any:
     if "gloo" in str(dist.get_backend()):  # also "cpu:gloo,cuda:nccl"
         return None
     return dist.new_group(backend="gloo")
+
+
+# -- small tensor helpers: squared norms, accumulated on the device and read once per step
+# (on a GPU every read is a synchronisation)
+def _grad_tensors(output: Any) -> list[torch.Tensor]:
+    """The tensors in a forward pass's output (nested lists, tuples, dicts) that the
+    backward pass will reach."""
+    if isinstance(output, torch.Tensor):
+        return [output] if output.requires_grad else []
+    if isinstance(output, (list, tuple)):
+        items = output
+    elif isinstance(output, dict):
+        items = output.values()
+    else:
+        return []
+    return [t for item in items for t in _grad_tensors(item)]
+
+
+def _blocked_sqr_norm(flat: torch.Tensor, block: int = 1 << 16) -> torch.Tensor:
+    """|x|^2 with float32 products and float64 accumulation across blocks: as accurate
+    as a float64 norm for our purposes (relative error ~1e-7 within a block, the sum of
+    blocks exact to ~1e-16) and many times faster. A float64 scalar tensor on ``flat``'s
+    device: read the step's sum once (on a GPU, reading it is a synchronisation)."""
+    flat = flat.reshape(-1)
+    if flat.dtype == torch.float64:
+        return torch.dot(flat, flat)
+    flat = flat.float()
+    if flat.numel() <= block:  # (most parameters: one product, no split)
+        return torch.dot(flat, flat).double()
+    return torch.stack([torch.dot(c, c) for c in flat.split(block)]).double().sum()
+
+
+def _sum_parts(parts: list[Any]) -> "float | torch.Tensor":
+    """The sum of squared norms (float64 tensors on one device, or floats when
+    preconditioned), not read from the device yet."""
+    if not parts:
+        return 0.0
+    if isinstance(parts[0], torch.Tensor):
+        return parts[0] if len(parts) == 1 else torch.stack(parts).sum()
+    return float(sum(parts))
+
+
+def _read_floats(*values: "float | torch.Tensor") -> list[float]:
+    """``values`` as floats, the tensors among them read from their device at once (on a
+    GPU every read is a synchronisation)."""
+    tensors = [v for v in values if isinstance(v, torch.Tensor)]
+    read = iter(torch.stack(tensors).tolist() if tensors else ())
+    return [next(read) if isinstance(v, torch.Tensor) else float(v) for v in values]

@@ -1,16 +1,15 @@
-"""The loader's two schedules, as plain objects: which batch size, and which steps sample.
+"""The loader's batch size rules, as a plain object: which batch size, within which limits.
 
 :class:`BatchSizeController` chooses the (local batch, accumulation steps) of an
 autoscaled loader from a goodput model: the best configuration on the preferred grid of
 local sizes (:func:`preferred_local_sizes`), switched to only for a clear gain, and
-re-decided only when what it depends on moved (the cadence).
+re-decided only when what it depends on moved (the cadence). It is the one place that
+holds the loader's batch size limits.
 
-:class:`NoiseSampling` decides which optimizer steps of a single replica measure the
-gradient noise (two micro-batches instead of one), densely at first and then sparser,
-spaced so that those steps cost a bounded share of the training time.
-
-Both are pure: no torch, no collectives, no clock; the data loader feeds them numbers
-and applies their answers (replica 0 decides, the choice is agreed at a batch boundary).
+It is pure: no torch, no collectives, no clock; the data loader feeds it numbers and
+applies its answers (replica 0 decides, the choice is agreed at a batch boundary). Which
+steps measure the gradient noise is the samplers' schedule
+(:class:`~adaptdl_core.torch.sampler.NoiseSampling`).
 """
 
 from __future__ import annotations
@@ -21,11 +20,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["preferred_local_sizes", "BatchSizeController", "NoiseSampling",
-           "SWITCH_THRESHOLD", "DECIDE_EVERY_STEPS", "DECIDE_AT_LEAST_EVERY_STEPS",
-           "DECIDE_NOISE_CHANGE", "NOISE_MAX_INTERVAL", "NOISE_COST_SHARE",
-           "NOISE_QUICK_SAMPLES", "NOISE_DENSE_STEPS", "NOISE_MULTI_INTERVAL",
-           "noise_interval", "cost_floor", "replicas_measure"]
+__all__ = ["preferred_local_sizes", "BatchSizeController", "SWITCH_THRESHOLD",
+           "DECIDE_EVERY_STEPS", "DECIDE_AT_LEAST_EVERY_STEPS", "DECIDE_NOISE_CHANGE"]
 
 # Switch batch size only when the predicted goodput improves by more than this factor.
 SWITCH_THRESHOLD = 1.05
@@ -36,23 +32,6 @@ DECIDE_EVERY_STEPS = 5
 DECIDE_AT_LEAST_EVERY_STEPS = 50
 # Relative change of the noise scale that counts as "moved".
 DECIDE_NOISE_CHANGE = 0.1
-# A single replica without gradient accumulation has one gradient per step, which says
-# nothing about the gradient noise: sampled steps take two micro-batches (see
-# AdaptiveDataLoader.autoscale_batch_size). Sampling gets sparser with the step count, to
-# at most one step in this many (a sampled step costs one more forward/backward call).
-NOISE_MAX_INTERVAL = 16
-# ...and, after the first NOISE_QUICK_SAMPLES sampled steps (a quick first estimate), so
-# that sampled steps cost at most this share of the training time. For a small model two
-# half batches cost clearly more than one whole batch (fixed per-call costs dominate),
-# for a large one little more; each run measures its own excess (note_step_cost).
-NOISE_COST_SHARE = 0.05
-NOISE_QUICK_SAMPLES = 5
-# With several replicas every optimizer step has one gradient per replica, and measuring
-# costs a hook, an engine callback and two squared norms of every gradient (local and
-# averaged): measure every step for the first NOISE_DENSE_STEPS steps of a run (a quick
-# first estimate), then one step in NOISE_MULTI_INTERVAL.
-NOISE_DENSE_STEPS = 64
-NOISE_MULTI_INTERVAL = 4
 
 
 def preferred_local_sizes(lo: int, hi: int, keep: tuple[int, ...] = ()) -> list[int]:
@@ -210,71 +189,3 @@ class BatchSizeController:
         values = goodput_fn(self.nodes, self.replicas, np.array(near), accum)
         j = int(np.argmax(values))
         return float(values[j]), int(near[j])
-
-
-def noise_interval(step: int, cost_floor: int = 2) -> int:
-    """Steps from a sampled step ``step`` to the next one (single replica), at least
-    ``cost_floor`` (from what sampled steps cost, see ``NOISE_COST_SHARE``)."""
-    return min(NOISE_MAX_INTERVAL, max(2, step // 2, cost_floor))
-
-
-def cost_floor(extra: float) -> int:
-    """The sampling interval at which sampled steps whose samples take ``extra`` (0.4 =
-    40%) more time than other steps' cost ``NOISE_COST_SHARE`` of the training time."""
-    return max(2, math.ceil(extra / NOISE_COST_SHARE - 1e-9))
-
-
-def replicas_measure(step: int) -> bool:
-    """Whether the replicas measure the gradient noise in the step that ``step`` steps
-    of this run preceded (the same schedule on every replica)."""
-    return step < NOISE_DENSE_STEPS or step % NOISE_MULTI_INTERVAL == 0
-
-
-class NoiseSampling:
-    """Which steps of a single replica sample the gradient noise.
-
-    Every other step at first, then sparser with the step count (:func:`noise_interval`),
-    and, after ``NOISE_QUICK_SAMPLES`` samples, no denser than the cost floor set from the
-    measured step costs (:meth:`note_step_cost`).
-
-    Arguments:
-        floor: the initial least interval between sampled steps (>= 2).
-    """
-
-    def __init__(self, floor: int = 2):
-        self.next_sample = 0   # the first step that may be sampled
-        self.sampled = 0       # sampled steps so far
-        self.cost_floor = floor
-        # Seconds per sample of plain steps (an average), and the relative excess of
-        # sampled steps per sample.
-        self._plain_s_per_sample: float | None = None
-        self._sampled_extra: float | None = None
-
-    def due(self, step: int) -> bool:
-        """Whether optimizer step number ``step`` should be sampled."""
-        return step >= self.next_sample
-
-    def mark_sampled(self, step: int) -> None:
-        """Step ``step`` is sampled: schedule the next one."""
-        self.sampled += 1
-        floor = self.cost_floor if self.sampled >= NOISE_QUICK_SAMPLES else 2
-        self.next_sample = step + noise_interval(step, floor)
-
-    def forget_costs(self) -> None:
-        """The local batch changed: plain step costs measured so far no longer apply."""
-        self._plain_s_per_sample = None
-
-    def note_step_cost(self, seconds: float, samples: int, sampled: bool) -> None:
-        """Account one optimizer step (``seconds`` from its start to the next step's, for
-        ``samples`` local samples; ``sampled``: it measured the noise) and set the cost
-        floor from what sampled steps cost beyond plain ones."""
-        per_sample = seconds / max(samples, 1)
-        if not sampled:
-            last = self._plain_s_per_sample
-            self._plain_s_per_sample = per_sample if last is None \
-                else 0.8 * last + 0.2 * per_sample
-        elif self._plain_s_per_sample:
-            extra = max(0.0, per_sample / self._plain_s_per_sample - 1.0)
-            last = self._sampled_extra
-            self._sampled_extra = extra if last is None else 0.5 * (last + extra)
-            self.cost_floor = cost_floor(self._sampled_extra)

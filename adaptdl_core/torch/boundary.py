@@ -150,21 +150,21 @@ def agree(replicas: int) -> tuple[int, int] | None:
     steps, so every replica sees the same answer at the same boundary.
     """
     book = loops()
-    if replicas == 1 or not collective.is_initialized():
-        book.side_channel = None
-        # (Two flag reads, no allocation: this runs at every boundary of one replica.)
-        requests = book.requests
-        if requests.exit_requested() or requests.has_pending():
-            _honour(_interrupt.local_requests(), 1)
-        return None
     side, book.side_channel = book.side_channel, None
-    if side is not None:
+    if replicas > 1 and side is not None:
+        # (Agreed already, through the model's side values: no collective of its own.)
         agreed, choice = side
         if book.pending_requests is not None:  # started at an earlier store-path boundary
             agreed = agreed | book.pending_requests.result()
             book.pending_requests = None
         _honour(agreed, replicas)
         return choice
+    if replicas == 1 or not collective.is_initialized():
+        # (Two flag reads, no allocation: this runs at every boundary of one replica.)
+        requests = book.requests
+        if requests.exit_requested() or requests.has_pending():
+            _honour(_interrupt.local_requests(), 1)
+        return None
     book.store_boundaries += 1
     if book.store_boundaries % STORE_STOP_CHECK_EVERY == 1:
         if book.pending_requests is not None:

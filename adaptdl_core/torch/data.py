@@ -27,14 +27,13 @@ from typing import Any, Iterator
 
 from torch.utils.data import DataLoader, IterableDataset
 
-from adaptdl_core import checkpoint, context, env
+from adaptdl_core import checkpoint, context, env, validation
 from adaptdl_core.torch import _metrics
 from adaptdl_core.torch.batch_control import BatchSizeController, preferred_local_sizes
 from adaptdl_core.torch.boundary import current_dataloader, loops, training_loader
 from adaptdl_core.torch.loader_state import STATE_PREFIX, LoaderState
 from adaptdl_core.torch.sampler import ElasticSampler, LocalBatchSampler
-from adaptdl_core.torch.step_cycle import StepCycle
-from adaptdl_core.torch.step_plan import StepPlan
+from adaptdl_core.torch.step_cycle import StepCycle, StepPlan
 
 # (ElasticSampler, current_dataloader, preferred_local_sizes and training_loader are
 # defined next door and exported here too, where they were defined before.)
@@ -88,9 +87,8 @@ class AdaptiveDataLoader(DataLoader):
                              "supported; wrap the data in a map-style Dataset with __len__, "
                              "or iterate the stream with adaptdl_core.torch.ElasticLoop, "
                              "which makes any iterable restart-consistent")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"AdaptiveDataLoader(batch_size={batch_size!r}): the global batch "
-                             "size must be an integer >= 1")
+        batch_size = validation.integer("batch_size", batch_size, 1,
+                                        what="an integer (the global batch size)")
         drop_last = kwargs.pop("drop_last", False)
         for key, value in (("shuffle", shuffle), ("drop_last", drop_last)):
             if not isinstance(value, bool):  # ('no' would be true, and would shuffle)
@@ -291,16 +289,6 @@ class AdaptiveDataLoader(DataLoader):
         """Which micro-batch of the current optimizer step was handed out last (0 for the
         first)."""
         return self._cycle.micro_index
-
-    def note_optimizer_step(self) -> None:
-        """Called by AdaptiveDataParallel when the optimizer stepped on this loader's
-        batches (the step's time is then profiled as an optimizer step)."""
-        self._cycle.note_optimizer_step()
-
-    def take_proposal(self) -> tuple[int, int] | None:
-        """Replica 0's pending batch size choice ``(local batch, accumulation steps)``
-        for the replicas to agree on, or ``None``; taking it clears it."""
-        return self._cycle.take_proposal()
 
     @property
     def max_batch_size(self) -> int | None:

@@ -1,4 +1,5 @@
-"""Samplers of the adaptive data loader: the dataset's order, and its local batches.
+"""Samplers of the adaptive data loader: the dataset's order, its local batches, and
+which steps measure the gradient noise.
 
 :class:`ElasticSampler` orders the dataset for an epoch (a deterministic shuffle) and
 deals positions of that order to replicas round-robin, starting at a global position, so
@@ -6,6 +7,13 @@ that a restarted job on any number of replicas continues at the same sample.
 :class:`LocalBatchSampler` groups this replica's share into local batches of a size that
 may change between passes, and hands the steps the noise schedule samples out as two
 micro-batches.
+
+The noise schedules: :class:`NoiseSampling` decides which optimizer steps of a single
+replica measure the gradient noise (two micro-batches instead of one), densely at first
+and then sparser, spaced so that those steps cost a bounded share of the training time;
+with several replicas every step has a gradient per replica, and
+:func:`replicas_measure` says which steps measure them. Both are pure (no torch, no
+clock): the loader feeds them step numbers and step costs.
 """
 
 from __future__ import annotations
@@ -19,9 +27,28 @@ import torch
 from torch.utils.data import Sampler
 
 from adaptdl_core import env, validation
-from adaptdl_core.torch.batch_control import NoiseSampling
 
-__all__ = ["ElasticSampler", "LocalBatchSampler"]
+__all__ = ["ElasticSampler", "LocalBatchSampler", "NoiseSampling", "replicas_measure",
+           "noise_interval", "cost_floor", "NOISE_MAX_INTERVAL", "NOISE_COST_SHARE",
+           "NOISE_QUICK_SAMPLES", "NOISE_DENSE_STEPS", "NOISE_MULTI_INTERVAL"]
+
+# A single replica without gradient accumulation has one gradient per step, which says
+# nothing about the gradient noise: sampled steps take two micro-batches (see
+# AdaptiveDataLoader.autoscale_batch_size). Sampling gets sparser with the step count, to
+# at most one step in this many (a sampled step costs one more forward/backward call).
+NOISE_MAX_INTERVAL = 16
+# ...and, after the first NOISE_QUICK_SAMPLES sampled steps (a quick first estimate), so
+# that sampled steps cost at most this share of the training time. For a small model two
+# half batches cost clearly more than one whole batch (fixed per-call costs dominate),
+# for a large one little more; each run measures its own excess (note_step_cost).
+NOISE_COST_SHARE = 0.05
+NOISE_QUICK_SAMPLES = 5
+# With several replicas every optimizer step has one gradient per replica, and measuring
+# costs a hook, an engine callback and two squared norms of every gradient (local and
+# averaged): measure every step for the first NOISE_DENSE_STEPS steps of a run (a quick
+# first estimate), then one step in NOISE_MULTI_INTERVAL.
+NOISE_DENSE_STEPS = 64
+NOISE_MULTI_INTERVAL = 4
 
 
 class ElasticSampler(Sampler[int]):
@@ -118,11 +145,12 @@ class ElasticSampler(Sampler[int]):
         n = len(self.dataset)
         return math.ceil((n - self.index % n) / self.num_replicas)
 
+
 class LocalBatchSampler(Sampler[list[int]]):
     """Groups the elastic sampler's indices into local batches of a changeable size.
 
     With ``measure_from`` set (a step number), the steps that :attr:`schedule` (a
-    :class:`~adaptdl_core.torch.batch_control.NoiseSampling`) samples come as two
+    :class:`NoiseSampling`) samples come as two
     micro-batches: a full batch split in two halves, or with ``pairs`` two
     full batches (when a whole second batch is left in the pass). Every yielded batch
     also appends ``(opens_measured_step, size)`` to :attr:`kinds`, which the loader pops
@@ -138,6 +166,21 @@ class LocalBatchSampler(Sampler[list[int]]):
         self.pairs = False
         self.schedule = NoiseSampling()
         self.kinds: deque = deque()
+
+    def configure(self, local_bsz: int, measure_from: int | None, lo: int,
+                  max_batch_size: int | None) -> None:
+        """Set up the next pass: local batches of ``local_bsz``; with ``measure_from``
+        (the number of the pass's first optimizer step; ``None``: no step measures the
+        noise) the sampled steps come as two halves when a half is within the micro-batch
+        lower bound ``lo``, else as two whole batches when twice the batch is within
+        ``max_batch_size``, else not at all."""
+        if local_bsz != self.local_bsz:  # (step costs are per local batch)
+            self.local_bsz = local_bsz
+            self.schedule.forget_costs()
+        halves = local_bsz >= 2 * lo
+        self.pairs = measure_from is not None and not halves \
+            and 2 * local_bsz <= max_batch_size
+        self.measure_from = measure_from if halves or self.pairs else None
 
     def __iter__(self) -> Iterator[list[int]]:
         kinds = self.kinds
@@ -186,3 +229,71 @@ class LocalBatchSampler(Sampler[list[int]]):
         if self.drop_last:
             return len(self.sampler) // local_bsz
         return math.ceil(len(self.sampler) / local_bsz)
+
+
+def noise_interval(step: int, cost_floor: int = 2) -> int:
+    """Steps from a sampled step ``step`` to the next one (single replica), at least
+    ``cost_floor`` (from what sampled steps cost, see ``NOISE_COST_SHARE``)."""
+    return min(NOISE_MAX_INTERVAL, max(2, step // 2, cost_floor))
+
+
+def cost_floor(extra: float) -> int:
+    """The sampling interval at which sampled steps whose samples take ``extra`` (0.4 =
+    40%) more time than other steps' cost ``NOISE_COST_SHARE`` of the training time."""
+    return max(2, math.ceil(extra / NOISE_COST_SHARE - 1e-9))
+
+
+def replicas_measure(step: int) -> bool:
+    """Whether the replicas measure the gradient noise in the step that ``step`` steps
+    of this run preceded (the same schedule on every replica)."""
+    return step < NOISE_DENSE_STEPS or step % NOISE_MULTI_INTERVAL == 0
+
+
+class NoiseSampling:
+    """Which steps of a single replica sample the gradient noise.
+
+    Every other step at first, then sparser with the step count (:func:`noise_interval`),
+    and, after ``NOISE_QUICK_SAMPLES`` samples, no denser than the cost floor set from the
+    measured step costs (:meth:`note_step_cost`).
+
+    Arguments:
+        floor: the initial least interval between sampled steps (>= 2).
+    """
+
+    def __init__(self, floor: int = 2):
+        self.next_sample = 0   # the first step that may be sampled
+        self.sampled = 0       # sampled steps so far
+        self.cost_floor = floor
+        # Seconds per sample of plain steps (an average), and the relative excess of
+        # sampled steps per sample.
+        self._plain_s_per_sample: float | None = None
+        self._sampled_extra: float | None = None
+
+    def due(self, step: int) -> bool:
+        """Whether optimizer step number ``step`` should be sampled."""
+        return step >= self.next_sample
+
+    def mark_sampled(self, step: int) -> None:
+        """Step ``step`` is sampled: schedule the next one."""
+        self.sampled += 1
+        floor = self.cost_floor if self.sampled >= NOISE_QUICK_SAMPLES else 2
+        self.next_sample = step + noise_interval(step, floor)
+
+    def forget_costs(self) -> None:
+        """The local batch changed: plain step costs measured so far no longer apply."""
+        self._plain_s_per_sample = None
+
+    def note_step_cost(self, seconds: float, samples: int, sampled: bool) -> None:
+        """Account one optimizer step (``seconds`` from its start to the next step's, for
+        ``samples`` local samples; ``sampled``: it measured the noise) and set the cost
+        floor from what sampled steps cost beyond plain ones."""
+        per_sample = seconds / max(samples, 1)
+        if not sampled:
+            last = self._plain_s_per_sample
+            self._plain_s_per_sample = per_sample if last is None \
+                else 0.8 * last + 0.2 * per_sample
+        elif self._plain_s_per_sample:
+            extra = max(0.0, per_sample / self._plain_s_per_sample - 1.0)
+            last = self._sampled_extra
+            self._sampled_extra = extra if last is None else 0.5 * (last + extra)
+            self.cost_floor = cost_floor(self._sampled_extra)

@@ -10,8 +10,8 @@ public attributes; nothing else shares its state). A loop over the loader
    and a batch size replica 0 chose, agreed with the other replicas
    (:func:`adaptdl_core.torch.boundary.agree`);
 2. **plan** it (:meth:`_plan`): micro-batches, local batch, how the gradient noise is
-   measured (a :class:`~adaptdl_core.torch.step_plan.StepPlan`, read by
-   AdaptiveDataParallel);
+   measured (a :class:`StepPlan`, defined below; AdaptiveDataParallel and its gradient
+   probe act on the plan only, never on the loader's bookkeeping);
 3. **run** it: hand out its micro-batches and count the samples consumed;
 4. **measure** it: the wall time of every micro-batch goes to the throughput profile
    and the step's cost to the noise-sampling schedule (:class:`StepTimer`);
@@ -21,6 +21,7 @@ public attributes; nothing else shares its state). A loop over the loader
 
 from __future__ import annotations
 
+import enum
 import logging
 import math
 import time
@@ -28,17 +29,88 @@ from typing import Any, Callable, Iterable, Iterator
 
 from adaptdl_core import collective
 from adaptdl_core.torch import _metrics, boundary
-from adaptdl_core.torch.batch_control import (DECIDE_EVERY_STEPS, BatchSizeController,
-                                              replicas_measure)
+from adaptdl_core.torch.batch_control import DECIDE_EVERY_STEPS, BatchSizeController
 from adaptdl_core.torch.elastic_loop import loop_scope
 from adaptdl_core.torch.epoch import count_samples
 from adaptdl_core.torch.loader_state import LoaderState
-from adaptdl_core.torch.sampler import ElasticSampler, LocalBatchSampler
-from adaptdl_core.torch.step_plan import NoiseMode, StepPlan
+from adaptdl_core.torch.sampler import ElasticSampler, LocalBatchSampler, replicas_measure
 
-__all__ = ["StepCycle", "StepTimer"]
+__all__ = ["StepCycle", "StepPlan", "NoiseMode", "StepTimer"]
 
 LOG = logging.getLogger(__name__)
+
+
+class NoiseMode(enum.Enum):
+    """How the gradient noise is measured in a step.
+
+    - ``NONE``: not at all (a fixed batch size, or a step between sampled ones).
+    - ``REPLICAS``: from the replicas' local gradients against their average (several
+      replicas; the local and averaged squared norms are taken).
+    - ``MICRO_BATCHES``: one replica accumulating several micro-batches per step: the
+      first micro-batch's gradient against the step's average.
+    - ``HALVES``: one replica, a sampled step whose batch is handed out as two halves.
+    - ``PAIRS``: one replica, a sampled step of two whole batches (a half would fall
+      below the micro-batch lower bound).
+    """
+
+    NONE = "none"
+    REPLICAS = "replicas"
+    MICRO_BATCHES = "micro-batches"
+    HALVES = "halves"
+    PAIRS = "pairs"
+
+
+class StepPlan:
+    """What one optimizer step does, decided at its boundary (read-only by convention;
+    one per step, so kept cheap: slots, no validation beyond the arguments below).
+
+    Arguments:
+        index: how many optimizer steps the loader started in this run, this one
+            included (the same on every replica; it numbers the side-value schedule).
+        micros: micro-batches in the step (>= 1): the accumulation steps + 1, or 2 for a
+            sampled step of one replica.
+        local_bsz: samples per micro-batch on this replica (the last micro-batch of a
+            pass may hold fewer).
+        noise: how the gradient noise is measured (:class:`NoiseMode`).
+
+    Raises:
+        ValueError: for ``micros < 1``, ``local_bsz < 1`` or a ``noise`` that is not a
+            :class:`NoiseMode`.
+    """
+
+    __slots__ = ("index", "micros", "local_bsz", "noise")
+
+    def __init__(self, index: int, micros: int, local_bsz: int, noise: NoiseMode):
+        if micros < 1 or local_bsz < 1 or not isinstance(noise, NoiseMode):
+            raise ValueError(f"StepPlan(micros={micros!r}, local_bsz={local_bsz!r}, "
+                             f"noise={noise!r}): need micros >= 1, local_bsz >= 1 and a "
+                             "NoiseMode")
+        self.index, self.micros, self.local_bsz, self.noise = index, micros, local_bsz, noise
+
+    @property
+    def measures_replicas(self) -> bool:
+        """True if the replicas' local gradient norms are measured in this step."""
+        return self.noise is NoiseMode.REPLICAS
+
+    @property
+    def measures_first_micro_batch(self) -> bool:
+        """True if one replica measures the noise from the first micro-batch's gradient
+        against the step's average (accumulation, halves or pairs)."""
+        return self.noise is not NoiseMode.NONE and self.noise is not NoiseMode.REPLICAS
+
+    def _fields(self) -> tuple:
+        return (self.index, self.micros, self.local_bsz, self.noise)
+
+    def __eq__(self, other: object) -> bool:
+        return self._fields() == other._fields() if isinstance(other, StepPlan) \
+            else NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
+
+    def __repr__(self) -> str:
+        return (f"StepPlan(index={self.index}, micros={self.micros}, "
+                f"local_bsz={self.local_bsz}, noise={self.noise.value})")
 
 
 class StepTimer:
@@ -181,23 +253,13 @@ class StepCycle:
 
     def _configure_pass(self, epoch: int | None) -> bool:
         """Set the samplers up for a pass at the current local batch; returns whether a
-        single replica samples steps for the gradient noise in it.
-
-        A single replica with one micro-batch per step gives sampled steps two
-        micro-batches (only when the batch size is adaptive: a fixed batch has no use for
-        the measurement): two halves within the micro-batch bounds, else two whole
-        batches within max_batch_size."""
-        batch_sampler = self.batch_sampler
-        local_bsz = int(self.state.local_bsz)
-        if local_bsz != batch_sampler.local_bsz:  # (step costs are per local batch)
-            batch_sampler.local_bsz = local_bsz
-            batch_sampler.schedule.forget_costs()
+        single replica samples steps for the gradient noise in it (only when the batch
+        size is adaptive: a fixed batch has no use for the measurement; how a sampled
+        step is cut: :meth:`LocalBatchSampler.configure`)."""
         measure = self.autoscaled() and self.world[1] == 1 and self.state.accum_steps == 0
-        lo = (self.control.local_bsz_bounds or (None, None))[0] or 1
-        halves = local_bsz >= 2 * lo
-        batch_sampler.pairs = pairs = measure and not halves \
-            and 2 * local_bsz <= self.control.max_batch_size
-        batch_sampler.measure_from = self.steps if measure and (halves or pairs) else None
+        self.batch_sampler.configure(int(self.state.local_bsz), self.steps if measure else None,
+                                     (self.control.local_bsz_bounds or (None, None))[0] or 1,
+                                     self.control.max_batch_size)
         self.elastic_sampler.set_epoch(epoch or 0, self.state.current_index)
         return measure
 
@@ -343,7 +405,8 @@ class StepCycle:
             choice = current if current[0] is not None else control.initial_choice()
             if self.world[2] == 0:
                 choice = self.choose(choice, initial)
-            choice = collective.broadcast(choice)
+            if self.world[1] > 1:
+                choice = collective.broadcast(choice)
         state.local_bsz, state.accum_steps = int(choice[0]), int(choice[1])
         changed = current != (state.local_bsz, state.accum_steps)
         if changed and not initial:

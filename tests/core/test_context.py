@@ -7,7 +7,7 @@ import pytest
 
 from adaptdl_core import checkpoint, context
 from adaptdl_core.torch import _interrupt, request_checkpoint, request_checkpoint_and_exit
-from adaptdl_core.torch.step_plan import NoiseMode, StepPlan
+from adaptdl_core.torch.step_cycle import NoiseMode, StepPlan
 
 
 class Dummy(checkpoint.State):

@@ -5,7 +5,7 @@
 import pytest
 
 from adaptdl_core.torch._gradient_probe import SIDE_VALUES_MAX_EVERY
-from adaptdl_core.torch.batch_control import NOISE_DENSE_STEPS, NOISE_MULTI_INTERVAL
+from adaptdl_core.torch.sampler import NOISE_DENSE_STEPS, NOISE_MULTI_INTERVAL
 from tests.core.harness import JOBS, run_json_job
 
 

@@ -6,9 +6,8 @@ import torch
 from torch.utils.data import TensorDataset
 
 import adaptdl_core.torch as adl
-from adaptdl_core.torch import batch_control
-from adaptdl_core.torch.batch_control import NoiseSampling
-from adaptdl_core.torch.sampler import LocalBatchSampler
+from adaptdl_core.torch import sampler as schedules
+from adaptdl_core.torch.sampler import LocalBatchSampler, NoiseSampling
 
 
 def sampled_steps(cost_floor, steps=300, bsz=4):
@@ -40,12 +39,12 @@ def test_sampling_is_dense_first_then_sparser_up_to_the_maximum():
     steps = sampled_steps(cost_floor=2)
     assert steps[:5] == [0, 2, 4, 6, 9]
     assert gaps(steps) == sorted(gaps(steps))
-    assert max(gaps(steps)) == batch_control.NOISE_MAX_INTERVAL
+    assert max(gaps(steps)) == schedules.NOISE_MAX_INTERVAL
 
 
 def test_costly_sampled_steps_are_spaced_after_a_quick_first_estimate():
     steps = sampled_steps(cost_floor=9)
-    quick = batch_control.NOISE_QUICK_SAMPLES
+    quick = schedules.NOISE_QUICK_SAMPLES
     assert steps[:quick] == sampled_steps(cost_floor=2)[:quick]
     assert all(g >= 9 for g in gaps(steps)[quick - 1:])
     assert len(steps) < len(sampled_steps(cost_floor=2))
@@ -53,9 +52,9 @@ def test_costly_sampled_steps_are_spaced_after_a_quick_first_estimate():
 
 @pytest.mark.parametrize("extra, floor", [(0.0, 2), (0.05, 2), (0.2, 4), (0.45, 9), (3.0, 60)])
 def test_cost_floor_keeps_sampled_steps_within_the_time_share(extra, floor):
-    assert batch_control.cost_floor(extra) == floor
+    assert schedules.cost_floor(extra) == floor
     # One sampled step in `floor` costs at most the share of the training time.
-    assert extra / floor <= batch_control.NOISE_COST_SHARE + 1e-12
+    assert extra / floor <= schedules.NOISE_COST_SHARE + 1e-12
 
 
 def test_measured_step_times_set_the_interval():
