@@ -17,7 +17,7 @@ from tests.ray.shared_run import exactly_once
 
 DRIVER = os.path.join(REPO_ROOT, "tests", "ray", "shared_run.py")
 # Each sweep: one long trial and one short; the long ones grow once the short ones end.
-SHAPE = {"cpus": 4, "trials": 2, "epochs": 2, "long_epochs": 36, "size": 192,
+SHAPE = {"cpus": 4, "trials": 2, "epochs": 2, "long_epochs": 24, "size": 192,
          "batch_size": 16, "sleep_per_sample": 0.01, "interval": 2.0}
 
 
