@@ -1,8 +1,10 @@
 """Two sweeps on one cluster: with the cluster allocator, and each experiment dividing alone.
 
 Two Tune experiments (each ``--trials`` AdaptDL trials of a tiny regression whose step time
-shrinks with more replicas: each replica sleeps ``--sleep-per-sample`` seconds per sample
-of its batch, so the fake CPUs of a small machine behave as a cluster's would) are started
+shrinks with more replicas, less than in proportion: each step sleeps ``--sleep-per-step``
+seconds plus ``--sleep-per-sample`` per sample of the replica's batch, so the fake CPUs of
+a small machine behave as a cluster's would; each experiment's first trial runs
+``--long-epochs``, the others ``--epochs``) are started
 at the same time by two driver processes on one local Ray cluster of ``--cpus`` logical
 CPUs (``ray start --head``, its own for each run). Arms:
 
@@ -38,8 +40,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _common import machine_description, markdown_table  # noqa: E402
 from tests.ray.local_cluster import cluster_env, head_node  # noqa: E402
-from tests.ray.shared_run import (ARMS, exactly_once, shape_arguments,  # noqa: E402
-                                  shape_argv)
+from tests.ray.shared_run import (ARMS, exactly_once, peak_replicas,  # noqa: E402
+                                  shape_arguments, shape_argv)
 
 DRIVER = os.path.join(ROOT, "tests", "ray", "shared_run.py")
 
@@ -86,15 +88,7 @@ def _peak_shared_target(address: str) -> int | None:
         history = json.loads(out.stdout.strip().splitlines()[-1])
     except (IndexError, ValueError):
         return None
-    if not history:
-        return None
-    events = sorted((t, key, n) for key, changes in history.items() for t, n in changes)
-    current: dict[str, int] = {}
-    peak = 0
-    for _, key, n in events:
-        current[key] = n
-        peak = max(peak, sum(current.values()))
-    return peak
+    return peak_replicas(history) if history else None
 
 
 # -- the report ---------------------------------------------------------------------------
@@ -142,10 +136,11 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         raise SystemExit(f"--arms: unknown {unknown}; choose from {list(ARMS)}")
     data = {"machine": machine_description(),
-            "shape": (f"{args.cpus} CPUs; 2 experiments x {args.trials} trials x "
-                      f"{args.epochs} epochs of {args.size} samples, batch "
-                      f"{args.batch_size}, {args.sleep_per_sample} s per sample per "
-                      f"replica; allocation interval {args.interval} s"), "reps": []}
+            "shape": (f"{args.cpus} CPUs; 2 experiments x {args.trials} trials (the first "
+                      f"{args.long_epochs} epochs, the others {args.epochs}) of {args.size} "
+                      f"samples, batch {args.batch_size}, {args.sleep_per_step} s per step + "
+                      f"{args.sleep_per_sample} s per sample per replica; allocation "
+                      f"interval {args.interval} s"), "reps": []}
     for rep in range(args.reps):
         order = arms if rep % 2 == 0 else arms[::-1]
         with tempfile.TemporaryDirectory(prefix="shared-cluster-") as work:

@@ -28,14 +28,17 @@ def shape_arguments(parser: argparse.ArgumentParser) -> None:
     """The experiment's shape, shared by the driver, the benchmark and the test."""
     parser.add_argument("--cpus", type=int, default=4, help="logical CPUs of the cluster")
     parser.add_argument("--trials", type=int, default=4, help="trials per experiment")
-    parser.add_argument("--epochs", type=int, default=12)
+    parser.add_argument("--epochs", type=int, default=6)
     parser.add_argument("--size", type=int, default=2048, help="samples per epoch")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--sleep-per-sample", type=float, default=0.003,
                         help="seconds per sample of a replica's batch")
+    parser.add_argument("--sleep-per-step", type=float, default=0.05,
+                        help="seconds per step whatever the replicas (so more replicas "
+                             "speed a step up less than in proportion, as with a real model)")
     parser.add_argument("--interval", type=float, default=5.0,
                         help="the schedulers' allocation_interval_s")
-    parser.add_argument("--long-epochs", type=int, default=0,
+    parser.add_argument("--long-epochs", type=int, default=30,
                         help="epochs of each experiment's first trial (0: --epochs)")
     parser.add_argument("--always-resize", action="store_true",
                         help="carry out every resize the allocator's shares call for (the "
@@ -46,7 +49,8 @@ def shape_argv(args: argparse.Namespace) -> list[str]:
     """``args``' shape as command-line arguments for a driver."""
     return ["--cpus", str(args.cpus), "--trials", str(args.trials), "--epochs",
             str(args.epochs), "--size", str(args.size), "--batch-size", str(args.batch_size),
-            "--sleep-per-sample", str(args.sleep_per_sample), "--interval", str(args.interval),
+            "--sleep-per-sample", str(args.sleep_per_sample),
+            "--sleep-per-step", str(args.sleep_per_step), "--interval", str(args.interval),
             "--long-epochs", str(args.long_epochs)] + \
         (["--always-resize"] if args.always_resize else [])
 
@@ -77,7 +81,8 @@ def run_driver(args: argparse.Namespace) -> dict[str, Any]:
     trainable = AdaptDLTrainableCreator(counting_job, max_replicas=args.cpus)
     config = {"record_dir": args.record_dir, "per_trial_records": True,
               "size": args.size, "batch_size": args.batch_size,
-              "sleep_per_sample": args.sleep_per_sample, "report_every": 4,
+              "sleep_per_sample": args.sleep_per_sample, "sleep": args.sleep_per_step,
+              "report_every": 4,
               "epochs": tune.grid_search(epochs_per_trial(args))}
     tuner = tune.Tuner(trainable, param_space=config,
                        run_config=tune.RunConfig(name=args.name, storage_path=args.storage,
@@ -117,6 +122,19 @@ def exactly_once(record_dir: str, args: argparse.Namespace) -> bool | str:
     if sorted(found) != expected:
         return f"epochs trained {sorted(found)}, expected {expected}"
     return True
+
+
+def peak_replicas(history: dict) -> int:
+    """The largest total of replicas given at one time, from the allocator's history (job
+    key -> ``[time, replicas]`` per change; changes at the same time count together)."""
+    current: dict[str, int] = {}
+    peak = 0
+    events = sorted((t, key, n) for key, changes in history.items() for t, n in changes)
+    for i, (t, key, n) in enumerate(events):
+        current[key] = n
+        if i + 1 == len(events) or events[i + 1][0] != t:
+            peak = max(peak, sum(current.values()))
+    return peak
 
 
 def main() -> int:

@@ -13,12 +13,12 @@ import sys
 import urllib.request
 
 from tests.ray.local_cluster import REPO_ROOT, cluster_env, free_port, head_node
-from tests.ray.shared_run import exactly_once
+from tests.ray.shared_run import exactly_once, peak_replicas
 
 DRIVER = os.path.join(REPO_ROOT, "tests", "ray", "shared_run.py")
 # Each sweep: one long trial and one short; the long ones grow once the short ones end.
 SHAPE = {"cpus": 4, "trials": 2, "epochs": 2, "long_epochs": 24, "size": 192,
-         "batch_size": 16, "sleep_per_sample": 0.01, "interval": 2.0}
+         "batch_size": 16, "sleep_per_sample": 0.01, "sleep_per_step": 0.0, "interval": 2.0}
 
 
 def _allocator_view(address: str) -> dict:
@@ -31,14 +31,6 @@ def _allocator_view(address: str) -> dict:
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def _peak(history: dict) -> int:
-    current, peak = {}, 0
-    for _, key, n in sorted((t, k, n) for k, changes in history.items() for t, n in changes):
-        current[key] = n
-        peak = max(peak, sum(current.values()))
-    return peak
 
 
 def test_two_sweeps_share_one_cluster(tmp_path):
@@ -71,7 +63,7 @@ def test_two_sweeps_share_one_cluster(tmp_path):
         trials += record["trials"]
     # The allocator never gave more replicas than the cluster holds, and both
     # experiments' trials were in its solves.
-    assert 0 < _peak(view["history"]) <= SHAPE["cpus"]
+    assert 0 < peak_replicas(view["history"]) <= SHAPE["cpus"]
     assert len(view["history"]) == 2 * SHAPE["trials"]
     assert view["status"]["members"] == 0  # both experiments left when they ended
     # Trials grew as the others ended (4 trials on 4 CPUs start at one replica each).
