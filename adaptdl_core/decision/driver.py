@@ -31,11 +31,11 @@ import concurrent.futures
 import logging
 import math
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Hashable
 
 from adaptdl_core import validation
 
-from .core import DecisionCore, SolveRequest
+from .core import Decision, DecisionCore, SolveRequest
 from .state import StateWriter
 
 LOG = logging.getLogger(__name__)
@@ -137,6 +137,13 @@ class CoreDriver:
                     1, thread_name_prefix="adaptdl-solve")
             self._inflight = (request, self._executor.submit(run, request))
         return self.collect(self._wait_s()) or applied
+
+    def decide(self, prepare: Callable[[], None] | None = None) -> dict[Hashable, Decision]:
+        """:meth:`step`, then the standing decision of every live job (what
+        :meth:`DecisionCore.decide` answers, with the solve driven by this driver)."""
+        self.step(prepare)
+        return {job_id: self.core.decision_for(job_id)
+                for job_id, record in self.core.state.jobs.items() if record.live}
 
     def _wait_s(self) -> float | None:
         """How long a step waits for the solve it started: ``solve_wait_s`` while solves

@@ -132,3 +132,18 @@ def test_bad_arguments_are_named():
         CoreDriver(core, save_interval_s=float("nan"))
     with pytest.raises(TypeError, match="solver must be a function"):
         CoreDriver(core, solver="allocator")
+
+
+def test_decide_answers_as_the_core_does():
+    """The driver's decide (synchronous) gives the decisions the core's own decide gives."""
+    driver, clock, policy = make(solve_wait_s=None)
+    plain = DecisionCore(policy=CountingPolicy(), clock=clock, interval_s=60.0)
+    plain.set_nodes({"n0": NodeInfo({"GPU": 4})})
+    for core in (driver.core, plain):
+        for name in ("a", "b", "c", "d", "e"):
+            core.add_job(name, GPU)
+    assert driver.decide() == plain.decide()
+    driver.core.running("a", replicas=1)
+    plain.running("a", replicas=1)
+    clock.now += 61
+    assert driver.decide() == plain.decide()
