@@ -18,7 +18,6 @@ exits 1 if any does.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 import time
@@ -27,8 +26,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from adaptdl_core.sim.cluster import load_workload, simulate  # noqa: E402
+from adaptdl_core.sim.cluster import simulate  # noqa: E402
 from adaptdl_core.sim.sweep import run_sweep, simulate_arm  # noqa: E402
+from tests.sim.workloads import contended_rows, small_rows  # noqa: E402
 
 #: Keys holding wall-clock measurements, not results.
 TIMING_KEYS = {"wall_s", "decision_s"}
@@ -42,24 +42,9 @@ def _strip(value):
     return value
 
 
-def _small_rows():
-    rows = load_workload("load-0.5/workload-1")
-    return ([r for r in rows if r.application == "bert"][:4]
-            + [r for r in rows if r.application == "ncf"][:2])
-
-
-def _contended_rows():
-    rows = load_workload("load-1.0/workload-2")
-    pick = ([r for r in rows if r.application == "cifar10"][:6]
-            + [r for r in rows if r.application == "ncf"][:3]
-            + [r for r in rows if r.application == "bert"][:2]
-            + [r for r in rows if r.application == "deepspeech2"][:2])
-    return [dataclasses.replace(r, time=120.0 * i) for i, r in enumerate(pick)]
-
-
 def cases():
     """(name, thunk) of every run, each small enough for a shared 2-core machine."""
-    small, contended = _small_rows(), _contended_rows()
+    small, contended = small_rows(), contended_rows()
     return [
         ("cluster/tiresias/load-0.5/workload-3",
          lambda: simulate("load-0.5/workload-3", "tiresias")),
