@@ -85,9 +85,17 @@ def _as_float_array(x: ArrayLike) -> np.ndarray:
     return np.asarray(x, dtype=np.float64)
 
 
+def sync_growth(num_nodes: np.ndarray, num_replicas: np.ndarray) -> np.ndarray:
+    """How the gradient sync time grows with the placement: the multiplier of ``beta_n`` /
+    ``beta_r`` in ``T_n`` (Pollux's ring all-reduce form, ``max(K - 2, 0)``). The model and
+    its fit both take it from here (``benchmarks/fit_sync_forms.py`` swaps it to compare
+    other forms' extrapolation)."""
+    return np.maximum(num_replicas - 2.0, 0.0)
+
+
 def _sync_time(params: PerfParams, num_nodes: np.ndarray, num_replicas: np.ndarray) -> np.ndarray:
     """Gradient synchronisation time ``T_n`` (seconds) for the given placement(s)."""
-    extra = np.maximum(num_replicas - 2.0, 0.0)
+    extra = sync_growth(num_nodes, num_replicas)
     intra = params.alpha_r + params.beta_r * extra
     inter = params.alpha_n + params.beta_n * extra
     t_n = np.where(num_nodes > 1, inter, intra)
@@ -459,7 +467,7 @@ class _FitProblem:
         self.log_tc = np.log(t_c)
         self.log_to = np.log(t_o)
         self.b = b
-        self.extra = np.maximum(k - 2.0, 0.0)
+        self.extra = sync_growth(n, k)
         self.multi = k > 1
         self.inter = self.multi & (n > 1)
         self.intra = self.multi & (n == 1)

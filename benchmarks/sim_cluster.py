@@ -3,7 +3,9 @@
 Runs ``adaptdl_core.sim.cluster.simulate`` for each policy x load x workload, compares the
 average JCT, p99 JCT and makespan with the paper's published runs (AdaptDL's own policy,
 ``adaptdl``, with the published Pollux), prints per policy and load the ratios pooled over
-the workloads' jobs, and writes
+the workloads' jobs and the finish-time fairness (the largest ratio over the jobs of a
+job's JCT to its JCT alone on an equal share of the cluster, :mod:`adaptdl_core.sim.fairness`),
+and writes
 
 * ``benchmarks/results/sim_cluster.md``: one row per run (ours, published, ratio), the
   per-load means, decision time and wall time;
@@ -33,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from adaptdl_core.sim.cluster import POLICIES, load_workload, published, simulate  # noqa: E402
+from adaptdl_core.sim.fairness import of_run  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -73,7 +76,22 @@ def _run(task):
     r["published_makespan"] = _published_makespan(load, wl, pub["jcts"][wl])
     r["load"] = load
     r["label"] = _label(policy, options)
+    r["ftf"] = _fairness(r)
     return r
+
+
+def _fairness(r) -> dict:
+    """The run's finish-time fairness: largest and mean ratio, and the worst job."""
+    out = of_run(r, load_workload(r["workload"]))
+    return {k: out[k] for k in ("max", "worst", "mean")}
+
+
+def _published_fairness(r, pub) -> float:
+    """Largest finish-time fairness ratio of the published run of ``r``'s workload, on
+    ``r``'s cluster and settings."""
+    wl = r["workload"].split("/")[-1]
+    jcts = pub["jcts"][wl]
+    return of_run({"jcts": jcts, "settings": r["settings"]}, load_workload(r["workload"]))["max"]
 
 
 def load_runs(folder) -> list:
@@ -91,6 +109,8 @@ def load_runs(folder) -> list:
         pub = published(ref, load)
         r.setdefault("published_avg_jct", pub["avgs"][wl])
         r.setdefault("published_makespan", _published_makespan(load, wl, pub["jcts"][wl]))
+        if "ftf" not in r:
+            r["ftf"] = _fairness(r)
         out.append(r)
     return out
 
@@ -98,8 +118,10 @@ def load_runs(folder) -> list:
 def summary(results, loads) -> list:
     """Per policy label and load: pooled average and p99 JCT over all jobs of the runs, each
     over the published runs of the same workloads (published Pollux for ``pollux`` and
-    ``adaptdl``), makespan ratio (mean and worst over workloads) and decision time (median
-    of the runs' medians, largest of their p99s, in ms). One dict per row."""
+    ``adaptdl``), makespan ratio (mean and worst over workloads), finish-time fairness
+    (largest ratio over the runs' jobs, the mean of the runs' mean ratios, and the largest
+    ratio of the published runs on the same settings) and decision
+    time (median of the runs' medians, largest of their p99s, in ms). One dict per row."""
     import numpy as np
     rows = []
     labels = list(dict.fromkeys(r["label"] for r in results))
@@ -122,6 +144,9 @@ def summary(results, loads) -> list:
                 "p99_ratio": float(np.percentile(ours, 99) / np.percentile(theirs, 99)),
                 "makespan_ratio_mean": float(np.mean(spans)),
                 "makespan_ratio_max": float(np.max(spans)),
+                "ftf_max": float(max(r["ftf"]["max"] for r in sel)),
+                "ftf_mean": float(np.mean([r["ftf"]["mean"] for r in sel])),
+                "ftf_max_published": float(max(_published_fairness(r, pub) for r in sel)),
                 "decision_median_ms": float(1e3 * np.median([r["decision_s"]["median"]
                                                              for r in sel])),
                 # Runs saved before p99 was recorded give their maximum instead.
@@ -137,7 +162,9 @@ def _print_summary(rows) -> None:
     for row in rows:
         print(f"{row['label']:40s} load {row['load']}: avg x{row['avg_ratio']:.3f}, p99 "
               f"x{row['p99_ratio']:.3f}, makespan x{row['makespan_ratio_mean']:.3f} (worst "
-              f"x{row['makespan_ratio_max']:.3f}), decision median "
+              f"x{row['makespan_ratio_max']:.3f}), fairness max {row['ftf_max']:.2f} (mean "
+              f"{row['ftf_mean']:.2f}; published max {row['ftf_max_published']:.2f}), decision "
+              f"median "
               f"{row['decision_median_ms']:.1f} ms p99 {row['decision_p99_ms']:.0f} ms, "
               f"{row['completed']}/{row['num_jobs']} jobs")
 
@@ -222,24 +249,29 @@ def main(argv=None) -> int:
              "`ratio` = ours / published; makespan from first submission to last completion.",
              "",
              "| policy | load | workload | ours | published | ratio | makespan ours | "
-             "makespan published | decision median ms | decision p99 ms | wall s |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "makespan published | fairness max | decision median ms | decision p99 ms | "
+             "wall s |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         lines.append(
             f"| {r['label']} | {r['load']} | {r['workload'].split('/')[-1]} | "
             f"{r['avg_jct']:.0f} | {r['published_avg_jct']:.0f} | "
             f"{r['avg_jct'] / r['published_avg_jct']:.3f} | {r['makespan']:.0f} | "
-            f"{r['published_makespan']:.0f} | {1e3 * r['decision_s']['median']:.1f} | "
+            f"{r['published_makespan']:.0f} | {r['ftf']['max']:.2f} | "
+            f"{1e3 * r['decision_s']['median']:.1f} | "
             f"{1e3 * r['decision_s']['p99']:.0f} | {r['wall_s']:.0f} |")
     lines += ["", "Per policy and load, pooled over the workloads' jobs, ratios to the published "
               "runs (Pollux's for pollux and adaptdl):", "",
               "| policy | load | workloads | avg JCT ratio | p99 JCT ratio | makespan ratio "
-              "(mean / worst) | decision median ms | decision p99 ms |",
-              "|---|---|---:|---:|---:|---:|---:|---:|"]
+              "(mean / worst) | fairness max (mean) | published fairness max | decision median ms | "
+              "decision p99 ms |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
         lines.append(f"| {row['label']} | {row['load']} | {row['workloads']} | "
                      f"{row['avg_ratio']:.3f} | {row['p99_ratio']:.3f} | "
                      f"{row['makespan_ratio_mean']:.3f} / {row['makespan_ratio_max']:.3f} | "
+                     f"{row['ftf_max']:.2f} ({row['ftf_mean']:.2f}) | "
+                     f"{row['ftf_max_published']:.2f} | "
                      f"{row['decision_median_ms']:.1f} | {row['decision_p99_ms']:.0f} |")
     out.write_text("\n".join(lines) + "\n")
     slim = [{k: v for k, v in r.items() if k != "timeline"} for r in results]

@@ -14,6 +14,8 @@ run). Time comes in as an argument (the simulator's clock).
   later jobs may pass a large one that does not fit); a job that no longer fits is
   preempted. Running jobs keep their nodes; new ones are packed onto the nodes with the
   most free GPUs first.
+* :class:`FixedSharePolicy`: the sweep's static arm: every job gets the same number of
+  GPUs, packed, as soon as that many are free, and keeps them to its end.
 * :class:`OptimusPolicy`: Optimus (Peng et al., EuroSys'18) with an oracle for the
   remaining work: every active job gets one GPU (in arrival order, while GPUs last), then
   GPUs go one at a time to the job whose remaining time (exact remaining optimizer steps x
@@ -30,7 +32,7 @@ from adaptdl_core import validation
 
 from .job_model import SimJob
 
-__all__ = ["TiresiasPolicy", "OptimusPolicy", "pack", "packed_placement"]
+__all__ = ["TiresiasPolicy", "OptimusPolicy", "FixedSharePolicy", "pack", "packed_placement"]
 
 Allocations = Dict[str, List[int]]
 
@@ -79,6 +81,8 @@ class TiresiasPolicy:
     """
 
     name = "tiresias"
+    #: Workload columns its jobs keep: the TunedJobs batch size and replica count.
+    tuned = ("batch_size", "num_replicas")
 
     def __init__(self, queue_threshold_gpu_s: float = 16 * 3600.0) -> None:
         self.threshold = validation.number("queue_threshold_gpu_s", queue_threshold_gpu_s, 0.0,
@@ -135,6 +139,8 @@ class OptimusPolicy:
     """
 
     name = "optimus"
+    #: Workload columns its jobs keep: the TunedJobs batch size.
+    tuned = ("batch_size",)
 
     def __init__(self, gpus_per_node: int = 4) -> None:
         self.gpus_per_node = int(gpus_per_node)
@@ -201,4 +207,29 @@ class OptimusPolicy:
         for key in sorted(jobs, key=lambda k: counts[k]):
             if counts[key] > 0 and not allocs.get(key):
                 allocs[key] = pack(counts[key], free)
+        return allocs
+
+
+class FixedSharePolicy:
+    """Every job gets ``gpus`` GPUs (packed on the nodes with the most free GPUs) as soon as
+    that many are free, in the order the jobs are given, and keeps them.
+
+    Raises:
+        ValueError: ``gpus`` < 1.
+    """
+
+    name = "static"
+
+    def __init__(self, gpus: int) -> None:
+        self.gpus = validation.integer("gpus", gpus, 1)
+
+    def decide(self, now: float, jobs: Mapping[str, SimJob], allocations: Mapping[str, List[int]],
+               nodes: Mapping[int, int]) -> Allocations:
+        """The current ``allocations`` of ``jobs``, plus ``gpus`` GPUs for each job without
+        any while they last."""
+        allocs = {k: list(v) for k, v in allocations.items() if k in jobs}
+        free = _free_gpus(nodes, allocs)
+        for key in jobs:
+            if key not in allocs and sum(free.values()) >= self.gpus:
+                allocs[key] = pack(self.gpus, free)
         return allocs

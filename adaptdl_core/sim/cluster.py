@@ -3,14 +3,16 @@
 :func:`simulate` is the whole simulation; ``python -m adaptdl_core.sim cluster`` wraps it.
 
 The clock advances in rounds of ``interval`` seconds (the Pollux paper's setting: 60 s, 16
-nodes x 4 GPUs, 30 s per start or change of allocation). In each round every job first
-trains on its current allocation for the round (see :meth:`SimJob.advance`), then the
+nodes x 4 GPUs, 30 s per start or change of allocation), in the round loop of
+:mod:`adaptdl_core.sim.rounds` that the sweep mode shares (jobs admitted as they are
+submitted, a decision at every round from the first ``interval`` on). In each round every
+job first trains on its current allocation for the round (see :meth:`SimJob.advance`), then the
 policy sees the jobs submitted by the end of the round and not finished, and decides the
 next allocations; a job whose allocation changed is restarted on its new one. A job
 arriving mid-round therefore waits for the next round boundary, as in the paper's
 simulator.
 
-Policies (see :func:`make_policy`):
+Policies (see :func:`make_policy`; :func:`simulate` also takes a policy object):
 
 * ``pollux``: this library's :class:`~adaptdl_core.policy.PolluxPolicy` (p = -1) behind
   :mod:`adaptdl_core.sim.pollux`, fed the scheduler hints each job's own agent produces;
@@ -32,13 +34,14 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence, Union
+from typing import List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
 from adaptdl_core import validation
 
 from .job_model import DATA_DIR, SimJob, get_application
+from .rounds import ArrivalAdmission, Observer, Schedule, run_rounds
 
 __all__ = ["WorkloadJob", "POLICIES", "WORKLOADS_DIR", "PUBLISHED_DIR", "load_workload",
            "resolve_workload", "published", "make_policy", "simulate", "synthetic_workload",
@@ -208,46 +211,41 @@ def make_policy(name: str, *, gpus_per_node: int = 4, p: float = -1.0,
     raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {name!r}")
 
 
-def _placement_of(alloc: Sequence[int]) -> tuple:
-    # Replicas per node, in allocation order (runs of the same node id).
-    out: List[int] = []
-    for i, n in enumerate(alloc):
-        if i == 0 or n != alloc[i - 1]:
-            out.append(1)
-        else:
-            out[-1] += 1
-    return tuple(out)
-
-
-def _make_jobs(rows: Sequence[WorkloadJob], policy: str, restart_s: float,
+def _make_jobs(rows: Sequence[WorkloadJob], tuned: Sequence[str], restart_s: float,
                traces: Optional[Union[str, Path]]) -> List[SimJob]:
+    """The jobs of ``rows``: with the workload's TunedJobs ``batch_size`` (and
+    ``num_replicas``) where the policy's ``tuned`` names them, else adaptive (ncf at its
+    fixed batch, as in the paper)."""
     jobs = []
     for r in rows:
         app = get_application(r.application, traces)
-        if policy == "tiresias":
-            job = SimJob(r.name, app, r.time, target_batch_size=r.batch_size,
-                         target_num_replicas=r.num_replicas, restart_s=restart_s)
-        elif policy == "optimus":
-            job = SimJob(r.name, app, r.time, target_batch_size=r.batch_size,
-                         restart_s=restart_s)
+        if "batch_size" in tuned:
+            batch = r.batch_size
         else:
-            job = SimJob(r.name, app, r.time,
-                         target_batch_size=POLLUX_FIXED_BATCH.get(r.application),
-                         restart_s=restart_s)
-        jobs.append(job)
+            batch = POLLUX_FIXED_BATCH.get(r.application)
+        replicas = r.num_replicas if "num_replicas" in tuned else None
+        jobs.append(SimJob(r.name, app, r.time, target_batch_size=batch,
+                           target_num_replicas=replicas, restart_s=restart_s))
     return jobs
 
 
-def simulate(workload: Union[str, Path, Sequence[WorkloadJob]], policy: str = "pollux", *,
+def simulate(workload: Union[str, Path, Sequence[WorkloadJob]], policy="pollux", *,
              traces: Optional[Union[str, Path]] = None, interval: float = 60.0,
              restart_s: float = 30.0, nodes: int = 16, gpus_per_node: int = 4,
              seed: int = 0, interference: float = 0.0, max_time: Optional[float] = None,
              use_core: Optional[bool] = None, timeline: bool = False,
              policy_options: Optional[Mapping[str, float]] = None) -> dict:
     """Run ``workload`` (a CSV path, a vendored name like ``load-1.0/workload-3``, or rows)
-    under ``policy`` until every job finishes.
+    under ``policy`` until every job finishes, in the round loop of
+    :mod:`adaptdl_core.sim.rounds` (jobs admitted as they are submitted, a decision at
+    every round).
 
     Args:
+        policy: one of :data:`POLICIES` (built by :func:`make_policy`), or a policy object:
+            ``decide(now, jobs, allocations, nodes)`` (see :mod:`adaptdl_core.sim.rounds`),
+            ``name`` (reported), and optionally ``tuned``: the workload columns its jobs
+            keep fixed (``("batch_size", "num_replicas")`` for Tiresias, ``("batch_size",)``
+            for Optimus; absent: adaptive jobs).
         traces: traces folder (default: the vendored traces).
         interval: seconds per scheduling round (finite, ``>=`` :data:`MIN_INTERVAL_S`).
         restart_s: seconds without progress after every start or change of allocation.
@@ -258,10 +256,10 @@ def simulate(workload: Union[str, Path, Sequence[WorkloadJob]], policy: str = "p
             multi-node job, in ``[0, 1)`` (0: none, the paper's default).
         max_time: stop after this many simulated seconds, ``> 0`` (``None``: run to
             completion; unfinished jobs are then missing from ``jcts``).
-        use_core: pollux only: go through :mod:`adaptdl_core.decision` (``None``: when
+        use_core: ``"pollux"`` only: go through :mod:`adaptdl_core.decision` (``None``: when
             available).
         timeline: include ``timeline``: per round, GPUs held per job.
-        policy_options: adaptdl only: keyword arguments of
+        policy_options: ``"adaptdl"`` only: keyword arguments of
             :class:`~adaptdl_core.policy.RemainingWorkPolicy` (e.g. ``{"alpha": 1.0}``).
 
     Returns:
@@ -274,8 +272,15 @@ def simulate(workload: Union[str, Path, Sequence[WorkloadJob]], policy: str = "p
     Raises:
         ValueError / FileNotFoundError: bad arguments (named).
     """
-    if policy not in POLICIES:
-        raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}")
+    if isinstance(policy, str):
+        if policy not in POLICIES:
+            raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}")
+    elif not callable(getattr(policy, "decide", None)):
+        raise ValueError(f"policy must be one of {', '.join(POLICIES)} or an object with a "
+                         f"decide(now, jobs, allocations, nodes) method, got {policy!r}")
+    elif use_core is not None or policy_options:
+        raise ValueError("use_core and policy_options build a named policy; with a policy "
+                         "object, configure the object instead")
     interval, restart_s, interference, max_time = _check_settings(
         interval=interval, restart_s=restart_s, nodes=nodes, gpus_per_node=gpus_per_node,
         interference=interference, max_time=max_time)
@@ -329,6 +334,32 @@ def _one_blas_thread():
     return threadpool_limits(limits=1, user_api="blas")
 
 
+class _ClusterRecorder(Observer):
+    """Per round, GPUs held per job (``timeline``), and progress in the log."""
+
+    def __init__(self, timeline: bool, num_jobs: int) -> None:
+        self.timeline: Optional[List[dict]] = [] if timeline else None
+        self.num_jobs = num_jobs
+        self.done = 0
+        self.rounds = 0
+        self.t_wall = time.perf_counter()
+
+    def allocated(self, now, jobs, allocations, decided) -> None:
+        """Records the round's allocations (rounds where the policy decided)."""
+        if not decided:
+            return
+        self.rounds += 1
+        if self.timeline is not None:
+            self.timeline.append({"t": now, "gpus": {k: len(v) for k, v in allocations.items()}})
+        if self.rounds % 100 == 0:
+            logger.info("t=%.0f s: %d active, %d/%d done, wall %.0f s", now, len(jobs),
+                        self.done, self.num_jobs, time.perf_counter() - self.t_wall)
+
+    def ended(self, job, status, at) -> None:
+        """Counts finished jobs."""
+        self.done += 1
+
+
 def _simulate(workload, policy, *, traces, interval, restart_s, nodes, gpus_per_node, seed,
               interference, max_time, use_core, timeline, policy_options) -> dict:
     t_wall = time.perf_counter()
@@ -339,62 +370,35 @@ def _simulate(workload, policy, *, traces, interval, restart_s, nodes, gpus_per_
     else:
         rows = list(workload)
         wname = f"<{len(rows)} jobs>"
-    jobs = _make_jobs(rows, policy, restart_s, traces)
-    too_big = [r.name for r in rows if policy == "tiresias" and r.num_replicas > nodes * gpus_per_node]
+    if isinstance(policy, str):
+        pname = policy
+        pol = make_policy(policy, gpus_per_node=gpus_per_node, use_core=use_core,
+                          interval=interval, options=policy_options)
+    else:
+        pol, pname = policy, getattr(policy, "name", type(policy).__name__)
+    tuned = tuple(getattr(pol, "tuned", ()))
+    jobs = _make_jobs(rows, tuned, restart_s, traces)
+    too_big = [r.name for r in rows
+               if "num_replicas" in tuned and r.num_replicas > nodes * gpus_per_node]
     if too_big:
         raise ValueError(f"workload: jobs {too_big[:5]} ask for more GPUs than the cluster's "
                          f"{nodes * gpus_per_node} (num_replicas); raise nodes/gpus_per_node")
     if len({j.name for j in jobs}) != len(jobs):
         raise ValueError("workload: job names must be unique")
-    pol = make_policy(policy, gpus_per_node=gpus_per_node, use_core=use_core,
-                      interval=interval, options=policy_options)
     node_gpus = {n: int(gpus_per_node) for n in range(int(nodes))}
-    allocations: Dict[str, List[int]] = {}
-    decision_times: List[float] = []
-    tl: List[dict] = []
-    now = 0.0
-    while not all(j.done for j in jobs):
-        if max_time is not None and now >= max_time:
-            break
-        multi = {}
-        if interference > 0:
-            for k, a in allocations.items():
-                if len(set(a)) > 1:
-                    for n in set(a):
-                        multi[n] = multi.get(n, 0) + 1
-        for job in jobs:
-            f = 0.0
-            if interference > 0:
-                a = set(allocations.get(job.name, ()))
-                if len(a) > 1 and any(multi.get(n, 0) > 1 for n in a):
-                    f = interference
-            job.advance(interval, interference=f)
-        now += interval
-        active = {j.name: j for j in jobs
-                  if j.submission_time <= now and not j.done}
-        allocations = {k: v for k, v in allocations.items() if k in active}
-        if not active:
-            continue
-        t0 = time.perf_counter()
-        new = pol.decide(now, active, allocations, node_gpus)
-        decision_times.append(time.perf_counter() - t0)
-        _check(new, node_gpus)
-        for name, job in active.items():
-            if new.get(name) != allocations.get(name):
-                job.reallocate(_placement_of(new.get(name) or []))
-        allocations = {k: list(v) for k, v in new.items() if v}
-        if timeline:
-            tl.append({"t": now, "gpus": {k: len(v) for k, v in allocations.items()}})
-        if len(decision_times) % 100 == 0:
-            logger.info("t=%.0f s: %d active, %d/%d done, last decision %.0f ms, wall %.0f s",
-                        now, len(active), sum(j.done for j in jobs), len(jobs),
-                        decision_times[-1] * 1e3, time.perf_counter() - t_wall)
+    recorder = _ClusterRecorder(timeline, len(jobs))
+    outcome = run_rounds(pol, ArrivalAdmission(jobs), nodes=node_gpus,
+                         schedule=Schedule(tick=interval, interval=interval,
+                                           first_round=interval),
+                         observer=recorder, max_time=max_time, interference=interference)
+    decision_times = outcome.decision_times
+    now = outcome.now
     jcts = {j.name: j.completion_time - j.submission_time for j in jobs if j.done}
     vals = np.array(list(jcts.values())) if jcts else np.array([0.0])
     first = min(j.submission_time for j in jobs)
     last = max((j.completion_time for j in jobs if j.done), default=now)
     out = {
-        "policy": policy,
+        "policy": pname,
         "workload": wname,
         "avg_jct": float(vals.mean()),
         "p99_jct": float(np.percentile(vals, 99)),
@@ -417,18 +421,7 @@ def _simulate(workload, policy, *, traces, interval, restart_s, nodes, gpus_per_
         "wall_s": time.perf_counter() - t_wall,
     }
     if timeline:
-        out["timeline"] = tl
-    logger.info("%s on %s: avg JCT %.0f s, makespan %.0f s, %d/%d done in %.1f s", policy,
+        out["timeline"] = recorder.timeline
+    logger.info("%s on %s: avg JCT %.0f s, makespan %.0f s, %d/%d done in %.1f s", pname,
                 wname, out["avg_jct"], out["makespan"], len(jcts), len(jobs), out["wall_s"])
     return out
-
-
-def _check(allocs: Mapping[str, Sequence[int]], nodes: Mapping[int, int]) -> None:
-    used: Dict[int, int] = {}
-    for a in allocs.values():
-        for n in a:
-            used[n] = used.get(n, 0) + 1
-    for n, c in used.items():
-        if n not in nodes or c > nodes[n]:
-            raise RuntimeError(f"policy over-allocated node {n}: {c} replicas, capacity "
-                               f"{nodes.get(n, 0)}")

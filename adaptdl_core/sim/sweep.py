@@ -21,9 +21,14 @@ same seeded trial draws:
   ``ASHAScheduler`` defaults: reduction factor 4, grace period 1 epoch, rungs on epochs).
 
 Every start or change of a trial's allocation costs ``restart_s`` seconds without progress,
-in every arm. Time advances in ticks of ``tick_s`` seconds: a trial that ends (or is stopped
-by ASHA at an epoch reached) within a tick frees its GPUs at the tick's end, in every arm
-alike; policy rounds fall on multiples of ``interval``.
+in every arm. The arms run in the round loop of :mod:`adaptdl_core.sim.rounds`, as the
+cluster mode does: trials are admitted from a queue, at most ``concurrent`` at once
+(:class:`~adaptdl_core.sim.rounds.QueueAdmission`); arm ``a``'s policy is
+:class:`~adaptdl_core.sim.baselines.FixedSharePolicy`, arm ``c`` stops trials with
+:class:`AshaStopping`. Time advances in ticks of ``tick_s`` seconds: a trial that ends (or
+is stopped by ASHA at an epoch reached) within a tick frees its GPUs at the tick's end, in
+every arm alike; the policy decides whenever a trial was admitted or ended, and the
+adaptive arms' also at rounds on multiples of ``interval``.
 
 Quality model (:class:`QualityModel`): the validation metric of trial ``i`` at the end of
 epoch ``e`` is ``ref[e] + offset_i + noise_{i,e}``, clipped to [0, 1], where ``ref`` is the
@@ -52,9 +57,11 @@ import numpy as np
 
 from adaptdl_core import validation
 
-from .baselines import pack
+from .baselines import FixedSharePolicy
 from .cluster import MIN_INTERVAL_S
-from .job_model import TRACES_DIR, Application, SimJob, fixed_batch_config
+from .ideal import epoch_seconds
+from .job_model import TRACES_DIR, Application, SimJob
+from .rounds import Observer, QueueAdmission, Schedule, run_rounds
 
 __all__ = ["ARMS", "AshaRule", "QualityModel", "TrialRecord", "simulate_arm", "run_sweep",
            "makespan_bounds", "add_sweep_parser", "run_sweep_cli"]
@@ -139,6 +146,27 @@ class AshaRule:
         Raises:
             KeyError: ``rung`` is not one of :attr:`rungs`."""
         return dict(self._recorded[rung])
+
+
+class AshaStopping:
+    """The stopping rule of :func:`adaptdl_core.sim.rounds.run_rounds` that asks an
+    :class:`AshaRule` after every epoch a job finished in a step.
+
+    Args:
+        rule: the rule.
+        metric: ``metric(name, epoch)``: the job's validation metric after ``epoch``.
+    """
+
+    def __init__(self, rule: AshaRule, metric) -> None:
+        self.rule = rule
+        self._metric = metric
+
+    def stop(self, name: str, job: SimJob, epochs_before: int) -> bool:
+        """Whether ``job`` stops after the epochs it finished since ``epochs_before``."""
+        for e in range(epochs_before + 1, job.epoch + 1):
+            if not self.rule.on_epoch(name, e, self._metric(name, e)):
+                return True
+        return False
 
 
 # -- quality -----------------------------------------------------------------------------
@@ -230,11 +258,38 @@ class TrialRecord:
                 "timeline": self.timeline}
 
 
-def _counts(nodes: Sequence[int]) -> Tuple[int, ...]:
-    out: Dict[int, int] = {}
-    for n in nodes:
-        out[n] = out.get(n, 0) + 1
-    return tuple(out[n] for n in sorted(out))
+class _TrialRecorder(Observer):
+    """A :class:`TrialRecord` per trial, kept up to date by the round loop."""
+
+    def __init__(self, metric) -> None:
+        self.records: Dict[str, TrialRecord] = {}
+        self._metric = metric
+
+    def admitted(self, job, now) -> None:
+        """Opens the trial's record."""
+        self.records[job.name] = TrialRecord(job.name, now)
+
+    def allocated(self, now, jobs, allocations, decided) -> None:
+        """Adds a timeline point where a trial's GPUs or batch changed."""
+        for name, job in jobs.items():
+            rec = self.records[name]
+            point = [now, job.num_replicas, job.batch_size]
+            if not rec.timeline or rec.timeline[-1][1:] != point[1:]:
+                rec.timeline.append(point)
+
+    def trained(self, job, epochs_before) -> None:
+        """Epochs done and the metric after the last one."""
+        rec = self.records[job.name]
+        rec.epochs = job.epoch
+        if job.epoch > epochs_before:
+            rec.metric = self._metric(job.name, job.epoch)
+
+    def ended(self, job, status, at) -> None:
+        """Closes the record."""
+        rec = self.records[job.name]
+        rec.status, rec.ended = status, at
+        rec.restarts = int(job.num_restarts or 0)
+        rec.gpu_s = float(job.attained_service)
 
 
 def simulate_arm(arm: str, *, trials: int = 100, concurrent: int = 4, nodes: int = 4,
@@ -244,7 +299,8 @@ def simulate_arm(arm: str, *, trials: int = 100, concurrent: int = 4, nodes: int
                  grace_period: int = 1, reduction_factor: float = 4,
                  quality: Optional[QualityModel] = None,
                  traces: Optional[Union[str, Path]] = None,
-                 max_time: Optional[float] = None, share_profiles: bool = True) -> dict:
+                 max_time: Optional[float] = None, share_profiles: bool = True,
+                 policy=None) -> dict:
     """Run one arm of the sweep (see the module doc) until every trial has ended.
 
     Args:
@@ -268,6 +324,9 @@ def simulate_arm(arm: str, *, trials: int = 100, concurrent: int = 4, nodes: int
             decision core (as under ``AdaptDLScheduler``'s default), so that a new trial
             is modelled with the most widely profiled earlier trial's throughput profile
             until its own reaches as far; ``False``: each trial explores from one GPU.
+        policy: a policy object instead of the arm's (see :mod:`adaptdl_core.sim.rounds`;
+            e.g. ``CorePollux(policy=RemainingWorkPolicy())`` for arms ``b``/``c``);
+            ``share_profiles`` and ``gpus_per_trial`` then do not apply to it.
 
     Returns:
         A JSON-able dict: ``arm``, ``name``, ``makespan`` (first admission to last end, s),
@@ -313,107 +372,43 @@ def simulate_arm(arm: str, *, trials: int = 100, concurrent: int = 4, nodes: int
                          f"{quality.reference.size} epochs; the sweep needs {trials} and "
                          f"{app.max_epochs}")
     asha = AshaRule(app.max_epochs, grace_period, reduction_factor) if arm == "c" else None
-    policy = None
-    if arm in ("b", "c"):
-        from .pollux import CorePollux  # the cluster mode's path through the decision core
-
-        policy = CorePollux(interval=interval)
-        if share_profiles:
-            # Every trial trains the same model: one profile group (as AdaptDLScheduler's
-            # default), so a new trial starts from the earlier trials' throughput profile.
-            policy.core.default_profile_group = APPLICATION
-    node_gpus = {n: gpus_per_node for n in range(nodes)}
-
-    t_wall = time.perf_counter()
-    now = 0.0
-    next_round = 0.0
     order = [f"trial-{i:03d}" for i in range(trials)]
     index = {name: i for i, name in enumerate(order)}
-    queue = list(order)
-    records: Dict[str, TrialRecord] = {}
-    jobs: Dict[str, SimJob] = {}
-    alloc: Dict[str, List[int]] = {}
-    decision_times: List[float] = []
-    max_held = 0
-    event = True
-    while queue or jobs:
-        if max_time is not None and now >= max_time:
-            break
-        while queue and len(jobs) < concurrent:
-            name = queue.pop(0)
-            job = SimJob(name, app, now, restart_s=restart_s,
-                         target_batch_size=static_batch if arm == "a" else None)
-            job.advance(now)  # the job's own clock starts at the sweep's
-            jobs[name] = job
-            records[name] = TrialRecord(name, now)
-            event = True
-        # Allocations: static trials take a fixed share when one is free; the adaptive
-        # arms ask the policy at every round and event.
+    if arm == "a":
+        # Static: a fixed share as soon as one is free; only admissions and ends change it.
+        schedule = Schedule(tick=tick_s, on_events=True)
         if policy is None:
-            free = dict(node_gpus)
-            for nodes_held in alloc.values():
-                for n in nodes_held:
-                    free[n] -= 1
-            new = dict(alloc)
-            for name in jobs:
-                if name not in new and sum(free.values()) >= gpus_per_trial:
-                    new[name] = pack(gpus_per_trial, free)
-        elif event or now >= next_round:
-            t0 = time.perf_counter()
-            new = policy.decide(now, jobs, alloc, node_gpus)
-            decision_times.append(time.perf_counter() - t0)
-        else:
-            new = alloc
-        if now >= next_round:
-            next_round += interval * math.floor((now - next_round) / interval + 1)
-        event = False
-        for name, job in jobs.items():
-            want = sorted(new.get(name) or [])
-            if want != sorted(alloc.get(name) or []):
-                job.reallocate(_counts(want) if want else ())
-            if want:
-                alloc[name] = want
-            else:
-                alloc.pop(name, None)
-        held = sum(len(v) for v in alloc.values())
-        if held > nodes * gpus_per_node:
-            raise RuntimeError(f"{ARM_NAMES[arm]} arm holds {held} GPUs at t={now:.0f} s, "
-                               f"more than the cluster's {nodes * gpus_per_node}")
-        max_held = max(max_held, held)
-        for name, job in jobs.items():
-            rec = records[name]
-            point = [now, job.num_replicas, job.batch_size]
-            if not rec.timeline or rec.timeline[-1][1:] != point[1:]:
-                rec.timeline.append(point)
-        # Train for one tick (to the next round boundary at most).
-        dt = min(tick_s, next_round - now) if policy is not None else tick_s
-        dt = max(dt, 1e-9)
-        ended = []
-        for name, job in jobs.items():
-            before = job.epoch
-            job.advance(dt)
-            rec = records[name]
-            rec.epochs = job.epoch
-            if job.epoch > before:
-                rec.metric = quality.metric(index[name], job.epoch)
-            if job.done:
-                rec.status, rec.ended = "completed", float(job.completion_time)
-                ended.append(name)
-            elif asha is not None:
-                for e in range(before + 1, job.epoch + 1):
-                    if not asha.on_epoch(name, e, quality.metric(index[name], e)):
-                        rec.status, rec.ended = "stopped", now + dt
-                        ended.append(name)
-                        break
-        now += dt
-        for name in ended:
-            job = jobs.pop(name)
-            rec = records[name]
-            rec.restarts = int(job.num_restarts or 0)
-            rec.gpu_s = float(job.attained_service)
-            alloc.pop(name, None)
-            event = True
-    for name, job in jobs.items():  # unfinished (max_time)
+            policy = FixedSharePolicy(gpus_per_trial)
+    else:
+        schedule = Schedule(tick=tick_s, interval=interval, on_events=True)
+        if policy is None:
+            from .pollux import CorePollux  # the cluster mode's path through the decision core
+
+            policy = CorePollux(interval=interval)
+            if share_profiles:
+                # Every trial trains the same model: one profile group (as AdaptDLScheduler's
+                # default), so a new trial starts from the earlier trials' throughput profile.
+                policy.core.default_profile_group = APPLICATION
+    node_gpus = {n: gpus_per_node for n in range(nodes)}
+
+    def make_trial(name: str, now: float) -> SimJob:
+        return SimJob(name, app, now, restart_s=restart_s,
+                      target_batch_size=static_batch if arm == "a" else None)
+
+    def metric(name: str, epoch: int) -> float:
+        return quality.metric(index[name], epoch)
+
+    t_wall = time.perf_counter()
+    recorder = _TrialRecorder(metric)
+    outcome = run_rounds(policy, QueueAdmission(order, make_trial, concurrent),
+                         nodes=node_gpus, schedule=schedule,
+                         stopping=None if asha is None else AshaStopping(asha, metric),
+                         observer=recorder, max_time=max_time)
+    records = recorder.records
+    now = outcome.now
+    decision_times = outcome.decision_times
+    max_held = outcome.max_held
+    for name, job in outcome.active.items():  # unfinished (max_time)
         records[name].restarts = int(job.num_restarts or 0)
         records[name].gpu_s = float(job.attained_service)
 
@@ -459,54 +454,6 @@ def simulate_arm(arm: str, *, trials: int = 100, concurrent: int = 4, nodes: int
     return result
 
 
-def _packed(gpus: int, gpus_per_node: int) -> Tuple[int, ...]:
-    """``gpus`` replicas on the fewest nodes (full nodes first)."""
-    full, rest = divmod(gpus, gpus_per_node)
-    return tuple([gpus_per_node] * full + ([rest] if rest else []))
-
-
-def _epoch_seconds(app: Application, gpus: int, gpus_per_node: int,
-                   batch: Optional[int] = None) -> np.ndarray:
-    """Seconds each epoch of a trial takes on ``gpus`` GPUs packed on the fewest nodes:
-    at the total ``batch`` (the static arm's configuration), or, with ``batch=None``, at
-    the fastest configuration the model allows in that epoch (every micro-batch in the
-    model's bounds and every accumulation count, so no agent can choose a faster one)."""
-    placement = _packed(gpus, gpus_per_node)
-    work = np.array([app.epoch_progress(e + 1) - app.epoch_progress(e)
-                     for e in range(app.max_epochs)])
-    sizes = np.array(app.batch_sizes, dtype=float)
-    # The job model's gradient statistics are linear in the batch between validated runs.
-    stats = np.array([[app.grad_stats(float(b), e) for b in sizes]
-                      for e in range(app.max_epochs)])  # epoch x size x (sqr, var)
-    if batch is not None:
-        atomic, accum = fixed_batch_config(app, gpus, batch)
-        configs = [(atomic, accum)]
-    else:
-        configs = [(a, s) for a in range(app.min_local_bsz, app.max_local_bsz + 1)
-                   for s in range(0, app.max_batch_size // (gpus * a))
-                   if app.init_batch_size <= gpus * a * (s + 1) <= app.max_batch_size]
-    if not configs:
-        raise ValueError(f"no configuration of {app.name} fits {gpus} GPUs within its "
-                         f"batch limits")
-    atomic = np.array([c[0] for c in configs], dtype=float)
-    accum = np.array([c[1] for c in configs], dtype=float)
-    total = gpus * atomic * (accum + 1)
-    times = {}
-    for a in np.unique(atomic):
-        times[a] = app.step_time(placement, float(a))
-    step = np.array([times[a][0] for a in atomic])
-    sync = np.array([times[a][1] for a in atomic])
-    iteration = step + (step - sync) * accum
-    scale = total / app.init_batch_size
-    out = np.empty(app.max_epochs)
-    for e in range(app.max_epochs):
-        sqr = np.interp(total, sizes, stats[e, :, 0])
-        var = np.interp(total, sizes, stats[e, :, 1])
-        rate = (var + sqr) / (var / scale + sqr) / iteration  # progress per second
-        out[e] = work[e] / rate.max()
-    return out
-
-
 def makespan_bounds(*, trials: int = 100, concurrent: int = 4, nodes: int = 4,
                     gpus_per_node: int = 4, epochs: Optional[int] = None,
                     restart_s: float = 30.0, gpus_per_trial: int = 4,
@@ -550,9 +497,9 @@ def makespan_bounds(*, trials: int = 100, concurrent: int = 4, nodes: int = 4,
     app = Application(base_dir / APPLICATION, max_epochs=epochs)
     waves = trials / concurrent
     starts = math.ceil(waves) * float(restart_s)
-    static = waves * float(_epoch_seconds(app, gpus_per_trial, gpus_per_node,
+    static = waves * float(epoch_seconds(app, gpus_per_trial, gpus_per_node,
                                           static_batch).sum()) + starts
-    per_gpus = np.stack([_epoch_seconds(app, g, gpus_per_node) for g in range(1, gpus + 1)],
+    per_gpus = np.stack([epoch_seconds(app, g, gpus_per_node) for g in range(1, gpus + 1)],
                         axis=1)  # epoch x GPUs
     fair = waves * float(per_gpus[:, gpus_per_trial - 1].sum()) + starts
     counts = np.arange(1, gpus + 1, dtype=float)

@@ -10,6 +10,8 @@ import pytest
 
 from adaptdl_core.sim.cluster import load_workload, published, simulate, synthetic_workload
 
+from .workloads import small_rows
+
 
 @pytest.mark.parametrize("policy,workload", [("tiresias", "workload-3"),
                                              ("optimus", "workload-5")])
@@ -70,9 +72,7 @@ def test_cli_writes_the_result_json(tmp_path):
 
 
 def test_pollux_completes_a_small_workload_through_the_decision_core():
-    rows = load_workload("load-0.5/workload-1")
-    rows = ([r for r in rows if r.application == "bert"][:4]
-            + [r for r in rows if r.application == "ncf"][:2])
+    rows = small_rows()
     result = simulate(rows, "pollux", nodes=4)
     assert result["completed"] == result["num_jobs"] == len(rows) == 5
     assert result["settings"]["pollux_path"] == "decision-core"

@@ -3,14 +3,14 @@ policy completes a contended workload with a bounded wait for its longest job.""
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from adaptdl_core.decision import estimate_remaining_s
-from adaptdl_core.sim.cluster import load_workload, simulate
+from adaptdl_core.sim.cluster import simulate
 from adaptdl_core.sim.job_model import SimJob, get_application
 from adaptdl_core.sim.pollux import epochs_done, remaining_seconds
+
+from .workloads import contended_rows
 
 
 def test_training_time_counts_only_while_placed_and_feeds_the_estimate():
@@ -39,18 +39,8 @@ def test_training_time_counts_only_while_placed_and_feeds_the_estimate():
     assert job.trained_s == stopped
 
 
-def _contended_rows():
-    rows = load_workload("load-1.0/workload-2")
-    pick = ([r for r in rows if r.application == "cifar10"][:6]
-            + [r for r in rows if r.application == "ncf"][:3]
-            + [r for r in rows if r.application == "bert"][:2]
-            + [r for r in rows if r.application == "deepspeech2"][:2])
-    # Arrivals two minutes apart on 8 GPUs: the jobs contend for most of the run.
-    return [dataclasses.replace(r, time=120.0 * i) for i, r in enumerate(pick)]
-
-
 def test_adaptdl_completes_every_job_with_a_bounded_wait_for_the_longest():
-    rows = _contended_rows()
+    rows = contended_rows()
     ours = simulate(rows, "adaptdl", nodes=2)
     pollux = simulate(rows, "pollux", nodes=2)
     assert ours["completed"] == ours["num_jobs"] == len(rows)
@@ -62,7 +52,7 @@ def test_adaptdl_completes_every_job_with_a_bounded_wait_for_the_longest():
 
 
 def test_policy_options_reach_the_policy_and_are_checked():
-    rows = _contended_rows()[:3]
+    rows = contended_rows()[:3]
     out = simulate(rows, "adaptdl", nodes=1, policy_options={"alpha": 0.0},
                    max_time=600.0)
     assert out["settings"]["policy_options"] == {"alpha": 0.0}
