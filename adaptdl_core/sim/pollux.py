@@ -22,8 +22,8 @@ from __future__ import annotations
 import logging
 from typing import Dict, List, Mapping, Optional
 
-from ..decision import (DecisionCore, JobProgress, JobSpec, NodeInfo, estimate_remaining_s,
-                        job_info)
+from ..decision import (CoreDriver, DecisionCore, JobProgress, JobSpec, NodeInfo,
+                        estimate_remaining_s, job_info)
 from ..policy import PolluxPolicy
 from .baselines import pack
 from .job_model import SimJob
@@ -95,6 +95,9 @@ class CorePollux:
         self.core = DecisionCore(policy=policy or PolluxPolicy(p=p, fair_share=True),
                                  clock=lambda: self._now,
                                  interval_s=interval, resize_rule=resize_rule)
+        # Driven as every front-end drives its core (here in the calling thread: the
+        # simulated clock waits for each solve).
+        self.driver = CoreDriver(self.core, solve_wait_s=None)
         self._known: set = set()
         self._nodes: Optional[Dict[int, int]] = None
         self.conflicts = 0
@@ -120,7 +123,7 @@ class CorePollux:
                                              restarts=job.num_restarts or 0,
                                              launch_s=job.restart_s or None))
             core.running(name, nodes=list(allocations.get(name, [])))
-        decisions = core.decide()
+        decisions = self.driver.decide()
         free = dict(nodes)
         out: Dict[str, List[int]] = {}
         moves = []
