@@ -37,13 +37,15 @@ def run(runs: int, jobs: list[str]) -> dict:
                 try:
                     result = interrupted_sweep(Path(d), job)
                     row = {"job": job, "exact": not result["problems"],
-                           "problems": result["problems"], "seconds": result["seconds"]}
+                           "problems": result["problems"], "seconds": result["seconds"],
+                           "launches": result["launches"]}
                 except AssertionError as exc:
                     row = {"job": job, "exact": False, "seconds": None,
                            "problems": [f"harness: {str(exc)[-2000:]}"]}
             rows.append({"run": i + 1, **row})
             print(f"run {i + 1} {job}: {'exact' if row['exact'] else 'NOT exact'}"
-                  + (f" ({row['seconds']:.0f} s)" if row["seconds"] else "")
+                  + (f" ({row['seconds']:.0f} s; launches began at finished epochs "
+                     f"{row['launches']})" if row["seconds"] else "")
                   + "".join(f"\n    {p}" for p in row["problems"]), flush=True)
     return {"machine": machine_description(), "points": [list(p) for p in POINTS],
             "rows": rows}

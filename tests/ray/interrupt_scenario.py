@@ -77,8 +77,10 @@ def wait_for(records_root: Path, launch: int, point: tuple, driver: subprocess.P
         started = all(any(e["event"] == "start" and e["restarts"] >= launch for e in events)
                       for events in trials)
         kind, epoch = point
-        reached = any(any(e["event"] == kind and e.get("epoch", e.get("key")) in
-                          (epoch, f"{epoch}:end") for e in events) for events in trials)
+        # (In this launch or a later one: a trial that is ahead passed the point before.)
+        reached = any(any(e["event"] == kind and e.get("epoch") == epoch and
+                          e.get("restarts", 0) >= launch for e in events)
+                      for events in trials)
         if len(trials) == 2 and started and reached:
             return
         time.sleep(0.05)
@@ -101,13 +103,12 @@ def interrupt(driver: subprocess.Popen, storage: Path, timeout_s: float = 120) -
     assert len(fresh) == 2, (sorted(after), out[-4000:])
 
 
-def resume_problems(summary: dict, epochs: int, size: int, interrupts: int) -> list[str]:
+def resume_problems(summary: dict, epochs: int, size: int) -> list[str]:
     """Every way the restored sweep failed to resume exactly (empty: it did).
 
     Args:
         summary: the last restore's JSON summary (see :mod:`tests.ray.interrupt_run`).
-        epochs, size: the job's epochs and training-set size.
-        interrupts: how many times the sweep was interrupted (and restored)."""
+        epochs, size: the job's epochs and training-set size."""
     problems = []
     if summary["statuses"] != ["TERMINATED", "TERMINATED"]:
         problems.append(f"statuses {summary['statuses']}")
@@ -127,15 +128,19 @@ def resume_problems(summary: dict, epochs: int, size: int, interrupts: int) -> l
         keys = [r["report_key"] for r in csv_rows(trial["path"])]
         if keys != want:
             problems.append(f"trial {name}: progress.csv holds {keys}")
-        # One launch per driver run, each restore resuming after the epochs finished
-        # before its interrupt.
-        starts = sorted((e for e in events if e["event"] == "start"),
-                        key=lambda e: e["restarts"])
-        finished = [e["finished_epochs"] for e in starts]
-        if len(starts) < 1 + interrupts or finished != sorted(finished) or \
-                finished[0] != 0 or finished[-1] < 3:
+        # Each launch resumed after the epochs finished before it. (A driver run may see
+        # no launch of a trial: one whose function had ended, its last reports still
+        # queued in the trial when the interrupt saved it, only hands those over.)
+        finished = launches(events)
+        if finished != sorted(finished) or finished[:1] != [0] or len(finished) < 2:
             problems.append(f"trial {name}: launches began at finished epochs {finished}")
     return problems
+
+
+def launches(events: list[dict]) -> list[int]:
+    """The finished epochs each launch of a trial began at, in launch order."""
+    starts = sorted((e for e in events if e["event"] == "start"), key=lambda e: e["restarts"])
+    return [e["finished_epochs"] for e in starts]
 
 
 def interrupted_sweep(root: Path, job: str = "validating", points=POINTS) -> dict:
@@ -143,7 +148,8 @@ def interrupted_sweep(root: Path, job: str = "validating", points=POINTS) -> dic
     after each), run the last restore to its end.
 
     Returns:
-        ``{"problems": resume_problems(...), "seconds": wall time}``.
+        ``{"problems": resume_problems(...), "seconds": wall time, "launches": for each
+        trial (by record directory name), the finished epochs each launch began at}``.
 
     Raises:
         AssertionError: the harness could not carry the scenario out (a point not reached,
@@ -165,6 +171,7 @@ def interrupted_sweep(root: Path, job: str = "validating", points=POINTS) -> dic
             driver.communicate()
     assert driver.returncode == 0, out[-4000:]
     summary = json.loads(out.strip().splitlines()[-1])
-    return {"problems": resume_problems(summary, config["epochs"], config["size"],
-                                        len(points)),
-            "seconds": time.time() - started}
+    return {"problems": resume_problems(summary, config["epochs"], config["size"]),
+            "seconds": time.time() - started,
+            "launches": {os.path.basename(t["record_dir"]): launches(records(t["record_dir"]))
+                         for t in summary["trials"]}}

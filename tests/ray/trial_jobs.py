@@ -237,8 +237,8 @@ def validating_job(config: dict) -> None:
         with tempfile.TemporaryDirectory() as d:
             torch.save(net.state_dict(), os.path.join(d, "model.pt"))
             tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(d))
-        log.write(json.dumps({"event": "report", "key": f"{epoch}:end",
-                              "time": time.time()}) + "\n")
+        log.write(json.dumps({"event": "report", "key": f"{epoch}:end", "epoch": epoch,
+                              "restarts": restarts, "time": time.time()}) + "\n")
         time.sleep(config.get("pause", 0.0))
     log.write(json.dumps({"event": "finished"}) + "\n")
 
