@@ -32,7 +32,7 @@ from typing import Mapping, Sequence
 from adaptdl_core import checkpoint, validation
 
 __all__ = ["free_port", "replica_env", "start_replicas", "wait_replicas", "job_status",
-           "ResumePoint", "resume_point", "restarts_for", "main"]
+           "ResumePoint", "resume_point", "restarts_for", "end_line", "main"]
 
 LOG = logging.getLogger(__name__)
 
@@ -204,6 +204,30 @@ def job_status(statuses: Sequence[int]) -> int:
     return 0 if all(s == 0 for s in statuses) else 143
 
 
+def end_line(status: int, checkpoint_path: str | Path | None,
+             point: ResumePoint | None) -> str:
+    """The launcher's last line: how the job ended and where its newest checkpoint is
+    (the replicas log each checkpoint at INFO, which a script without logging set up
+    does not show).
+
+    Args:
+        status: the job's status (:func:`job_status`).
+        checkpoint_path: ``--checkpoint-path`` (``None``: not given).
+        point: the newest checkpoint there now (:func:`resume_point`), or ``None``.
+    """
+    how = "finished" if status == 0 else "stopped at a checkpoint" if status == 143 \
+        else f"failed (status {status})"
+    if checkpoint_path is None:
+        return f"job {how}; no --checkpoint-path, nothing saved"
+    if point is None:
+        return f"job {how}; no checkpoint under {checkpoint_path}"
+    state = f"the end of training ({point.finished_epochs} epochs)" if point.finished \
+        else f"{point.finished_epochs} epochs finished" \
+        if point.finished_epochs is not None else "a checkpoint"
+    again = "; the same command resumes it" if status != 0 and not point.finished else ""
+    return f"job {how}; newest checkpoint {point.path} ({state}){again}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The ``python -m adaptdl_core.launch`` command line; returns the job's status."""
     parser = argparse.ArgumentParser(
@@ -243,7 +267,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             # The replicas got the same Ctrl-C and are checkpointing: keep waiting for
             # them (a second Ctrl-C reaches them too and stops them at once).
             continue
-    return job_status(statuses)
+    status = job_status(statuses)
+    try:
+        point = resume_point(opts.checkpoint_path)
+    except checkpoint.CheckpointError:
+        point = None
+    LOG.info("%s", end_line(status, opts.checkpoint_path, point))
+    return status
 
 
 if __name__ == "__main__":

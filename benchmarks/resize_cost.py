@@ -28,6 +28,7 @@ the driver receiving the first result after the relaunch.
 
     python benchmarks/resize_cost.py              # 6 resizes, 5 floor samples
     python benchmarks/resize_cost.py --resizes 4 --floor 3
+    python benchmarks/resize_cost.py --from-state EXPERIMENT/adaptdl_scheduler_state.json
 """
 
 from __future__ import annotations
@@ -141,6 +142,20 @@ def _flip_scheduler(resizes: int) -> object:
     return Flip()
 
 
+def _after_last_resize(resizes: int):
+    """A Tune stopper ending the trial at the second result after its last resize: the
+    first carries the resize's cost, and the scheduler records it beside the prediction
+    only from a result it receives (a trial's final result goes to on_trial_complete)."""
+    seen = []
+
+    def stop(trial_id: str, result: dict) -> bool:
+        if result.get("adaptdl/restarts", 0) >= resizes:
+            seen.append(trial_id)
+        return seen.count(trial_id) >= 2
+
+    return stop
+
+
 def tune_floor(resizes: int, storage: str) -> list[float]:
     """Seconds of Tune's own pause-relaunch cycles of a trivial trainable (see the module
     docstring), on the running Ray instance."""
@@ -185,8 +200,7 @@ def run(args: argparse.Namespace) -> dict:
                 "report_every": 1, "seed": 0, "max_batch_size": 0},
         scheduler=scheduler, storage_path=storage, verbose=0, reuse_actors=False,
         raise_on_failed_trial=False, callbacks=[recorder],
-        # Ends with the first result after the last resize (which carries its cost).
-        stop=lambda trial_id, result: result.get("adaptdl/restarts", 0) >= args.resizes)
+        stop=_after_last_resize(args.resizes))
     wall = time.time() - t0
     tune_floor_s = tune_floor(args.tune_floor, storage) if args.tune_floor else []
     import ray
@@ -202,13 +216,28 @@ def run(args: argparse.Namespace) -> dict:
 def predictions(state: object) -> list[dict]:
     """Each resize's predicted cost (what the scheduler assumed when it began it) beside
     its measured one, from the scheduler's ``resize_log``."""
-    out = []
-    for record in state.jobs.values():
-        for entry in record.resize_log:
-            if entry.get("measured_s") is not None:
-                out.append({"from": entry["from"], "to": entry["to"],
-                            "predicted_s": entry["cost_s"], "measured_s": entry["measured_s"]})
-    return out
+    return _measured([e for record in state.jobs.values() for e in record.resize_log])
+
+
+def predictions_from_file(path: str) -> list[dict]:
+    """:func:`predictions` from an experiment's ``adaptdl_scheduler_state.json`` (the
+    records under ``"jobs"``, or ``"trials"`` as trees before the rename wrote them), so
+    that the prediction error of any run, of this tree or an older one, can be read."""
+    with open(path) as f:
+        state = json.load(f)
+    records = state.get("jobs", state.get("trials"))
+    if not isinstance(records, dict):
+        raise ValueError(f"{path} holds no 'jobs' (or 'trials') records: not an "
+                         "adaptdl_scheduler_state.json")
+    return _measured([e for record in records.values() for e in record.get("resize_log", [])])
+
+
+def _measured(entries: list[dict]) -> list[dict]:
+    """The ``resize_log`` entries whose cost was measured, in time order, as rows."""
+    return [{"from": e["from"], "to": e["to"], "predicted_s": e["cost_s"],
+             "measured_s": e["measured_s"]}
+            for e in sorted(entries, key=lambda e: e["time"])
+            if e.get("measured_s") is not None]
 
 
 def prediction_error(rows: list[dict]) -> dict:
@@ -243,18 +272,6 @@ def report(data: dict) -> str:
         if tune_s else []
     total = statistics.median(sum(r[k] for k in tc.RESIZE_PHASES) for r in resizes) \
         if resizes else float("nan")
-    rows_p = data.get("predictions") or []
-    err = prediction_error(rows_p)
-    prediction_lines = [
-        "", "Resize cost, predicted when the resize began vs measured (pause to first step):",
-        markdown_table(["#", "from -> to", "predicted, s", "measured, s", "rel. error"],
-                       [[str(i + 1), f"{r['from']} -> {r['to']}", f"{r['predicted_s']:.2f}",
-                         f"{r['measured_s']:.2f}",
-                         f"{abs(r['predicted_s'] - r['measured_s']) / r['measured_s']:.0%}"]
-                        for i, r in enumerate(rows_p)]),
-        f"prediction error (n={err['n']}): median {err['median_rel_error']:.0%}, max "
-        f"{err['max_rel_error']:.0%}; median measured/predicted "
-        f"{err['median_measured_over_predicted']:.2f}x"] if rows_p else []
     return "\n".join([
         f"Machine: {data['machine']}",
         f"trial status {data['status']}, {len(resizes)} resizes measured, trial wall "
@@ -262,7 +279,23 @@ def report(data: dict) -> str:
         markdown_table(header, rows), "",
         f"floor, fresh `python -c \"import torch, ray\"` (n={len(floor)}, before and after "
         f"the trial): {iqr_text(floor, '{:.2f}')} s; median resize / floor = "
-        f"{total / statistics.median(floor):.1f}x"] + tune_lines + prediction_lines)
+        f"{total / statistics.median(floor):.1f}x"] + tune_lines
+        + ([""] + prediction_report(data["predictions"]) if data.get("predictions") else []))
+
+
+def prediction_report(rows_p: list[dict]) -> list[str]:
+    """Each resize's predicted and measured cost, then the prediction error."""
+    err = prediction_error(rows_p)
+    return [
+        "Resize cost, predicted when the resize began vs measured (pause to first step):",
+        markdown_table(["#", "from -> to", "predicted, s", "measured, s", "rel. error"],
+                       [[str(i + 1), f"{r['from']} -> {r['to']}", f"{r['predicted_s']:.2f}",
+                         f"{r['measured_s']:.2f}",
+                         f"{abs(r['predicted_s'] - r['measured_s']) / r['measured_s']:.0%}"]
+                        for i, r in enumerate(rows_p)]),
+        f"prediction error (n={err['n']}): median {err['median_rel_error']:.0%}, max "
+        f"{err['max_rel_error']:.0%}; median measured/predicted "
+        f"{err['median_measured_over_predicted']:.2f}x"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -279,8 +312,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tune-floor", type=int, default=4,
                    help="pause-relaunch cycles of a trivial trainable to time after the "
                         "trial (Tune's own floor; 0 skips; default 4)")
+    p.add_argument("--from-state", default=None, metavar="FILE",
+                   help="print the predicted vs measured resize costs recorded in an "
+                        "experiment's adaptdl_scheduler_state.json (of any run, also of "
+                        "an older tree) and their error, instead of running")
     tc.add_output_arguments(p, "resize_cost.json")
     args = p.parse_args(argv)
+    if args.from_state:
+        rows = predictions_from_file(args.from_state)
+        if not rows:
+            print(f"{args.from_state}: no resize with a measured cost")
+            return 1
+        print("\n".join(prediction_report(rows)))
+        return 0
     if tc.start_cli(args, report):
         return 0
     data = run(args)

@@ -157,8 +157,14 @@ class AdaptDLTrainable(tune.Trainable):
                         # Block on the next report or the end. With one report queued,
                         # wait only briefly: if the function ends right after it, that
                         # report is the final one.
-                        self._fetch(_POLL_S if not self._queue else
-                                    _FINISH_GRACE_S if len(self._queue) == 1 else 0.0)
+                        queued = len(self._queue)
+                        self._fetch(_POLL_S if not queued else
+                                    _FINISH_GRACE_S if queued == 1 else 0.0)
+                        if not queued and not self._queue and not self._ended:
+                            # Nothing came: a replica that failed before its function
+                            # could report (even rank 0, which then never ends) must not
+                            # leave the trial waiting (raises WorkerFailed).
+                            self._group.finished(0.0)
                     if self._ended:  # the other replicas end with rank 0
                         outcomes = self._group.finished(_POLL_S)
                 except (WorkerFailed, ray.exceptions.RayActorError) as exc:

@@ -34,6 +34,13 @@ __all__ = ["ReplicaWorker"]
 
 
 def _preimport() -> None:
+    """Import torch (through ``adaptdl_core.torch``) now, in the calling thread.
+
+    Never in a background thread: Ray unpickles the arguments of :meth:`ReplicaWorker.run`
+    (the training function and what it references, such as ``adaptdl_core.torch``) in
+    another thread of the actor, and two threads importing torch at once can break its
+    import ("cannot import name ... from partially initialized module 'torch.utils'"):
+    the replica then failed before its function began."""
     try:
         importlib.import_module("adaptdl_core.torch")  # imports torch
     except Exception:  # noqa: BLE001 - run() will import again and report the error
@@ -74,9 +81,9 @@ class ReplicaWorker:
         self._ended = False  # the function returned (its end was queued after its reports)
         # The ADAPTDL_* variables the process started with: a recycled worker returns to them.
         self._base_env = {k: v for k, v in os.environ.items() if k.startswith("ADAPTDL_")}
-        # Importing torch takes seconds: start now, while the trial sets up, so that
-        # run() finds it imported (run's own import waits for this one to finish).
-        threading.Thread(target=_preimport, daemon=True, name="adaptdl-preimport").start()
+        # Torch is imported before any method runs (the group's first call waits for it),
+        # so that it is never imported in two threads at once (see _preimport).
+        _preimport()
 
     # -- set-up -------------------------------------------------------------------
     def node_address(self) -> tuple[str, str]:

@@ -23,7 +23,8 @@ import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from adaptdl_core.launch import replica_env
-from adaptdl_ray.tune.failures import ReplicaFailure, failure_message, first_in_cause
+from adaptdl_ray.tune.failures import (ReplicaFailure, exception_record, failure_message,
+                                       first_in_cause)
 from adaptdl_ray.tune.worker import ReplicaWorker
 
 LOG = logging.getLogger(__name__)
@@ -266,6 +267,12 @@ class WorkerGroup:
             outcome = ray.get(ref)
         except ray.exceptions.RayActorError as exc:
             return ReplicaFailure(rank, node, died=True, text=first_line_of(exc))
+        except ray.exceptions.RayError as exc:
+            # run() failed outside the function's own try (its arguments could not be
+            # unpickled, the checkpoint not unpacked): no outcome, only Ray's error.
+            cause = getattr(exc, "cause", None) or exc
+            return ReplicaFailure.from_outcome(rank, node, {
+                "traceback": str(exc), **exception_record(cause, time.time())})
         if outcome["status"] != "error":
             return None
         return ReplicaFailure.from_outcome(rank, node, outcome)

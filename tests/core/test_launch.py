@@ -25,8 +25,12 @@ def test_cli_stops_with_143_resumes_on_fewer_replicas_then_finds_the_job_finishe
     assert status == 143, out
     interrupted = launch.resume_point(ckpt)
     assert (interrupted.restarts, interrupted.finished) == (0, False)
-    # Each checkpoint's path is logged once (by replica 0's save).
+    # Each checkpoint's path is logged once (by replica 0's save), and the launcher's
+    # last line says where the newest one is (also for a script without logging set up).
     assert out.count(f"to {interrupted.path}") == 1, out
+    assert out.rstrip().endswith(f"job stopped at a checkpoint; newest checkpoint "
+                                 f"{interrupted.path} (0 epochs finished); the same "
+                                 f"command resumes it"), out
 
     status, out = cli("--replicas", "1", "--checkpoint-path", str(ckpt), *job)
     assert status == 0, out
@@ -34,6 +38,8 @@ def test_cli_stops_with_143_resumes_on_fewer_replicas_then_finds_the_job_finishe
     final = launch.resume_point(ckpt)
     assert (final.restarts, final.finished, final.finished_epochs) == (1, True, 3)
     assert out.count(f"to {final.path}") == 1, out
+    assert out.rstrip().endswith(f"job finished; newest checkpoint {final.path} (the end "
+                                 f"of training (3 epochs))"), out
 
     status, out = cli("--replicas", "2", "--checkpoint-path", str(ckpt), *job)
     assert status == 0, out
@@ -70,6 +76,16 @@ def test_the_restart_count_comes_from_the_checkpoint_unless_given(tmp_path, monk
     assert f"resuming from {saved} (a checkpoint): restart 3" in lines
     assert any(r.levelname == "WARNING" and "--restarts 1 is below the 3 restarts" in
                r.getMessage() for r in caplog.records), lines
+
+
+def test_the_last_line_says_how_the_job_ended_and_where_its_checkpoint_is():
+    point = launch.ResumePoint("/c/checkpoint-3", 2, 4, False)
+    assert launch.end_line(1, "/c", point) == \
+        "job failed (status 1); newest checkpoint /c/checkpoint-3 (4 epochs finished); " \
+        "the same command resumes it"
+    assert launch.end_line(0, None, None) == "job finished; no --checkpoint-path, nothing saved"
+    assert launch.end_line(143, "/c", None) == \
+        "job stopped at a checkpoint; no checkpoint under /c"
 
 
 def test_cli_refuses_a_negative_count_and_a_damaged_checkpoint_path(tmp_path, capsys):

@@ -127,3 +127,23 @@ def test_a_replica_worker_reports_its_failure_as_a_record(tmp_path):
     assert "builtins.ConnectionRefusedError" in outcome["error_types"]
     assert isinstance(outcome["failed_at"], float)
     assert "peer gone" in outcome["traceback"]
+
+
+def test_a_new_replica_worker_has_imported_torch_before_any_call():
+    """Ray unpickles run()'s arguments in another thread of the worker actor; a torch
+    import still running in a background thread then broke the unpickling ("partially
+    initialized module 'torch.utils'") and the replica failed before its function began.
+    So a new worker imports torch before it answers anything, in its own thread."""
+    import subprocess
+    import sys
+
+    from tests.ray.conftest import REPO_ROOT
+    code = ("import sys, threading\n"
+            "from adaptdl_ray.tune.worker import ReplicaWorker\n"
+            "assert 'torch' not in sys.modules\n"
+            "ReplicaWorker(0, {})\n"
+            "print(sorted(t.name for t in threading.enumerate()), "
+            "'adaptdl_core.torch' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True,
+                         text=True, timeout=120, check=True).stdout.strip()
+    assert out == "['MainThread'] True", out

@@ -8,13 +8,10 @@ wrappers work, and a searcher keeps its feedback.
 
 from __future__ import annotations
 
-import csv
 import glob
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
@@ -26,28 +23,10 @@ from ray import tune  # noqa: E402
 from adaptdl_ray.tune import (AdaptDLScheduler, AdaptDLTrainableCreator,  # noqa: E402
                               model_state_dict)
 from tests.exactly_once import assert_exactly_once  # noqa: E402
-from tests.ray.conftest import REPO_ROOT  # noqa: E402
+from tests.ray.interrupt_scenario import csv_rows, records, run_driver  # noqa: E402
 from tests.ray.trial_jobs import contract_job  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("ray_session")
-
-
-def records(record_dir):
-    events = []
-    for path in glob.glob(os.path.join(str(record_dir), "*.jsonl")):
-        with open(path) as f:
-            events += [json.loads(line) for line in f]
-    return events
-
-
-def csv_rows(trial_path):
-    """progress.csv read with the csv module; every row must be as wide as the header."""
-    with open(os.path.join(trial_path, "progress.csv"), newline="") as f:
-        rows = list(csv.reader(f))
-    header, body = rows[0], rows[1:]
-    assert all(len(r) == len(header) for r in body), \
-        [(len(header), len(r)) for r in body if len(r) != len(header)]
-    return [dict(zip(header, r)) for r in body]
 
 
 def weights_of(state_dict):
@@ -165,13 +144,6 @@ def test_a_failure_without_retries_names_the_replica_that_failed(tmp_path, dead_
     assert grid.num_errors == 1
     error = str(grid.errors[0])
     assert f"replica {dead_rank} of 2" in error and "died" in error, error
-
-
-def run_driver(*args, timeout=240):
-    env = dict(os.environ, PYTHONPATH=REPO_ROOT, PYTHONUNBUFFERED="1")
-    return subprocess.Popen([sys.executable, "-m", "tests.ray.interrupt_run", *args],
-                            cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
 
 
 def test_an_interrupted_sweep_resumes_where_it_stopped(tmp_path):

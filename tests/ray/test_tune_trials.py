@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import collections
 import csv
-import glob
 import json
 import os
 import time
@@ -21,6 +20,7 @@ from ray import tune  # noqa: E402
 from adaptdl_core.policy import AllocationResult, NodeInfo, PolluxPolicy  # noqa: E402
 from adaptdl_ray.tune import AdaptDLScheduler, AdaptDLTrainableCreator  # noqa: E402
 from tests.exactly_once import assert_exactly_once  # noqa: E402
+from tests.ray.interrupt_scenario import records as read_records  # noqa: E402
 from tests.ray.trial_jobs import counting_job  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("ray_session")
@@ -52,14 +52,6 @@ def always_resize(**kwargs):
     """A resize rule that lets every proposed resize go ahead."""
     from adaptdl_core.policy import ResizeVerdict
     return ResizeVerdict(kwargs["current"] != kwargs["target"], "scripted")
-
-
-def read_records(record_dir):
-    events = []
-    for path in glob.glob(os.path.join(record_dir, "*.jsonl")):
-        with open(path) as f:
-            events += [json.loads(line) for line in f]
-    return events
 
 
 def progress_rows(trial):
@@ -201,6 +193,40 @@ def test_tuner_api_and_worker_failure_is_reported(tmp_path):
     results = tuner.fit()
     assert results.num_errors == 1
     assert "boom in the training function" in str(results.errors[0])
+
+
+def test_a_replica_that_fails_before_its_function_begins_fails_the_trial(tmp_path):
+    """A replica whose run() failed before the training function began (its arguments
+    could not be unpickled: seen when two threads imported torch at once) never reports
+    nor ends: the trial must fail naming it, not wait for a report forever."""
+    import threading
+
+    from tests.ray.trial_jobs import PoisonOnSecondHop
+    record_dir = tmp_path / "records"
+    record_dir.mkdir()
+    tuner = tune.Tuner(
+        AdaptDLTrainableCreator(counting_job, min_replicas=2, max_replicas=2),
+        param_space={"record_dir": str(record_dir), "epochs": 1, "size": 32,
+                     "batch_size": 8, "poison": PoisonOnSecondHop()},
+        tune_config=tune.TuneConfig(scheduler=AdaptDLScheduler()),
+        run_config=tune.RunConfig(storage_path=str(tmp_path / "results"), verbose=0))
+    outcome = {}
+
+    def fit():
+        try:
+            outcome["results"] = tuner.fit()
+        except BaseException as exc:  # noqa: BLE001 - shown by the assertion below
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=fit, daemon=True)  # (a hang must not hang the suite)
+    thread.start()
+    thread.join(timeout=180)
+    assert not thread.is_alive(), "the trial still waits for a replica that failed at its start"
+    assert "error" not in outcome, outcome.get("error")
+    results = outcome["results"]
+    assert results.num_errors == 1
+    message = str(results.errors[0])
+    assert "replica" in message and "planned unpickling failure" in message, message
 
 
 def test_run_job_trains_one_elastic_job_alone(tmp_path):

@@ -245,7 +245,29 @@ def validating_job(config: dict) -> None:
         with tempfile.TemporaryDirectory() as d:
             torch.save(net.state_dict(), os.path.join(d, "model.pt"))
             tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(d))
-        log.write(json.dumps({"event": "report", "key": f"{epoch}:end",
-                              "time": time.time()}) + "\n")
+        log.write(json.dumps({"event": "report", "key": f"{epoch}:end", "epoch": epoch,
+                              "restarts": restarts, "time": time.time()}) + "\n")
         time.sleep(config.get("pause", 0.0))
     log.write(json.dumps({"event": "finished"}) + "\n")
+
+
+def _rebuild_poison(origin_pid: int, pickled_by: int) -> "PoisonOnSecondHop":
+    here = os.getpid()
+    if here != origin_pid and pickled_by not in (origin_pid, here):
+        raise RuntimeError("planned unpickling failure on a replica")
+    return PoisonOnSecondHop(origin_pid)
+
+
+class PoisonOnSecondHop:
+    """A config value that unpickles in the driver and where the driver sends it (the
+    trial actor) but not one hop further (a replica worker, which gets it from the trial
+    actor): the replica's ``run`` then fails before the training function begins."""
+
+    def __init__(self, origin_pid: int | None = None):
+        self.origin_pid = os.getpid() if origin_pid is None else origin_pid
+
+    def __reduce__(self):
+        return _rebuild_poison, (self.origin_pid, os.getpid())
+
+    def __deepcopy__(self, memo):
+        return self  # (Tune deep-copies the config in the trial actor: not a hop)
