@@ -328,13 +328,10 @@ class AdaptDLScheduler(TrialScheduler):
         # Its size first: a count that changed through a resize begun here is not a new one.
         self._core.running(trial.trial_id, replicas=current)
         record = self._core.state.jobs[trial.trial_id]
-        resizing = record.resize_pending
-        if self._core.update(trial.trial_id, progress=self._progress(result)):
+        if self._take_progress(trial, result):
             self._driver.save()  # a relaunch happened (rare): its measured cost is worth keeping
         else:
             self._driver.save_if_due()
-        if resizing and not record.resize_pending and record.resize_log:
-            RESIZE_LOG.info(describe_resize(trial.trial_id, record.resize_log[-1], "trial"))
         decision = self._base.on_trial_result(tune_controller, trial, result)
         if decision == TrialScheduler.PAUSE:
             self._traps.forget(trial.trial_id)
@@ -364,7 +361,12 @@ class AdaptDLScheduler(TrialScheduler):
         return TrialScheduler.PAUSE
 
     def on_trial_complete(self, tune_controller: Any, trial: Trial, result: dict) -> None:
-        """Free the finished trial's replicas (re-divided at the next check)."""
+        """Free the finished trial's replicas (re-divided at the next check). Its last
+        result (which Tune passes here, not to on_trial_result) still counts: a resize
+        whose first result is the trial's last is measured too."""
+        record = self._core.state.jobs.get(trial.trial_id)
+        if result and record is not None and record.live:
+            self._take_progress(trial, result)
         self._trial_ended(trial)
         self._base.on_trial_complete(tune_controller, trial, result)
 
@@ -501,6 +503,16 @@ class AdaptDLScheduler(TrialScheduler):
             and restarts >= 0 else None,
             resize_cost_s=resize_s if resize_s is not None and resize_s >= 0 else None,
             launch_s=launch_s if launch_s is not None and launch_s >= 0 else None)
+
+    def _take_progress(self, trial: Trial, result: Mapping[str, Any]) -> bool:
+        """Pass a result's progress to the core; the line of a resize it closes (its
+        measured cost) goes out. Returns whether restarts or a resize cost changed."""
+        record = self._core.state.jobs[trial.trial_id]
+        resizing = record.resize_pending
+        changed = self._core.update(trial.trial_id, progress=self._progress(result))
+        if resizing and not record.resize_pending and record.resize_log:
+            RESIZE_LOG.info(describe_resize(trial.trial_id, record.resize_log[-1], "trial"))
+        return changed
 
     def _trial_ended(self, trial: Trial) -> None:
         self._hook()

@@ -238,6 +238,25 @@ def test_each_resize_is_one_visible_line_with_its_predicted_and_measured_cost(cl
     assert (entry["cost_s"], entry["measured_s"]) == (30.0, 27.5)
 
 
+def test_a_resize_whose_first_result_is_the_last_is_measured(clock):
+    """Tune hands a trial's final result to on_trial_complete only: a resize it closes is
+    measured all the same (its predicted and measured cost side by side)."""
+    hints = Hints()
+    sched = AdaptDLScheduler(solve_wait_s=None, nodes_fn=cluster(8), allocation_interval_s=30,
+                             hints_fn=hints)
+    tc, trial = start_trial(sched, "solo")
+    hints.hints["solo"] = {"init_batch_size": 32, "max_profiled_replicas": 1,
+                           "max_profiled_nodes": 1}
+    clock[0] += 600
+    assert sched.on_trial_result(tc, trial, LONG) == TrialScheduler.PAUSE
+    trial.status = Trial.PAUSED
+    tc.start_pending(sched)
+    sched.on_trial_complete(tc, trial, {**LONG, "adaptdl/restarts": 1,
+                                        "adaptdl/resize_s": 12.5, "done": True})
+    entry = sched.state.jobs["solo"].resize_log[-1]
+    assert entry["measured_s"] == 12.5 and not sched.state.jobs["solo"].live
+
+
 def test_results_do_not_trigger_allocations_within_the_interval():
     policy = CountingPolicy()
     sched = AdaptDLScheduler(solve_wait_s=None, nodes_fn=cluster(4), allocation_interval_s=3600,
