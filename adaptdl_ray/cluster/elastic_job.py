@@ -40,7 +40,7 @@ from adaptdl_core.decision import JobProgress, JobSpec, estimate_remaining_s
 from adaptdl_core.launch import restarts_for
 
 from adaptdl_ray.cluster.job_files import JobFiles, check_name
-from adaptdl_ray.cluster.sizing import LocalSizer, Sizer
+from adaptdl_ray.cluster.sizing import Sizer, default_sizer
 
 LOG = logging.getLogger(__name__)
 
@@ -142,7 +142,8 @@ class ElasticJob:
         files: the job's files (name and storage path).
         script, args: the training script and its arguments.
         spec: the replicas' shape and bounds.
-        sizer: decides the job's size (default: a :class:`LocalSizer` of its own).
+        sizer: decides the job's size (default:
+            :func:`~adaptdl_ray.cluster.sizing.default_sizer`).
         stop_timeout_s: how long a stop or resize waits for a batch boundary.
         status_every_s: seconds between reads of rank 0's status and hints.
     """
@@ -155,7 +156,7 @@ class ElasticJob:
         self.script = script
         self.args = list(args)
         self.spec = spec
-        self.sizer = sizer or LocalSizer(files.name, spec, state_dir=str(files.root))
+        self.sizer = sizer or default_sizer(files.name, spec, str(files.root))
         self.stop_timeout_s = stop_timeout_s
         self.status_every_s = status_every_s
         self._stop_signal: int | None = None

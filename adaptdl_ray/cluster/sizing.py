@@ -21,7 +21,7 @@ from adaptdl_core.decision import (CoreState, Decision, DecisionCore, JobProgres
 
 LOG = logging.getLogger(__name__)
 
-__all__ = ["Sizer", "LocalSizer"]
+__all__ = ["Sizer", "LocalSizer", "default_sizer"]
 
 # How long the cluster's node list is reused before ray.nodes() is asked again.
 _NODES_TTL_S = 10.0
@@ -141,3 +141,9 @@ class LocalSizer:
         """Remove the job from the core (its record stays for a later submission)."""
         self.core.remove(self.job_id)
         self._save()
+
+
+def default_sizer(job_id: str, spec: JobSpec, state_dir: str | None) -> Sizer:
+    """The sizer a submitted job uses: today a :class:`LocalSizer` of its own (the one
+    place where a sizer backed by the cluster allocator is to be chosen instead)."""
+    return LocalSizer(job_id, spec, state_dir=state_dir)
