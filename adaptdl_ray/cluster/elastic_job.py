@@ -46,6 +46,8 @@ LOG = logging.getLogger(__name__)
 
 __all__ = ["ElasticJob", "run_script", "add_job_arguments", "job_spec", "main"]
 
+#: Where a script writes TensorBoard event files (``adaptdl-ray tensorboard`` shows them).
+TENSORBOARD_VAR = "ADAPTDL_TENSORBOARD_LOGDIR"
 # Seconds a stop or a resize may wait for the replicas to reach a batch boundary.
 DEFAULT_STOP_TIMEOUT_S = 120.0
 # Seconds between reads of rank 0's status and hints.
@@ -60,7 +62,8 @@ def run_script(config: dict[str, Any]) -> None:
     replicas' training function).
 
     Args:
-        config: ``script`` (its path) and ``args`` (its arguments).
+        config: ``script`` (its path), ``args`` (its arguments) and ``env`` (variables
+            set for it, e.g. ``ADAPTDL_TENSORBOARD_LOGDIR``).
 
     Raises:
         adaptdl_core.torch.CheckpointExit: the job was checkpointed and stopped.
@@ -69,6 +72,7 @@ def run_script(config: dict[str, Any]) -> None:
     from adaptdl_core.torch import CheckpointExit
     script, args = config["script"], list(config.get("args", []))
     saved_argv, saved_path = sys.argv, list(sys.path)
+    os.environ.update(config.get("env") or {})
     sys.argv = [script, *args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     try:
@@ -279,7 +283,9 @@ class ElasticJob:
                 "trial_dir": str(self.files.root)}
         try:
             group = WorkerGroup(replicas, self.spec.resources, pg, info)
-            group.start(run_script, {"script": self.script, "args": self.args}, fn_kwargs={},
+            config = {"script": self.script, "args": self.args,
+                      "env": {TENSORBOARD_VAR: str(self.files.root / "tensorboard")}}
+            group.start(run_script, config, fn_kwargs={},
                         archive=archive, user_files=None, num_restarts=restarts,
                         job_id=self.name, timeout_s=None)
         except BaseException:
