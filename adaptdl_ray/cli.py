@@ -317,6 +317,8 @@ def _row(details: Any, now: float) -> dict[str, Any]:
     if current and (ray_status == "RUNNING" or record.get("status") in (
             "finished", "stopped") and ray_status in ("SUCCEEDED", "STOPPED")):
         status = record.get("status") or status
+    elif ray_status == "RUNNING":
+        status = "pending"  # its driver runs but has not started the replicas yet
     submitted = record.get("submitted") or (details.start_time or 0) / 1000.0
     live = status in ("pending", "running", "resizing", "stopping")
     return {"name": files.name, "status": status,

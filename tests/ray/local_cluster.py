@@ -97,7 +97,7 @@ class LocalCluster:
         with open(self._log.name) as f:
             return f.read()
 
-    def stop(self, timeout_s: float = 30.0) -> None:
+    def stop(self, timeout_s: float = 10.0) -> None:
         """Stop the cluster (SIGTERM to ``ray start --block``, which stops its processes;
         then SIGKILL to its process group if needed) and remove its files."""
         if self.proc.poll() is None:
