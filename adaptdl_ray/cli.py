@@ -374,24 +374,23 @@ def cmd_logs(opts: argparse.Namespace) -> int:
     client = _client(opts)
     latest = _latest(client, opts.name, opts)
     shown = _submissions(client, opts.name) if opts.all else [latest]
+    follow = opts.follow and _status_of(latest) not in _TERMINAL
     for details in shown:
         if opts.all:
             print(f"==> {details.submission_id} ({_status_of(details).lower()}) <==")
+        if follow and details is shown[-1]:
+            sys.stdout.flush()
+            return _follow(client, details.submission_id)
         sys.stdout.write(client.get_job_logs(details.submission_id))
     sys.stdout.flush()
-    if opts.follow and _status_of(latest) not in _TERMINAL:
-        return _follow(client, latest.submission_id)
     return 0
 
 
 def _follow(client: Any, submission_id: str) -> int:
-    """Print the job's new output until it ends (Ctrl-C stops following, not the job)."""
+    """Print the job's output from its start and follow it until it ends (Ctrl-C stops
+    following, not the job)."""
     async def tail() -> None:
-        first = True
         async for chunk in client.tail_job_logs(submission_id):
-            if first:  # the tail starts with everything logged so far, printed above
-                first = False
-                continue
             sys.stdout.write(chunk)
             sys.stdout.flush()
     try:

@@ -72,6 +72,10 @@ class FakeClient:
             if job.submission_id == sid:
                 job.status = "STOPPED"
 
+    async def tail_job_logs(self, sid):
+        for chunk in (f"first of {sid}\n", "second\n"):
+            yield chunk
+
     def get_job_info(self, sid):
         return next(j for j in self.jobs if j.submission_id == sid)
 
@@ -208,6 +212,8 @@ def test_logs_and_stop(tmp_path, capsys, fake):
     assert status == 0 and out == "logs of adaptdl-j-2\n"
     status, out, _ = run(capsys, "logs", "--all", "j")
     assert "logs of adaptdl-j-1" in out and "logs of adaptdl-j-2" in out
+    status, out, _ = run(capsys, "logs", "-f", "j")
+    assert status == 0 and out == "first of adaptdl-j-2\nsecond\n"
     status, out, _ = run(capsys, "stop", "j")
     assert status == 0 and fake.stopped == ["adaptdl-j-2"]
     status, _, err = run(capsys, "stop", "j")
