@@ -194,7 +194,8 @@ class ElasticJob:
         previous = self.files.read_status() or {}
         self._trained_s = float(previous.get("trained_s") or 0.0)
         submitted = previous.get("submitted") or time.time()
-        self._record = {"name": self.name, "experiment": None,
+        previous.pop("error", None)
+        self._record = {**previous, "name": self.name, "experiment": None,
                         "submitted": submitted, "script": self.script, "args": self.args,
                         "restarts": point.restarts if point else 0,
                         "epochs_done": point.finished_epochs if point else 0}

@@ -169,7 +169,7 @@ class JobFiles:
         if latest is None:
             raise FileNotFoundError(f"job {self.name} has no checkpoint in {self.checkpoint_path}"
                                     " yet (one is written when it stops, resizes or ends)")
-        dest = Path(dest)
+        dest = Path(dest).absolute()
         target = dest / os.path.basename(latest) if dest.is_dir() else dest
         if target.exists():
             raise FileExistsError(f"{target} exists already: pass a new directory")
