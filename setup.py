@@ -11,7 +11,9 @@ HERE = Path(__file__).parent
 CORE_REQUIRES = ["torch>=2.2", "numpy>=2.0", "scipy>=1.11"]
 TUNE_REQUIRES = ["ray[tune]>=2.60,<3", "hyperopt>=0.2.7"]
 EXAMPLES_REQUIRES = ["scikit-learn>=1.3"]
-TEST_REQUIRES = ["pytest>=7"] + TUNE_REQUIRES + EXAMPLES_REQUIRES
+# The command line and the cluster allocator use Ray's Job Submission API and dashboard.
+CLUSTER_REQUIRES = ["ray[default]>=2.60,<3"]
+TEST_REQUIRES = ["pytest>=7"] + TUNE_REQUIRES + EXAMPLES_REQUIRES + CLUSTER_REQUIRES
 
 setup(
     name="adaptdl-ray",
@@ -29,9 +31,11 @@ setup(
     package_data={"adaptdl_core.sim": ["data/README.md", "data/traces/*/*.csv",
                                        "data/workloads/*/*.csv", "data/published/*.json"]},
     install_requires=CORE_REQUIRES,
+    entry_points={"console_scripts": ["adaptdl-ray = adaptdl_ray.cli:main"]},
     extras_require={
         "tune": TUNE_REQUIRES,
         "examples": EXAMPLES_REQUIRES + TUNE_REQUIRES,
+        "cluster": CLUSTER_REQUIRES + TUNE_REQUIRES,
         "test": TEST_REQUIRES,
         "plot": ["matplotlib>=3.7"],
     },

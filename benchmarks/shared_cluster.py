@@ -39,7 +39,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _common import machine_description, markdown_table  # noqa: E402
-from tests.ray.local_cluster import cluster_env, head_node  # noqa: E402
+from tests.ray.local_cluster import LocalCluster, cluster_env  # noqa: E402
 from tests.ray.shared_run import (ARMS, exactly_once, peak_replicas,  # noqa: E402
                                   shape_arguments, shape_argv)
 
@@ -49,13 +49,13 @@ DRIVER = os.path.join(ROOT, "tests", "ray", "shared_run.py")
 # -- one run of both experiments ------------------------------------------------------------
 def run_arm(arm: str, args: argparse.Namespace, work: str) -> dict[str, Any]:
     """Both experiments at once on a fresh cluster; returns the run's record."""
-    with head_node(args.cpus) as cluster:
+    with LocalCluster(num_cpus=args.cpus, env=cluster_env()) as cluster:
         procs, outs = [], []
         for name in ("sweep-a", "sweep-b"):
             out = os.path.join(work, f"{arm}-{name}.json")
             records = os.path.join(work, f"{arm}-{name}-records")
             os.makedirs(records, exist_ok=True)
-            cmd = [sys.executable, DRIVER, "--arm", arm, "--address", cluster["address"],
+            cmd = [sys.executable, DRIVER, "--arm", arm, "--address", cluster.gcs_address,
                    "--name", name, "--out", out, "--record-dir", records,
                    "--storage", os.path.join(work, "storage"), *shape_argv(args)]
             procs.append(subprocess.Popen(cmd, env=cluster_env(),
@@ -69,7 +69,7 @@ def run_arm(arm: str, args: argparse.Namespace, work: str) -> dict[str, Any]:
                 {"error": f"driver exited {code}; see {out}.log"}
             rec["exactly_once"] = exactly_once(records, args)
             drivers.append(rec)
-        peak = _peak_shared_target(cluster["address"]) if arm == "shared" else None
+        peak = _peak_shared_target(cluster.gcs_address) if arm == "shared" else None
     ok = all("error" not in d for d in drivers)
     return {"arm": arm, "drivers": drivers, "peak_target": peak,
             "makespan_s": (max(d["end"] for d in drivers) - min(d["start"] for d in drivers))

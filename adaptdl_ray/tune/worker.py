@@ -298,6 +298,31 @@ class ReplicaWorker:
         from adaptdl_core.torch import request_checkpoint_and_exit
         request_checkpoint_and_exit()
 
+    def snapshot(self) -> dict[str, Any] | None:
+        """The job's training status and scheduler hints now, read beside the training
+        thread (for a launcher whose script never calls ``tune.report``).
+
+        Returns:
+            ``{"status": training_status(), "hints": sched_hints_dict() or None}``, or
+            ``None`` while no training loop has taken an optimizer step in this launch
+            (reading earlier would create the job's States from this thread, out of the
+            order the training thread creates them in) or when the function has ended.
+        """
+        if not self._running:
+            return None
+        from adaptdl_core import context
+        from adaptdl_core.torch import status
+        ctx = context.current()
+        if ctx.metrics is None or ctx.epoch_state is None or \
+                status.first_step_walltime() is None:
+            return None
+        for _ in range(3):
+            try:
+                return {"status": status.training_status(), "hints": status.sched_hints_dict()}
+            except RuntimeError:  # a dict grew while read (a new shape was profiled)
+                continue
+        return None
+
     def timeline(self) -> dict[str, float]:
         """Milestones of this launch: ``run_called``, ``ready`` (torch imported, checkpoint
         unpacked, about to call the function) and ``first_step`` (first optimizer step),

@@ -328,6 +328,19 @@ class WorkerGroup:
         never saved one)."""
         return ray.get(self.actors[0].checkpoint_archive.remote(path))
 
+    def snapshot(self, timeout_s: float = 10.0) -> dict[str, Any] | None:
+        """Rank 0's training status and scheduler hints now (see
+        ``ReplicaWorker.snapshot``; ``None`` before its first step or after its end).
+
+        Raises:
+            TimeoutError: rank 0 did not answer within ``timeout_s``.
+        """
+        try:
+            return ray.get(self.actors[0].snapshot.remote(), timeout=timeout_s)
+        except ray.exceptions.GetTimeoutError as exc:
+            raise TimeoutError(f"{self.describe(0)} did not report its status within "
+                               f"{timeout_s:.0f} s") from exc
+
     def timeline(self) -> dict[str, float]:
         """Rank 0's launch milestones (see ``ReplicaWorker.timeline``) plus the group's
         ``created`` and ``workers_up`` times."""

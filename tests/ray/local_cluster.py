@@ -1,31 +1,37 @@
-"""A Ray cluster of its own for a test or a benchmark: ``ray start --head --block`` in its
-own process group, stopped by signalling that group (never ``ray stop``, which stops every
-Ray on the machine)."""
+"""A private one-node Ray cluster with a dashboard, for tests of the Job Submission path.
+
+``ray.init(address="local", include_dashboard=True)`` cannot choose the dashboard agent's
+port, and on a machine where another Ray instance holds the default one (52365) the agent
+runs without its HTTP server, so every job submission fails ("No available agent to
+submit job"). This helper runs ``ray start --head --block`` instead, with every port picked
+free and a temporary directory of its own (so no other process on the machine finds this
+cluster through the usual search, and this cluster joins no other), and stops it by
+signalling that process, never with ``ray stop`` (which stops every Ray instance on the
+machine).
+"""
 
 from __future__ import annotations
 
-import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-from typing import Iterator
+import urllib.request
+from typing import Any
+
+__all__ = ["LocalCluster", "cluster_env", "REPO_ROOT"]
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def cluster_env(extra: dict | None = None) -> dict:
-    """The environment of the cluster's processes and of drivers joining it: the repository
-    importable, token authentication off (drivers in other processes join without a token)."""
+    """The environment of a cluster's processes and of drivers joining it: the repository
+    importable (Ray workers import the tests' trial functions), token authentication off
+    (drivers in other processes join without a token)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO_ROOT, env.get("PYTHONPATH")) if p)
     env["RAY_AUTH_MODE"] = "disabled"
@@ -33,65 +39,99 @@ def cluster_env(extra: dict | None = None) -> dict:
     env.update(extra or {})
     return env
 
+_PORT_OPTIONS = ("--port", "--dashboard-port", "--dashboard-agent-listen-port",
+                 "--dashboard-agent-grpc-port", "--metrics-export-port",
+                 "--runtime-env-agent-port", "--node-manager-port", "--object-manager-port",
+                 "--ray-client-server-port")
 
-@contextlib.contextmanager
-def head_node(num_cpus: int, *, dashboard: bool = False, timeout_s: float = 90.0,
-              extra_args: tuple = ()) -> Iterator[dict]:
-    """Start a one-node cluster with ``num_cpus`` logical CPUs; yields ``{"address",
-    "dashboard" (its URL or None), "temp_dir"}``; stops it on exit."""
-    port = free_port()
-    temp_dir = tempfile.mkdtemp(prefix="adaptdl-ray-")
-    args = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
-            f"--port={port}", f"--num-cpus={num_cpus}", "--num-gpus=0",
-            f"--temp-dir={temp_dir}", "--disable-usage-stats",
-            f"--include-dashboard={'true' if dashboard else 'false'}",
-            f"--node-manager-port={free_port()}", f"--object-manager-port={free_port()}",
-            "--object-store-memory=150000000", *extra_args]
-    dashboard_port = None
-    if dashboard:
-        dashboard_port = free_port()
-        args += ["--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}"]
-    log = open(os.path.join(temp_dir, "head.log"), "w")
-    proc = subprocess.Popen(args, env=cluster_env(), stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    address = f"127.0.0.1:{port}"
+
+def _free_ports(count: int) -> list[int]:
+    socks = []
     try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"ray start exited with {proc.returncode}; see "
-                                   f"{log.name}")
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the head node did not listen on {address} within "
-                                   f"{timeout_s:.0f} s; see {log.name}")
-            time.sleep(0.2)
-        yield {"address": address, "temp_dir": temp_dir,
-               "dashboard": f"http://127.0.0.1:{dashboard_port}" if dashboard else None}
+        for _ in range(count):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
     finally:
-        stop_group(proc)
-        log.close()
+        for s in socks:
+            s.close()
 
 
-def stop_group(proc: subprocess.Popen, timeout_s: float = 20.0) -> None:
-    """SIGTERM the process group of ``proc`` (``start_new_session``); SIGKILL what is left
-    of it after ``timeout_s`` seconds."""
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        proc.poll()
+class LocalCluster:
+    """``ray start --head`` on free ports; :attr:`address` is its dashboard URL.
+
+    Args:
+        num_cpus: logical CPUs of the node.
+        env: the environment of the cluster's processes (default: this one's).
+        timeout_s: how long to wait for the dashboard's job API.
+
+    Raises:
+        RuntimeError: the cluster did not come up (with the end of its output).
+    """
+
+    def __init__(self, num_cpus: int = 4, env: dict[str, str] | None = None,
+                 timeout_s: float = 60.0) -> None:
+        self.temp_dir = tempfile.mkdtemp(prefix="ray-")
+        ports = dict(zip(_PORT_OPTIONS, _free_ports(len(_PORT_OPTIONS))))
+        self.address = f"http://127.0.0.1:{ports['--dashboard-port']}"
+        self.gcs_address = f"127.0.0.1:{ports['--port']}"
+        #: Where the node exports Ray's metrics (Prometheus text at ``/metrics``).
+        self.metrics_port = ports["--metrics-export-port"]
+        command = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
+                   "--num-cpus", str(num_cpus), "--include-dashboard", "true",
+                   "--dashboard-host", "127.0.0.1", "--node-ip-address", "127.0.0.1",
+                   "--temp-dir", self.temp_dir, "--disable-usage-stats",
+                   "--object-store-memory", str(150 * 2**20)]
+        for option, port in ports.items():
+            command += [option, str(port)]
+        self._log = open(os.path.join(self.temp_dir, "ray-start.log"), "w+")
+        self.proc = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT,
+                                     env=env, start_new_session=True)
         try:
-            os.killpg(proc.pid, 0)  # children (raylet, GCS) may outlive the leader
-        except ProcessLookupError:
-            return
-        time.sleep(0.2)
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
+            self._wait_ready(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                break
+            try:
+                with urllib.request.urlopen(f"{self.address}/api/version", timeout=2):
+                    return
+            except OSError:
+                time.sleep(0.5)
+        raise RuntimeError(f"the Ray cluster did not start within {timeout_s:.0f} s:\n"
+                           f"{self.output()[-3000:]}")
+
+    def output(self) -> str:
+        """What ``ray start`` printed so far."""
+        self._log.flush()
+        with open(self._log.name) as f:
+            return f.read()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop the cluster (SIGTERM to ``ray start --block``, which stops its processes;
+        then SIGKILL to its process group if needed) and remove its files."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.wait()
+        self._log.close()
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+    def __enter__(self) -> "LocalCluster":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()

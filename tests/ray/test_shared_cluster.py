@@ -12,7 +12,7 @@ import subprocess
 import sys
 import urllib.request
 
-from tests.ray.local_cluster import REPO_ROOT, cluster_env, free_port, head_node
+from tests.ray.local_cluster import REPO_ROOT, LocalCluster, cluster_env
 from tests.ray.shared_run import exactly_once, peak_replicas
 
 DRIVER = os.path.join(REPO_ROOT, "tests", "ray", "shared_run.py")
@@ -34,11 +34,9 @@ def _allocator_view(address: str) -> dict:
 
 
 def test_two_sweeps_share_one_cluster(tmp_path):
-    metrics_port = free_port()
     shape = [a for k, v in SHAPE.items() for a in (f"--{k.replace('_', '-')}", str(v))] + \
         ["--always-resize"]
-    with head_node(SHAPE["cpus"], extra_args=(f"--metrics-export-port={metrics_port}",)) \
-            as cluster:
+    with LocalCluster(num_cpus=SHAPE["cpus"], env=cluster_env()) as cluster:
         procs = []
         for name in ("sweep-a", "sweep-b"):
             records = tmp_path / f"{name}-records"
@@ -46,14 +44,14 @@ def test_two_sweeps_share_one_cluster(tmp_path):
             out = tmp_path / f"{name}.json"
             log = open(tmp_path / f"{name}.log", "w")
             procs.append((name, out, records, log, subprocess.Popen(
-                [sys.executable, DRIVER, "--arm", "shared", "--address", cluster["address"],
+                [sys.executable, DRIVER, "--arm", "shared", "--address", cluster.gcs_address,
                  "--name", name, "--out", str(out), "--record-dir", str(records),
                  "--storage", str(tmp_path / "storage"), *shape],
                 env=cluster_env(), stdout=log, stderr=subprocess.STDOUT)))
         for name, out, records, log, proc in procs:
             assert proc.wait(timeout=360) == 0, open(log.name).read()[-3000:]
-        view = _allocator_view(cluster["address"])
-        metrics = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics",
+        view = _allocator_view(cluster.gcs_address)
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{cluster.metrics_port}/metrics",
                                          timeout=30).read().decode()
     trials = []
     for name, out, records, log, _ in procs:

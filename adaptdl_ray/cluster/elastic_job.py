@@ -1,0 +1,448 @@
+"""Run an unchanged adaptdl_core training script as one elastic job on a Ray cluster.
+
+::
+
+    python -m adaptdl_ray.cluster.elastic_job --name digits --max-replicas 4 \\
+        train.py --epochs 10
+
+is what ``adaptdl-ray submit`` runs as a Ray job's entrypoint (the job's driver). The
+driver
+
+* starts N replica actors (:class:`~adaptdl_ray.tune.worker_group.WorkerGroup`) in a
+  placement group it owns, one bundle per replica, each running the script with
+  :mod:`runpy` under its own arguments and the ``ADAPTDL_*`` variables of its rank, as
+  ``python -m adaptdl_core.launch`` does with local processes;
+* keeps the job's checkpoint under its storage path (:mod:`.job_files`): a run resumes
+  from the newest one with the restart count + 1, and a job whose checkpoint says it
+  finished reports so and exits 0;
+* asks its :class:`~adaptdl_ray.cluster.sizing.Sizer` for the job's size, feeding it rank
+  0's scheduler hints and progress; a resize is every replica checkpointing at its next
+  batch boundary and ending, then N' replicas starting from that checkpoint (same epoch,
+  same sample); a grow waits until the extra replicas' resources are free;
+* on SIGTERM or SIGINT (``adaptdl-ray stop``, which Ray's job stop sends) checkpoints at
+  the next batch boundary, keeps the checkpoint and exits 0: submitting the same name
+  again resumes there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import os
+import runpy
+import signal
+import sys
+import time
+from typing import Any, Sequence
+
+from adaptdl_core.decision import JobProgress, JobSpec, estimate_remaining_s
+from adaptdl_core.launch import restarts_for
+
+from adaptdl_ray.cluster.job_files import JobFiles, check_name
+from adaptdl_ray.cluster.sizing import Sizer, default_sizer
+
+LOG = logging.getLogger(__name__)
+
+__all__ = ["ElasticJob", "run_script", "add_job_arguments", "job_spec", "main"]
+
+#: Where a script writes TensorBoard event files (``adaptdl-ray tensorboard`` shows them).
+TENSORBOARD_VAR = "ADAPTDL_TENSORBOARD_LOGDIR"
+# Seconds a stop or a resize may wait for the replicas to reach a batch boundary.
+DEFAULT_STOP_TIMEOUT_S = 120.0
+# Seconds between reads of rank 0's status and hints.
+_STATUS_EVERY_S = 3.0
+# How long the driver waits for the replicas' placement group before giving up.
+_PLACEMENT_TIMEOUT_S = 600.0
+_WAITING_LOG_EVERY_S = 30.0
+
+
+def run_script(config: dict[str, Any]) -> None:
+    """Run a training script in this process as ``python SCRIPT ARGS`` would (the
+    replicas' training function).
+
+    Args:
+        config: ``script`` (its path), ``args`` (its arguments) and ``env`` (variables
+            set for it, e.g. ``ADAPTDL_TENSORBOARD_LOGDIR``).
+
+    Raises:
+        adaptdl_core.torch.CheckpointExit: the job was checkpointed and stopped.
+        RuntimeError: the script exited with a status other than 0.
+    """
+    from adaptdl_core.torch import CheckpointExit
+    script, args = config["script"], list(config.get("args", []))
+    saved_argv, saved_path = sys.argv, list(sys.path)
+    os.environ.update(config.get("env") or {})
+    sys.argv = [script, *args]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except CheckpointExit:
+        raise
+    except SystemExit as exc:
+        if exc.code not in (None, 0):
+            raise RuntimeError(f"{script} exited with status {exc.code}") from None
+    finally:
+        sys.argv = saved_argv
+        sys.path[:] = saved_path
+
+
+def add_job_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options that shape a job (shared by ``adaptdl-ray submit`` and this module)."""
+    parser.add_argument("--name", required=True, help="the job's name (its storage directory "
+                        "and how ls, logs, stop and cp find it)")
+    parser.add_argument("--min-replicas", type=int, default=1, metavar="N",
+                        help="fewest replicas (default 1)")
+    parser.add_argument("--max-replicas", type=int, default=None, metavar="N",
+                        help="most replicas (default: as many as the cluster holds)")
+    parser.add_argument("--cpus-per-replica", type=float, default=1.0, metavar="C",
+                        help="CPUs of each replica (default 1; also its torch threads)")
+    parser.add_argument("--gpus-per-replica", type=float, default=0.0, metavar="G",
+                        help="GPUs of each replica (default 0)")
+    parser.add_argument("--storage-path", default=None, metavar="P",
+                        help="where the job keeps its checkpoint and records (default "
+                             "$ADAPTDL_STORAGE_PATH, else ~/adaptdl_jobs)")
+
+
+def job_spec(opts: argparse.Namespace) -> JobSpec:
+    """The :class:`JobSpec` of parsed job options.
+
+    Raises:
+        ValueError: bad replica bounds or resources (the message names the option and
+            the fix).
+    """
+    check_name(opts.name)
+    if opts.min_replicas < 1:
+        raise ValueError(f"--min-replicas {opts.min_replicas}: must be >= 1")
+    if opts.max_replicas is not None and opts.max_replicas < opts.min_replicas:
+        raise ValueError(f"--max-replicas {opts.max_replicas} is below --min-replicas "
+                         f"{opts.min_replicas}: raise --max-replicas or lower --min-replicas")
+    for option, value in (("--cpus-per-replica", opts.cpus_per_replica),
+                          ("--gpus-per-replica", opts.gpus_per_replica)):
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"{option} {value:g}: must be a number >= 0")
+    if opts.cpus_per_replica == 0 and opts.gpus_per_replica == 0:
+        raise ValueError("--cpus-per-replica and --gpus-per-replica are both 0: each replica "
+                         "needs some CPU or GPU")
+    return JobSpec({"CPU": opts.cpus_per_replica, "GPU": opts.gpus_per_replica},
+                   min_replicas=opts.min_replicas, max_replicas=opts.max_replicas)
+
+
+class _Launch:
+    """One launch of the job: its placement group, its replicas, when it started."""
+
+    def __init__(self, replicas: int, group: Any, pg: Any, started: float) -> None:
+        self.replicas = replicas
+        self.group = group
+        self.pg = pg
+        self.started = started
+        self.first_step: float | None = None
+
+
+class ElasticJob:
+    """The driver of one elastic job (see the module docstring).
+
+    Args:
+        files: the job's files (name and storage path).
+        script, args: the training script and its arguments.
+        spec: the replicas' shape and bounds.
+        sizer: decides the job's size (default:
+            :func:`~adaptdl_ray.cluster.sizing.default_sizer`).
+        stop_timeout_s: how long a stop or resize waits for a batch boundary.
+        status_every_s: seconds between reads of rank 0's status and hints.
+    """
+
+    def __init__(self, files: JobFiles, script: str, args: Sequence[str], spec: JobSpec, *,
+                 sizer: Sizer | None = None, stop_timeout_s: float = DEFAULT_STOP_TIMEOUT_S,
+                 status_every_s: float = _STATUS_EVERY_S) -> None:
+        self.files = files
+        self.name = files.name
+        self.script = script
+        self.args = list(args)
+        self.spec = spec
+        self.sizer = sizer or default_sizer(files.name, spec, str(files.root))
+        self.stop_timeout_s = stop_timeout_s
+        self.status_every_s = status_every_s
+        self._stop_signal: int | None = None
+        self._record: dict[str, Any] = {}
+        self._trained_s = 0.0       # seconds trained by earlier launches (all submissions)
+        self._resize_from: float | None = None  # when the pending resize was asked for
+        self._resize_s: float | None = None
+
+    # -- signals ----------------------------------------------------------------------
+    def install_signal_handlers(self) -> None:
+        """SIGTERM and SIGINT ask the job to checkpoint and stop (a second one of them
+        ends the driver at once)."""
+        def handler(signum: int, frame: Any) -> None:
+            if self._stop_signal is not None:
+                raise KeyboardInterrupt
+            self._stop_signal = signum
+            LOG.info("job %s: %s received; stopping at the next batch boundary", self.name,
+                     signal.Signals(signum).name)
+        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)
+
+    def request_stop(self) -> None:
+        """Checkpoint at the next batch boundary and end (as SIGTERM does)."""
+        self._stop_signal = signal.SIGTERM
+
+    # -- the run ----------------------------------------------------------------------
+    def run(self) -> int:
+        """Run the job to its end, its stop or its failure; the driver's exit status
+        (0: finished or stopped after a checkpoint, 1: failed)."""
+        point = self.files.resume_point()
+        previous = self.files.read_status() or {}
+        self._trained_s = float(previous.get("trained_s") or 0.0)
+        submitted = previous.get("submitted") or time.time()
+        previous.pop("error", None)
+        self._record = {**previous, "name": self.name, "experiment": None,
+                        "submitted": submitted, "script": self.script, "args": self.args,
+                        "restarts": point.restarts if point else 0,
+                        "epochs_done": point.finished_epochs if point else 0}
+        if point is not None and point.finished:
+            LOG.info("job %s already finished (%s epochs; checkpoint %s): nothing to train",
+                     self.name, point.finished_epochs, point.path)
+            self._write_status("finished", replicas=0)
+            return 0
+        restarts = restarts_for(None, point)
+        archive = self._checkpoint_archive()
+        replicas = self.sizer.start()
+        LOG.info("job %s: starting %d replica(s) of %s (restart %d)", self.name, replicas,
+                 dict(self.spec.resources), restarts)
+        while True:
+            launch = self._launch(replicas, archive, restarts)
+            if launch is None:  # stopped while waiting for room
+                self._write_status("stopped", replicas=0)
+                self.sizer.end()
+                return 0
+            try:
+                outcome = self._watch(launch)
+            except Exception as exc:  # noqa: BLE001 - the job failed: say why, keep the state
+                LOG.error("job %s failed: %s", self.name, exc)
+                self._keep_checkpoint(launch)
+                self._teardown(launch)
+                self._write_status("failed", replicas=0, error=str(exc).splitlines()[0])
+                self.sizer.end()
+                return 1
+            self._trained_s += time.time() - (launch.first_step or launch.started)
+            archive = self._keep_checkpoint(launch) or archive
+            self._teardown(launch)
+            kind, target = outcome
+            point = self.files.resume_point()
+            if point is not None:
+                self._record["epochs_done"] = point.finished_epochs
+            if kind in ("finished", "stopped"):
+                self._write_status(kind, replicas=0)
+                self.sizer.end()
+                LOG.info("job %s %s (%d restarts); checkpoint in %s", self.name, kind,
+                         restarts, self.files.checkpoint_path)
+                return 0
+            restarts += 1
+            replicas = target
+
+    def _checkpoint_archive(self) -> bytes | None:
+        """The job's newest checkpoint as tar bytes (None: a fresh start)."""
+        from adaptdl_ray.tune import transfer
+        if not self.files.checkpoint_path.is_dir():
+            return None
+        return transfer.pack_latest_checkpoint(str(self.files.checkpoint_path))
+
+    def _launch(self, replicas: int, archive: bytes | None, restarts: int) -> _Launch | None:
+        """Reserve ``replicas`` bundles and start the script on them (``None``: a stop
+        came while waiting for room).
+
+        Raises:
+            TimeoutError: the cluster had no room for them within _PLACEMENT_TIMEOUT_S.
+        """
+        import ray
+        from ray.util.placement_group import placement_group, remove_placement_group
+
+        from adaptdl_ray.tune.worker_group import WorkerGroup
+
+        started = time.time()
+        self._write_status("pending", replicas=0, target=replicas)
+        pg = placement_group([dict(self.spec.resources)] * replicas, strategy="PACK",
+                             name=f"adaptdl-{self.name}")
+        ready = pg.ready()
+        logged = started
+        while not ray.wait([ready], timeout=1.0)[0]:
+            now = time.time()
+            if self._stop_signal is not None:
+                remove_placement_group(pg)
+                return None
+            if now - started > _PLACEMENT_TIMEOUT_S:
+                remove_placement_group(pg)
+                raise TimeoutError(
+                    f"the cluster had no room for {replicas} replica(s) of "
+                    f"{dict(self.spec.resources)} within {_PLACEMENT_TIMEOUT_S:.0f} s: lower "
+                    "--min-replicas or free resources")
+            if now - logged > _WAITING_LOG_EVERY_S:
+                LOG.info("job %s: waiting for room for %d replica(s)", self.name, replicas)
+                logged = now
+        info = {"trial_name": self.name, "trial_id": self.name,
+                "experiment_name": self.name, "trial_resources": None,
+                "trial_dir": str(self.files.root)}
+        try:
+            group = WorkerGroup(replicas, self.spec.resources, pg, info)
+            config = {"script": self.script, "args": self.args,
+                      "env": {TENSORBOARD_VAR: str(self.files.root / "tensorboard")}}
+            group.start(run_script, config, fn_kwargs={},
+                        archive=archive, user_files=None, num_restarts=restarts,
+                        job_id=self.name, timeout_s=None)
+        except BaseException:
+            remove_placement_group(pg)
+            raise
+        self._record["restarts"] = restarts
+        return _Launch(replicas, group, pg, started)
+
+    def _watch(self, launch: _Launch) -> tuple[str, int]:
+        """Follow a launch until it ends or must end.
+
+        Returns:
+            ``("finished", 0)``, ``("stopped", 0)`` (checkpointed on a stop request),
+            ``("resize", n)`` (checkpointed for a resize to ``n`` replicas) or
+            ``("relaunch", n)`` (the script checkpointed and stopped itself).
+
+        Raises:
+            WorkerFailed, TimeoutError: a replica failed or did not stop in time.
+        """
+        group = launch.group
+        next_status = 0.0
+        self._write_status("running", replicas=launch.replicas)
+        while True:
+            if self._stop_signal is not None:
+                self._write_status("stopping", replicas=launch.replicas)
+                outcomes = group.stop(self.stop_timeout_s)
+                finished = all(o["status"] == "finished" for o in outcomes)
+                return ("finished", 0) if finished else ("stopped", 0)
+            outcomes = group.finished(min(1.0, self.status_every_s))
+            if outcomes is not None:
+                if all(o["status"] == "finished" for o in outcomes):
+                    return "finished", 0
+                LOG.info("job %s checkpointed and stopped itself; relaunching", self.name)
+                return "relaunch", launch.replicas
+            if time.monotonic() >= next_status:
+                next_status = time.monotonic() + self.status_every_s
+                self._observe(launch)
+            decision = self.sizer.decision()
+            target = decision.replicas
+            if decision.action != "resize" or target == launch.replicas or \
+                    target < self.spec.min_replicas:
+                continue
+            if target > launch.replicas and not self._fits(target - launch.replicas):
+                continue  # grow once the room is free (others shrink first)
+            LOG.info("job %s: resizing %d -> %d replicas (%s)", self.name, launch.replicas,
+                     target, decision.reason)
+            self.sizer.begin_resize(decision)
+            self._resize_from = time.time()
+            self._write_status("resizing", replicas=launch.replicas, target=target)
+            outcomes = group.stop(self.stop_timeout_s)
+            if all(o["status"] == "finished" for o in outcomes):
+                return "finished", 0
+            return "resize", target
+
+    def _observe(self, launch: _Launch) -> None:
+        """Pass rank 0's status and hints to the sizer, and write them to status.json."""
+        try:
+            snap = launch.group.snapshot()
+        except TimeoutError as exc:
+            LOG.warning("job %s: %s", self.name, exc)
+            return
+        if snap is None:
+            return
+        status = snap["status"]
+        if launch.first_step is None:
+            first = launch.group.timeline().get("first_step")
+            if first is not None:
+                launch.first_step = first
+                if self._resize_from is not None:
+                    self._resize_s = max(first - self._resize_from, 0.0)
+                    LOG.info("job %s: the resize took %.1f s to the first step", self.name,
+                             self._resize_s)
+                    self._resize_from = None
+        trained = self._trained_s + (time.time() - (launch.first_step or launch.started))
+        progress = JobProgress(
+            remaining_s=estimate_remaining_s(status.get("epochs_done", 0),
+                                             status.get("epochs", 0), trained),
+            restarts=int(status.get("restarts", 0)),
+            resize_cost_s=self._resize_s,
+            launch_s=(launch.first_step - launch.started) if launch.first_step else None)
+        self.sizer.observe(launch.replicas, hints=snap["hints"], progress=progress)
+        self._record.update({k: status.get(k) for k in (
+            "batch_size", "goodput", "efficiency", "epochs_done", "epochs", "restarts")})
+        self._record["nodes"] = launch.group.num_nodes
+        self._write_status("running", replicas=launch.replicas, trained_s=trained)
+
+    def _fits(self, extra: int) -> bool:
+        """Whether ``extra`` more replicas' resources are free on the cluster now."""
+        import ray
+        free = ray.available_resources()
+        return all(free.get(k, 0.0) + 1e-9 >= v * extra for k, v in self.spec.resources.items())
+
+    def _keep_checkpoint(self, launch: _Launch) -> bytes | None:
+        """Move rank 0's newest checkpoint into the job's storage; returns its bytes
+        (``None``: rank 0 wrote none, or it is gone)."""
+        import ray
+        try:
+            archive = launch.group.checkpoint_archive()
+        except ray.exceptions.RayError as exc:
+            LOG.warning("job %s: could not fetch rank 0's checkpoint: %s", self.name, exc)
+            return None
+        if archive is None:
+            return None
+        path = self.files.store_checkpoint(archive)
+        LOG.info("job %s: checkpoint kept in %s", self.name, path)
+        return archive
+
+    @staticmethod
+    def _teardown(launch: _Launch) -> None:
+        from ray.util.placement_group import remove_placement_group
+        launch.group.shutdown()
+        try:
+            remove_placement_group(launch.pg)
+        except Exception:  # noqa: BLE001 - already removed
+            LOG.debug("placement group already removed", exc_info=True)
+
+    def _write_status(self, status: str, *, replicas: int, target: int | None = None,
+                      **extra: Any) -> None:
+        self._record.update({"trained_s": self._trained_s, **extra})
+        self._record.update(status=status, replicas=replicas,
+                            target=replicas if target is None else target)
+        try:
+            self.files.write_status(self._record)
+        except OSError as exc:
+            LOG.warning("job %s: could not write its status: %s", self.name, exc)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m adaptdl_ray.cluster.elastic_job`` (a Ray job's entrypoint); returns
+    the exit status."""
+    parser = argparse.ArgumentParser(
+        prog="python -m adaptdl_ray.cluster.elastic_job",
+        description="Run an adaptdl_core training script as an elastic job on the Ray "
+                    "cluster this process joins.")
+    add_job_arguments(parser)
+    parser.add_argument("--stop-timeout", type=float, default=DEFAULT_STOP_TIMEOUT_S,
+                        metavar="S", help="seconds a stop or resize waits for a batch boundary")
+    parser.add_argument("script", help="the training script")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments")
+    opts = parser.parse_args(argv)
+    try:
+        spec = job_spec(opts)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if not os.path.isfile(opts.script):
+        parser.error(f"script {opts.script!r} not found in {os.getcwd()}")
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    import ray
+    ray.init(log_to_driver=True)
+    files = JobFiles(opts.name, opts.storage_path)
+    files.root.mkdir(parents=True, exist_ok=True)
+    job = ElasticJob(files, opts.script, opts.args, spec, stop_timeout_s=opts.stop_timeout)
+    job.install_signal_handlers()
+    return job.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

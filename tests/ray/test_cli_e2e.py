@@ -1,0 +1,157 @@
+"""``adaptdl-ray`` end to end, on a private local cluster this module starts and stops.
+
+One test follows a 2-replica job through submit, ``ls``, ``stop`` (mid-run), ``submit``
+of the same name (it resumes), ``logs`` and ``cp``, and checks that every sample of every
+epoch was trained exactly once across the stop. A second submits a driver whose sizer
+grows its job from 1 to 2 replicas (a resize waits for the room, stops every replica at a
+batch boundary and starts the new ones from the checkpoint) and checks the same across it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.core.harness import read_events
+from tests.exactly_once import assert_exactly_once
+from tests.ray.local_cluster import LocalCluster
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+JOB_SCRIPT = REPO_ROOT / "tests" / "core" / "jobs" / "elastic_job.py"
+SIZE, EPOCHS, BATCH = 48, 2, 8
+
+pytest.importorskip("ray.job_submission")
+
+
+@pytest.fixture(scope="module")
+def cluster_env():
+    """The environment of the cluster and of the CLI: this tree importable, token
+    authentication off on both sides, one thread per process."""
+    pythonpath = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("ADAPTDL_") and k not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")}
+    env.update(PYTHONPATH=pythonpath, RAY_AUTH_MODE="disabled", OMP_NUM_THREADS="1",
+               PYTHONUNBUFFERED="1")
+    return env
+
+
+@pytest.fixture(scope="module")
+def cluster(cluster_env):
+    with LocalCluster(num_cpus=4, env=cluster_env) as c:
+        yield c
+
+
+def cli(env, cwd, *args, timeout=120):
+    """Run ``python -m adaptdl_ray ARGS``; returns the completed process."""
+    return subprocess.run([sys.executable, "-m", "adaptdl_ray", *args], env=env, cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def wait_for(predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def ended(cluster, submission_id, timeout=120):
+    """Wait for a Ray job to end (asked in this process: cheaper than a CLI per poll)."""
+    from ray.job_submission import JobSubmissionClient
+    client = JobSubmissionClient(cluster.address)
+    wait_for(lambda: client.get_job_status(submission_id).is_terminal(), timeout,
+             f"the end of {submission_id}")
+    return client
+
+
+def batches(record: Path) -> int:
+    return sum(1 for e in read_events(record) if e["event"] == "batch") if record.exists() else 0
+
+
+def listed(env, cwd, address, name):
+    out = cli(env, cwd, "ls", "--json", "--address", address)
+    assert out.returncode == 0, out.stderr
+    return {row["name"]: row for row in json.loads(out.stdout)}.get(name)
+
+
+def test_submit_stop_resume_exactly_once(cluster, cluster_env, tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    shutil.copy(JOB_SCRIPT, work / "tiny.py")
+    record, storage = tmp_path / "record", tmp_path / "storage"
+    record.mkdir()
+    submit = ["submit", "--address", cluster.address, "--name", "tiny", "--min-replicas", "2",
+              "--max-replicas", "2", "--storage-path", str(storage), "--working-dir", str(work),
+              "tiny.py", "--record", str(record), "--epochs", str(EPOCHS), "--size", str(SIZE),
+              "--batch-size", str(BATCH), "--sleep", "0.4"]
+    out = cli(cluster_env, tmp_path, *submit)
+    assert out.returncode == 0, out.stderr
+    assert "submitted job tiny" in out.stdout
+
+    wait_for(lambda: batches(record) >= 2, 90, "the job's first batches")
+    out = cli(cluster_env, tmp_path, "stop", "--address", cluster.address, "tiny")
+    assert out.returncode == 0, out.stderr
+    assert "stopped job tiny" in out.stdout, out.stdout
+    # (Each of the 2 replicas records every step.)
+    assert 0 < batches(record) < 2 * EPOCHS * SIZE // BATCH, "the stop did not come mid-run"
+    assert listed(cluster_env, tmp_path, cluster.address, "tiny")["status"] == "stopped"
+
+    out = cli(cluster_env, tmp_path, *submit)
+    assert out.returncode == 0, out.stderr
+    # While it runs, a second submission of its name is refused, in one line with the fix.
+    again = cli(cluster_env, tmp_path, *submit)
+    assert again.returncode == 1
+    assert "already running" in again.stderr and "adaptdl-ray stop tiny" in again.stderr
+    row = wait_for(lambda: (lambda r: r if r["status"] != "pending" else None)(
+        listed(cluster_env, tmp_path, cluster.address, "tiny")), 90, "the resumed job's start")
+    assert row["status"] in ("running", "finished"), row
+    if row["status"] == "running":
+        assert row["replicas"] == 2, row
+    ended(cluster, "adaptdl-tiny-2")
+    row = listed(cluster_env, tmp_path, cluster.address, "tiny")
+    assert row["status"] == "finished" and row["restarts"] == 1, row
+
+    events = read_events(record)
+    assert {(e["restart"], e["rank"]) for e in events if e["event"] == "batch"} == \
+        {(0, 0), (0, 1), (1, 0), (1, 1)}
+    assert_exactly_once(events, SIZE, EPOCHS)
+
+    logs = cli(cluster_env, tmp_path, "logs", "--address", cluster.address, "tiny")
+    assert logs.returncode == 0, logs.stderr
+    assert "resuming from" in logs.stdout and "restart 1" in logs.stdout
+
+    out = cli(cluster_env, tmp_path, "cp", "--address", cluster.address, "tiny",
+              str(tmp_path / "copy"))
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "copy" / "MANIFEST.json").exists()
+
+    # (Every verb's unknown-job error is checked without a cluster in test_cli_unit.py.)
+    out = cli(cluster_env, tmp_path, "logs", "--address", cluster.address, "nope")
+    assert out.returncode == 1 and "no job named 'nope'" in out.stderr, out.stderr
+
+
+def test_resize_grows_exactly_once(cluster, cluster_env, tmp_path):
+    record, storage = tmp_path / "record", tmp_path / "storage"
+    record.mkdir()
+    from ray.job_submission import JobSubmissionClient
+    client = JobSubmissionClient(cluster.address)
+    job = client.submit_job(
+        entrypoint=f"{sys.executable} -m tests.ray.cluster_resize_job {storage} {record}",
+        runtime_env={"env_vars": {"PYTHONPATH": cluster_env["PYTHONPATH"]}})
+    ended(cluster, job, 150)
+    logs = client.get_job_logs(job)
+    assert str(client.get_job_status(job)).endswith("SUCCEEDED"), logs[-3000:]
+    assert "resizes begun: [2]" in logs, logs[-3000:]
+    events = read_events(record)
+    sizes = {e["restart"]: e["replicas"] for e in events if e["event"] == "start"}
+    assert sizes == {0: 1, 1: 2}, sizes
+    assert_exactly_once(events, 64, 2)
