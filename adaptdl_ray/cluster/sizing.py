@@ -3,11 +3,12 @@ decision core.
 
 An :class:`~adaptdl_ray.cluster.elastic_job.ElasticJob` asks a :class:`Sizer` how many
 replicas to start with, tells it what it runs and what its replicas report, and carries
-out the resizes it decides. :class:`LocalSizer` decides with a
-:class:`~adaptdl_core.decision.DecisionCore` of the job's own over the whole cluster (the
-way a lone ``AdaptDLScheduler`` decides for its trials); a sizer backed by the cluster
-allocator, which weighs every job and trial on the cluster together, implements the same
-five methods.
+out the resizes it decides. :class:`CoreSizer` decides with a
+:class:`~adaptdl_core.decision.DecisionCore` of the job's own, driven by a
+:class:`~adaptdl_core.decision.CoreDriver` as every front-end drives its core; by default
+(:func:`default_sizer`) its solves go to the cluster allocator, which weighs every job and
+trial on the cluster together (and it decides alone, over the whole cluster, while the
+allocator cannot be reached).
 """
 
 from __future__ import annotations
@@ -16,15 +17,17 @@ import logging
 import time
 from typing import Any, Callable, Mapping, Protocol
 
-from adaptdl_core.decision import (CoreState, Decision, DecisionCore, JobProgress, JobSpec,
-                                   NodeInfo, cluster_capacity)
+from adaptdl_core.decision import (CoreDriver, CoreState, Decision, DecisionCore, JobProgress,
+                                   JobSpec, NodeInfo, SolveRequest, cluster_capacity)
 
 LOG = logging.getLogger(__name__)
 
-__all__ = ["Sizer", "LocalSizer", "default_sizer"]
+__all__ = ["Sizer", "CoreSizer", "LocalSizer", "default_sizer"]
 
 # How long the cluster's node list is reused before ray.nodes() is asked again.
 _NODES_TTL_S = 10.0
+# Seconds between periodic re-decisions of a submitted job's size.
+DEFAULT_INTERVAL_S = 30.0
 
 
 class Sizer(Protocol):
@@ -52,10 +55,9 @@ def _ray_nodes() -> dict[str, NodeInfo]:
     return cluster_nodes()
 
 
-class LocalSizer:
-    """A :class:`Sizer` with a decision core of the job's own, planning over every alive
-    node of the cluster (work the core does not know about is not subtracted: a grow is
-    carried out only once its replicas' resources are free, see ``ElasticJob``).
+class CoreSizer:
+    """A :class:`Sizer` with a decision core of the job's own, driven by a
+    :class:`~adaptdl_core.decision.CoreDriver` (its solves in this thread).
 
     Args:
         job_id: the job's name.
@@ -65,15 +67,20 @@ class LocalSizer:
         interval_s: seconds between periodic re-decisions.
         nodes_fn: returns the cluster as node id -> NodeInfo (default: ``ray.nodes()``).
         clock: the core's clock.
+        solver: where its solves run (see :class:`~adaptdl_core.decision.CoreDriver`):
+            ``None`` plans alone over every alive node (work the core does not know about
+            is not subtracted: a grow is carried out only once its replicas' resources are
+            free, see ``ElasticJob``); an
+            :class:`~adaptdl_ray.cluster.client.AllocatorSolver` shares the cluster.
     """
 
     def __init__(self, job_id: str, spec: JobSpec, *, state_dir: str | None = None,
-                 interval_s: float = 30.0,
+                 interval_s: float = DEFAULT_INTERVAL_S,
                  nodes_fn: Callable[[], Mapping[Any, NodeInfo]] | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 solver: Callable[[SolveRequest], None] | None = None) -> None:
         self.job_id = job_id
         self.spec = spec
-        self._state_dir = state_dir
         self._nodes_fn = nodes_fn or _ray_nodes
         self._nodes_at = -float("inf")
         state = None
@@ -83,20 +90,14 @@ class LocalSizer:
             except (OSError, ValueError) as exc:
                 LOG.warning("ignoring the job's decision record in %s: %s", state_dir, exc)
         self.core = DecisionCore(clock=clock, interval_s=interval_s, state=state)
+        self.driver = CoreDriver(self.core, solve_wait_s=None, solver=solver,
+                                 state_dir=state_dir)
 
     def _refresh_nodes(self, force: bool = False) -> None:
         now = time.monotonic()
         if force or now - self._nodes_at > _NODES_TTL_S:
             self.core.set_nodes(self._nodes_fn())
             self._nodes_at = now
-
-    def _save(self) -> None:
-        if self._state_dir is None:
-            return
-        try:
-            self.core.state.save(self._state_dir)
-        except OSError as exc:
-            LOG.warning("could not save the job's decision record: %s", exc)
 
     def start(self) -> int:
         """Add the job to the core and solve; the policy's start size, kept within the
@@ -107,12 +108,12 @@ class LocalSizer:
         """
         self._refresh_nodes(force=True)
         self.core.add_job(self.job_id, self.spec)
-        decision = self.core.decide(force=True)[self.job_id]
+        decision = self.driver.decide()[self.job_id]
         fitting = cluster_capacity(self.spec, self.core.nodes)
         replicas = self.spec.clamp(min(max(decision.replicas, 1), max(fitting, 1)))
         # The core now knows the job runs at that size (a start is not a resize).
         self.core.running(self.job_id, replicas=replicas)
-        self._save()
+        self.driver.save()
         return replicas
 
     def observe(self, replicas: int, *, hints: Mapping[str, Any] | None = None,
@@ -120,30 +121,39 @@ class LocalSizer:
         """Pass the job's size, hints and progress to the core."""
         self.core.running(self.job_id, replicas=replicas)
         if self.core.update(self.job_id, hints=hints, progress=progress):
-            self._save()
+            self.driver.save()
 
     def decision(self) -> Decision:
         """The core's decision (it re-solves when its interval is up or the cluster
-        changed)."""
+        changed; the record is written after each solve)."""
         self._refresh_nodes()
-        due = self.core.due()
-        decision = self.core.decide()[self.job_id]
-        if due:
-            self._save()
-        return decision
+        return self.driver.decide()[self.job_id]
 
     def begin_resize(self, decision: Decision) -> None:
         """Record the resize (its reason, predicted saving and cost)."""
         self.core.begin_resize(self.job_id, decision)
-        self._save()
+        self.driver.save()
 
     def end(self) -> None:
-        """Remove the job from the core (its record stays for a later submission)."""
+        """Remove the job from the core (its record stays for a later submission) and
+        free its share of a shared cluster."""
         self.core.remove(self.job_id)
-        self._save()
+        self.driver.save()
+        leave = getattr(self.driver.solver, "leave", None)
+        if callable(leave):
+            leave()
+
+
+#: The name of :class:`CoreSizer` without a solver (it plans over the cluster alone).
+LocalSizer = CoreSizer
 
 
 def default_sizer(job_id: str, spec: JobSpec, state_dir: str | None) -> Sizer:
-    """The sizer a submitted job uses: today a :class:`LocalSizer` of its own (the one
-    place where a sizer backed by the cluster allocator is to be chosen instead)."""
-    return LocalSizer(job_id, spec, state_dir=state_dir)
+    """The sizer a submitted job uses: a :class:`CoreSizer` whose solves go to the cluster
+    allocator (started on first use), sharing the cluster with every other AdaptDL job and
+    experiment on it."""
+    from adaptdl_ray.cluster.client import AllocatorSolver, new_member_id
+    solver = AllocatorSolver(new_member_id("job"), job_id, interval_s=DEFAULT_INTERVAL_S,
+                             kind="job")
+    return CoreSizer(job_id, spec, state_dir=state_dir, interval_s=DEFAULT_INTERVAL_S,
+                     solver=solver)
