@@ -355,8 +355,11 @@ def cmd_ls(opts: argparse.Namespace) -> int:
     for job in _allocator_jobs(opts):
         name = job.get("name")
         if name:
-            rows[name] = {**job, **{k: v for k, v in rows.get(name, {}).items()
-                                    if k in ("submission_id", "storage_path")}}
+            # A submitted job's own row (Ray's status, its record) is the newer; the
+            # allocator adds what the row lacks (its target share, for one). Trials of
+            # sweeps are known to the allocator only.
+            own = rows.get(name, {})
+            rows[name] = {**job, **{k: v for k, v in own.items() if v is not None}}
     ordered = sorted(rows.values(), key=lambda r: r["name"])
     if opts.json:
         print(json.dumps(ordered, indent=1))

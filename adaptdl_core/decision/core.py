@@ -184,6 +184,10 @@ class DecisionCore:
             every :meth:`decide` after an event re-solves.
         state: a :class:`CoreState` to continue from (e.g. loaded from a file); its
             records stay not live until their jobs are added again.
+        resize_cost_prior_s: seconds a resize is assumed to cost before one of the job or
+            its profile group is measured (raised to the longest start-up measured);
+            default Pollux's 30 s. On a cluster where relaunches are quick (small models,
+            warm nodes) a lower prior lets young jobs be resized sooner.
         profile_group: the profile group of jobs added with ``JobSpec.profile_group``
             ``None`` (see :class:`JobSpec`); ``None``: such jobs share no profile. Also
             the attribute :attr:`default_profile_group`, which applies to jobs added
@@ -198,7 +202,8 @@ class DecisionCore:
     def __init__(self, policy: Any = None, clock: Callable[[], float] = time.time,
                  interval_s: float = 60.0, resize_rule: Callable[..., Any] | None = None, *,
                  min_event_gap_s: float = 0.0, state: CoreState | None = None,
-                 profile_group: str | None = None) -> None:
+                 profile_group: str | None = None,
+                 resize_cost_prior_s: float = DEFAULT_RESTART_COST_S) -> None:
         policy = allocation_policy(policy)
         if not callable(clock):
             raise TypeError(f"clock must be a function returning seconds, got {clock!r}")
@@ -208,6 +213,11 @@ class DecisionCore:
                           what="a finite number of seconds")
         _check_number("min_event_gap_s", min_event_gap_s, minimum=0.0, allow_none=False)
         check_profile_group(profile_group)
+        validation.number("resize_cost_prior_s", resize_cost_prior_s, 0.0, low_open=True,
+                          what="a finite number of seconds")
+        #: Seconds a resize is assumed to cost before any is measured (raised to the
+        #: longest start-up measured).
+        self.resize_cost_prior_s = float(resize_cost_prior_s)
         #: Profile group of jobs added without one of their own (``None``: no sharing).
         self.default_profile_group = profile_group
         self.policy = policy
@@ -567,7 +577,7 @@ class DecisionCore:
                        for k, s in cached[0]]
             launches = cached[1]
         estimate = self._cost_cache[(job_id, target)] = estimate_resize_cost(
-            samples, target=target, launches_s=launches, prior_s=DEFAULT_RESTART_COST_S)
+            samples, target=target, launches_s=launches, prior_s=self.resize_cost_prior_s)
         return estimate
 
     def _group_of(self, job_id: Hashable, record: JobRecord) -> str | None:

@@ -52,7 +52,8 @@ from adaptdl_core.decision import (CoreDriver, CoreState, DecisionCore, JobProgr
                                    cluster_capacity, estimate_remaining_s, job_info)
 from adaptdl_core.decision.driver import DEFAULT_SOLVE_WAIT_S
 from adaptdl_core.decision.resize_cost import describe_resize
-from adaptdl_core.policy import NodeInfo, PolluxPolicy, policy_by_name, resize_verdict
+from adaptdl_core.policy import (DEFAULT_RESTART_COST_S, NodeInfo, PolluxPolicy,
+                                 policy_by_name, resize_verdict)
 from adaptdl_ray.cluster.client import AllocatorSolver, new_member_id
 from adaptdl_ray.tune import checkpoint_files, control
 from adaptdl_ray.tune.interrupts import InterruptRelay, unsaved_trials
@@ -135,6 +136,11 @@ class AdaptDLScheduler(TrialScheduler):
             others without it); or a function of the trial's config returning a
             hashable group key, ``None`` for no sharing (it must pickle: Tune pickles the
             scheduler).
+        resize_cost_prior_s: seconds a trial's resize is assumed to cost before one in its
+            profile group is measured (raised to the longest start-up measured; default
+            Pollux's 30 s). Young trials, and trials with less than twice this left, are
+            not moved: lower it where relaunches are quick (``benchmarks/resize_cost.py``
+            measures them).
         cluster_allocator: share the Ray cluster with every other AdaptDL experiment and
             job on it through the cluster allocator (:mod:`adaptdl_ray.cluster`, started
             on first use): this experiment's trials then get the share of one solve over
@@ -149,8 +155,9 @@ class AdaptDLScheduler(TrialScheduler):
     Raises:
         TypeError: for an argument of the wrong kind (e.g. ``base_scheduler='asha'``);
             from ``on_trial_add``, for a trainable not made by ``AdaptDLTrainableCreator``.
-        ValueError: for an unknown ``policy`` name, a non-finite or non-positive interval, a
-            non-finite ``p``, a negative ``solve_wait_s`` or an empty ``share_profiles`` name.
+        ValueError: for an unknown ``policy`` name, a non-finite or non-positive interval or
+            ``resize_cost_prior_s``, a non-finite ``p``, a negative ``solve_wait_s`` or an
+            empty ``share_profiles`` name.
     """
 
     def __init__(self, base_scheduler: TrialScheduler | None = None, *,
@@ -161,7 +168,8 @@ class AdaptDLScheduler(TrialScheduler):
                  resize_rule: Callable[..., Any] | None = None,
                  solve_wait_s: float | None = DEFAULT_SOLVE_WAIT_S,
                  share_profiles: bool | str | Callable[[dict], Any] = True,
-                 cluster_allocator: bool | None = None) -> None:
+                 cluster_allocator: bool | None = None,
+                 resize_cost_prior_s: float = DEFAULT_RESTART_COST_S) -> None:
         if base_scheduler is not None and not isinstance(base_scheduler, TrialScheduler):
             raise TypeError(f"base_scheduler must be a ray.tune TrialScheduler instance such as "
                             f"ASHAScheduler(), got {base_scheduler!r}")
@@ -204,7 +212,8 @@ class AdaptDLScheduler(TrialScheduler):
         self._core = DecisionCore(policy or PolluxPolicy(p, fair_share=True), clock=_wall_clock,
                                   interval_s=float(allocation_interval_s),
                                   resize_rule=resize_rule or resize_verdict,
-                                  min_event_gap_s=_MIN_EVENT_GAP_S)
+                                  min_event_gap_s=_MIN_EVENT_GAP_S,
+                                  resize_cost_prior_s=resize_cost_prior_s)
         self._nodes_fn = nodes_fn or cluster_nodes
         self._hints_fn = hints_fn
         self._nodes_cache: tuple[float, dict[Any, NodeInfo]] | None = None

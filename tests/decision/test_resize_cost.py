@@ -78,3 +78,13 @@ def test_a_trial_predicts_with_its_profile_groups_measured_resizes():
     core.update("b", progress=JobProgress(restarts=1, resize_cost_s=25.0))
     assert (entry["cost_s"], entry["measured_s"]) == (17.0, 25.0)
     assert core.resize_cost("a", 2) == 21.0 == core.resize_cost("b", 2)
+
+
+def test_the_prior_before_any_measurement_is_the_cores_setting():
+    from adaptdl_core.decision import DecisionCore, JobSpec, NodeInfo
+    core = DecisionCore(clock=lambda: 0.0, resize_cost_prior_s=4.0)
+    core.set_nodes({"n0": NodeInfo({"CPU": 4})})
+    core.add_job("a", JobSpec({"CPU": 1}))
+    assert core.resize_cost("a") == 4.0
+    with pytest.raises(ValueError, match="resize_cost_prior_s"):
+        DecisionCore(resize_cost_prior_s=0)

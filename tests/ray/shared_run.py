@@ -40,6 +40,8 @@ def shape_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the schedulers' allocation_interval_s")
     parser.add_argument("--long-epochs", type=int, default=30,
                         help="epochs of each experiment's first trial (0: --epochs)")
+    parser.add_argument("--resize-prior", type=float, default=30.0,
+                        help="the schedulers' resize_cost_prior_s")
     parser.add_argument("--always-resize", action="store_true",
                         help="carry out every resize the allocator's shares call for (the "
                              "trials are too short for the resize rule to find one that pays)")
@@ -51,7 +53,7 @@ def shape_argv(args: argparse.Namespace) -> list[str]:
             str(args.epochs), "--size", str(args.size), "--batch-size", str(args.batch_size),
             "--sleep-per-sample", str(args.sleep_per_sample),
             "--sleep-per-step", str(args.sleep_per_step), "--interval", str(args.interval),
-            "--long-epochs", str(args.long_epochs)] + \
+            "--long-epochs", str(args.long_epochs), "--resize-prior", str(args.resize_prior)] + \
         (["--always-resize"] if args.always_resize else [])
 
 
@@ -77,7 +79,8 @@ def run_driver(args: argparse.Namespace) -> dict[str, Any]:
     ray.init(address=args.address, log_to_driver=False)
     scheduler = AdaptDLScheduler(allocation_interval_s=args.interval,
                                  cluster_allocator=args.arm == "shared",
-                                 resize_rule=always if args.always_resize else None)
+                                 resize_rule=always if args.always_resize else None,
+                                 resize_cost_prior_s=args.resize_prior)
     trainable = AdaptDLTrainableCreator(counting_job, max_replicas=args.cpus)
     config = {"record_dir": args.record_dir, "per_trial_records": True,
               "size": args.size, "batch_size": args.batch_size,
