@@ -98,15 +98,17 @@ class StepPlan:
         against the step's average (accumulation, halves or pairs)."""
         return self.noise is not NoiseMode.NONE and self.noise is not NoiseMode.REPLICAS
 
-    def _fields(self) -> tuple:
+    @property
+    def key(self) -> tuple:
+        """What identifies the plan: ``(index, micros, local_bsz, noise)`` (equality and
+        hashing go by it)."""
         return (self.index, self.micros, self.local_bsz, self.noise)
 
     def __eq__(self, other: object) -> bool:
-        return self._fields() == other._fields() if isinstance(other, StepPlan) \
-            else NotImplemented
+        return self.key == other.key if isinstance(other, StepPlan) else NotImplemented
 
     def __hash__(self) -> int:
-        return hash(self._fields())
+        return hash(self.key)
 
     def __repr__(self) -> str:
         return (f"StepPlan(index={self.index}, micros={self.micros}, "
