@@ -59,7 +59,7 @@ def main() -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     storage, record = sys.argv[1], sys.argv[2]
-    ray.init(log_to_driver=True)
+    ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True)  # the job's cluster
     sizer = ScriptedSizer()
     job = ElasticJob(JobFiles("resized", storage), JOB_SCRIPT,
                      ["--record", record, "--epochs", "2", "--size", "64", "--sleep", "0.1"],

@@ -88,10 +88,12 @@ def wait_for(records_root: Path, launch: int, point: tuple, driver: subprocess.P
 
 
 def interrupt(driver: subprocess.Popen, storage: Path, timeout_s: float = 120) -> None:
-    """SIGINT, then the driver must end on its own, leaving each trial's saved state.
+    """SIGINT, then the driver must end on its own, leaving the saved state of each trial
+    that had not finished (on a loaded machine a trial may be ahead and finish first: it
+    has nothing to save, and its records must still show every epoch once).
 
     Raises:
-        AssertionError: the driver failed, or not both trials wrote their state."""
+        AssertionError: the driver failed, or an unfinished trial wrote no state."""
     before = {p: os.stat(p).st_mtime for p in glob.glob(
         str(storage / NAME / "*" / INTERRUPTED_FILE))}
     driver.send_signal(signal.SIGINT)
@@ -100,7 +102,9 @@ def interrupt(driver: subprocess.Popen, storage: Path, timeout_s: float = 120) -
     after = {p: os.stat(p).st_mtime for p in glob.glob(
         str(storage / NAME / "*" / INTERRUPTED_FILE))}
     fresh = [p for p, t in after.items() if before.get(p) != t]
-    assert len(fresh) == 2, (sorted(after), out[-4000:])
+    statuses = json.loads(out.strip().splitlines()[-1])["statuses"]
+    unfinished = sum(status != "TERMINATED" for status in statuses)
+    assert unfinished and len(fresh) == unfinished, (statuses, sorted(after), out[-4000:])
 
 
 def resume_problems(summary: dict, epochs: int, size: int) -> list[str]:

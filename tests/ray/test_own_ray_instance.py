@@ -23,12 +23,15 @@ def _is_ray_init(call: ast.Call) -> bool:
 
 
 def _own_instance(call: ast.Call) -> bool:
-    """``address="local"``, or the ``.address`` of a cluster object the caller made."""
+    """``address="local"``, the ``.address`` of a cluster object the caller made, or the
+    address Ray gives a Ray Job's entrypoint (``os.environ["RAY_ADDRESS"]``)."""
     for kw in call.keywords:
         if kw.arg == "address":
             value = kw.value
             return (isinstance(value, ast.Constant) and value.value == "local") or \
-                (isinstance(value, ast.Attribute) and value.attr == "address")
+                (isinstance(value, ast.Attribute) and value.attr == "address") or \
+                (isinstance(value, ast.Subscript) and isinstance(value.slice, ast.Constant)
+                 and value.slice.value == "RAY_ADDRESS")
     return False
 
 
@@ -43,6 +46,7 @@ def test_the_check_tells_own_instances_from_joined_ones():
     assert ray_init_calls("ray.init(address=cluster.address)") == [(1, True)]
     assert ray_init_calls("ray.init(num_cpus=2)") == [(1, False)]
     assert ray_init_calls('ray.init(address="auto")') == [(1, False)]
+    assert ray_init_calls('ray.init(address=os.environ["RAY_ADDRESS"])') == [(1, True)]
 
 
 def test_every_ray_init_starts_its_own_instance():

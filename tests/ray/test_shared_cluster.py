@@ -20,7 +20,7 @@ DRIVER = os.path.join(REPO_ROOT, "tests", "ray", "shared_run.py")
 # (Pollux moves no job younger than about its resize cost, nor one with less than two
 # resize costs left: with the default 30 s assumed before a resize is measured, the long
 # trials would have to run for minutes.)
-SHAPE = {"cpus": 4, "trials": 2, "epochs": 2, "long_epochs": 16, "size": 192,
+SHAPE = {"cpus": 4, "trials": 2, "epochs": 2, "long_epochs": 12, "size": 192,
          "batch_size": 16, "sleep_per_sample": 0.01, "sleep_per_step": 0.05, "interval": 2.0,
          "resize_prior": 5.0}
 
