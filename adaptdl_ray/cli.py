@@ -264,10 +264,9 @@ def _resources(resources: dict[str, float]) -> str:
     return ", ".join(f"{v:g} {k}" for k, v in resources.items())
 
 
-def _allocator_client() -> Any | None:
-    """The cluster allocator's client module, or ``None`` where it is not installed."""
-    if importlib.util.find_spec(_ALLOCATOR_MODULE) is None:
-        return None
+def _allocator_client() -> Any:
+    """The cluster allocator's client module (imported when first needed: it imports
+    Ray)."""
     return importlib.import_module(_ALLOCATOR_MODULE)
 
 
@@ -290,8 +289,6 @@ def _driver_address(opts: argparse.Namespace) -> str:
 def _allocator_jobs(opts: argparse.Namespace) -> list[dict[str, Any]]:
     """Every job and trial the cluster allocator knows ([] without one)."""
     client = _allocator_client()
-    if client is None:
-        return []
     import ray
     try:
         if not ray.is_initialized():
@@ -463,14 +460,6 @@ def cmd_tensorboard(opts: argparse.Namespace) -> int:
                             "--port", str(opts.port)])
 
 
-def _allocator_or_fail() -> Any:
-    client = _allocator_client()
-    if client is None:
-        raise CliError(f"the cluster allocator is not in this installation yet "
-                       f"({_ALLOCATOR_MODULE} is missing): jobs size themselves alone")
-    return client
-
-
 def _connect(opts: argparse.Namespace) -> None:
     import ray
     try:
@@ -482,24 +471,69 @@ def _connect(opts: argparse.Namespace) -> None:
                        "pass --address") from None
 
 
+def autoscale_options(opts: argparse.Namespace) -> dict[str, Any] | None | bool:
+    """``start``'s autoscaling options as the allocator takes them: a dict for
+    ``--autoscale``, ``{}`` for ``--no-autoscale``, ``None`` when neither is given
+    (leave the allocator's as they are).
+
+    Raises:
+        CliError: a missing or malformed option, naming it and the fix."""
+    scale_args = ("min_nodes", "max_nodes", "node_template", "baseline_nodes")
+    given = [a for a in scale_args if getattr(opts, a) is not None]
+    if opts.no_autoscale:
+        if opts.autoscale or given:
+            raise CliError("--no-autoscale takes no other autoscaling option")
+        return {}
+    if not opts.autoscale:
+        if given:
+            raise CliError(f"--{given[0].replace('_', '-')} needs --autoscale")
+        return None
+    missing = [f"--{a.replace('_', '-')}" for a in scale_args[:3] if getattr(opts, a) is None]
+    if missing:
+        raise CliError(f"--autoscale needs {' '.join(missing)} (e.g. --min-nodes 1 "
+                       "--max-nodes 8 --node-template '{\"CPU\": 8, \"GPU\": 1}')")
+    try:
+        template = json.loads(opts.node_template)
+    except ValueError:
+        raise CliError(f"--node-template must be JSON, e.g. '{{\"CPU\": 8}}', got "
+                       f"{opts.node_template!r}") from None
+    options = {"node_template": template, "min_nodes": opts.min_nodes,
+               "max_nodes": opts.max_nodes}
+    if opts.baseline_nodes is not None:
+        options["baseline_nodes"] = opts.baseline_nodes
+    try:
+        _allocator_client().check_autoscale(options)
+    except ValueError as exc:
+        raise CliError(f"--autoscale: {exc}") from None
+    return options
+
+
 def cmd_start(opts: argparse.Namespace) -> int:
-    """Start the cluster allocator (if it is not running)."""
-    client = _allocator_or_fail()
+    """Start the cluster allocator (if it is not running); with ``--autoscale`` or
+    ``--no-autoscale``, turn its autoscaling on or off."""
+    autoscale = autoscale_options(opts)
+    client = _allocator_client()
     _connect(opts)
-    client.start_allocator(namespace=opts.namespace)
-    print(f"the cluster allocator runs (namespace {opts.namespace or 'default'})")
+    client.start_allocator(opts.namespace, autoscale=autoscale)
+    ns = client.namespace(opts.namespace)
+    print(f"the cluster allocator runs (namespace {ns})")
+    if autoscale:
+        print(f"autoscaling: {autoscale['min_nodes']} to {autoscale['max_nodes']} nodes of "
+              f"{json.dumps(autoscale['node_template'])}")
+    elif autoscale is not None:
+        print("autoscaling: off (its request to Ray's autoscaler is withdrawn)")
     return 0
 
 
 def cmd_status(opts: argparse.Namespace) -> int:
     """Print the cluster allocator's state."""
     import ray
-    client = _allocator_or_fail()
+    client = _allocator_client()
     _connect(opts)
-    handle = client.get_allocator(namespace=opts.namespace, create=False)
+    handle = client.get_allocator(opts.namespace, create=False)
     if handle is None:
-        raise CliError(f"no cluster allocator runs (namespace {opts.namespace or 'default'}): "
-                       f"start it with `{_PROG} start`")
+        raise CliError(f"no cluster allocator runs (namespace "
+                       f"{client.namespace(opts.namespace)}): start it with `{_PROG} start`")
     print(json.dumps(ray.get(handle.status.remote(), timeout=30), indent=1, default=str))
     return 0
 
@@ -558,10 +592,29 @@ def build_parser() -> argparse.ArgumentParser:
     tb.add_argument("--storage-path", default=None, metavar="P",
                     help="read the job from this storage path (no cluster needed)")
 
-    for name, fn, text in (("start", cmd_start, "start the cluster allocator"),
+    subs = {}
+    for name, fn, text in (("start", cmd_start, "start the cluster allocator (and turn its "
+                                                "autoscaling on or off)"),
                            ("status", cmd_status, "print the cluster allocator's state")):
-        sub = verb(name, fn, text)
-        sub.add_argument("--namespace", default=None, help="the allocator's Ray namespace")
+        subs[name] = verb(name, fn, text)
+        subs[name].add_argument("--namespace", default=None,
+                                help="the allocator's Ray namespace (default: "
+                                     "$ADAPTDL_RAY_NAMESPACE, else adaptdl)")
+    start = subs["start"]
+    start.add_argument("--autoscale", action="store_true",
+                       help="ask Ray's autoscaler for the nodes Pollux's goodput rule wants")
+    start.add_argument("--no-autoscale", action="store_true",
+                       help="stop autoscaling and withdraw the standing request")
+    start.add_argument("--min-nodes", type=int, default=None, metavar="N",
+                       help="fewest nodes of the template the cluster keeps")
+    start.add_argument("--max-nodes", type=int, default=None, metavar="N",
+                       help="most nodes of the template")
+    start.add_argument("--node-template", default=None, metavar="JSON",
+                       help="the resources of one node to add, e.g. '{\"CPU\": 8, \"GPU\": 1}'")
+    start.add_argument("--baseline-nodes", type=int, default=None, metavar="N",
+                       help="template nodes the cluster keeps without asking (Ray's "
+                            "min_workers, plus the head if it has the template's shape); "
+                            "wanting no more withdraws the request (default 0)")
     return parser
 
 

@@ -905,25 +905,35 @@ class SolveRequest:
         if seconds is not None:
             self.seconds = float(seconds)
 
+    def job_infos(self, nodes: Mapping[Hashable, NodeInfo] | None = None
+                  ) -> dict[Hashable, Any]:
+        """The policy's jobs (job id -> :class:`~adaptdl_core.policy.JobInfo`) on
+        ``nodes`` (default: the request's own; another cluster, e.g. a larger one the
+        autoscaler could grow to, bounds each job's replicas by what fits there). A job
+        that cannot fit at all is left out and its reason kept in :attr:`unfit`."""
+        nodes = self.nodes if nodes is None else nodes
+        jobs: dict[Hashable, Any] = {}
+        for e in self.entries:
+            try:
+                jobs[e.job_id] = job_info(
+                    e.spec, nodes, created=e.created, hints=e.hints,
+                    restarts=e.restarts, restart_cost_s=e.cost_s,
+                    current_replicas=e.current,
+                    speedup_fn=self._speedup_for(e.job_id, e.hints),
+                    remaining_s=e.remaining_s)
+            except ValueError as exc:
+                self.unfit[e.job_id] = str(exc)
+                continue
+            if e.pinned:
+                # It would spend most of its remaining time on a resize: keep it.
+                jobs[e.job_id].preemptible = False
+        return jobs
+
     def run(self) -> None:
         """Build the policy's jobs and solve; errors are kept in :attr:`error`."""
         t0 = time.perf_counter()
         try:
-            jobs: dict[Hashable, Any] = {}
-            for e in self.entries:
-                try:
-                    jobs[e.job_id] = job_info(
-                        e.spec, self.nodes, created=e.created, hints=e.hints,
-                        restarts=e.restarts, restart_cost_s=e.cost_s,
-                        current_replicas=e.current,
-                        speedup_fn=self._speedup_for(e.job_id, e.hints),
-                        remaining_s=e.remaining_s)
-                except ValueError as exc:
-                    self.unfit[e.job_id] = str(exc)
-                    continue
-                if e.pinned:
-                    # It would spend most of its remaining time on a resize: keep it.
-                    jobs[e.job_id].preemptible = False
+            jobs = self.job_infos()
             base = {k: v for k, v in self.base.items() if k in jobs}
             _unpin_conflicts(jobs, base, self.nodes)
             if jobs:

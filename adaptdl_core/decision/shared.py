@@ -271,7 +271,7 @@ class SharedSolve:
         """Re-divide the cluster among every member's jobs now. A failure of the policy
         is logged and the standing shares stay."""
         now = float(self.clock())
-        jobs = {job_key(m, j): job for m, r in self.members.items() for j, job in r.jobs.items()}
+        jobs = self._all_jobs()
         try:
             request = SolveRequest.from_plain(now, self._nodes, jobs, self.policy,
                                               self._speedup_for)
@@ -297,6 +297,32 @@ class SharedSolve:
         for key in [k for k in self.shares if k not in jobs]:  # ended since the last solve
             if self.shares.pop(key):
                 self.history.setdefault(key, []).append([now, 0])
+
+    def _all_jobs(self) -> dict[str, Any]:
+        """Job key -> latest entry, over every member."""
+        return {job_key(m, j): job for m, r in self.members.items() for j, job in r.jobs.items()}
+
+    def desired_size(self, rule: Any, current_nodes: int) -> Any:
+        """How many nodes of ``rule``'s template the cluster should have for every
+        member's jobs (:meth:`ClusterSizeRule.decide
+        <adaptdl_core.policy.ClusterSizeRule.decide>`), each job bounded by what
+        ``rule.max_nodes`` template nodes hold, so a job waiting for room counts.
+
+        Args:
+            rule: a :class:`~adaptdl_core.policy.ClusterSizeRule`.
+            current_nodes: template nodes the cluster has now.
+
+        Returns:
+            the rule's :class:`~adaptdl_core.policy.ClusterSizeDecision`.
+
+        Raises:
+            ValueError: a malformed job entry or ``current_nodes`` (named)."""
+        now = float(self.clock())
+        template = NodeInfo(rule.node_template)
+        nodes = {f"template-{i}": template for i in range(rule.max_nodes)}
+        request = SolveRequest.from_plain(now, nodes, self._all_jobs(), self.policy,
+                                          self._speedup_for)
+        return rule.decide(request.job_infos(), current_nodes, now=now)
 
     def _speedup_for(self, key: Hashable, hints: Any) -> Any:
         cached = self._speedups.get(key)

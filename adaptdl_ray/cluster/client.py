@@ -20,7 +20,7 @@ import os
 import tempfile
 import time
 import uuid
-from typing import Any
+from typing import Any, Mapping
 
 import ray
 
@@ -90,6 +90,9 @@ class _AllocatorActor:
     def history(self) -> dict:
         return self._allocator.history()
 
+    def set_autoscale(self, options: Any) -> Any:
+        return self._allocator.set_autoscale(options)
+
     def ping(self) -> bool:
         return self._allocator.ping()
 
@@ -109,8 +112,20 @@ def get_allocator(namespace_name: str | None = None, *, create: bool = False,
     return start_allocator(ns, state_dir=state_dir, interval_s=interval_s, policy=policy)
 
 
+def check_autoscale(options: Mapping[str, Any]) -> dict[str, Any]:
+    """Autoscaling options as :meth:`ClusterAllocator.set_autoscale
+    <adaptdl_ray.cluster.allocator.ClusterAllocator.set_autoscale>` takes them, checked
+    here (no Ray needed); returns them as plain data.
+
+    Raises:
+        ValueError: an unknown or malformed option, named, with the fix."""
+    from adaptdl_ray.cluster.allocator import autoscale_parts
+    return autoscale_parts(options, request_fn=lambda **_: None)[0]
+
+
 def start_allocator(namespace_name: str | None = None, *, state_dir: str | None = None,
-                    interval_s: float = 30.0, policy: str = "pollux") -> Any:
+                    interval_s: float = 30.0, policy: str = "pollux",
+                    autoscale: Mapping[str, Any] | None = None) -> Any:
     """Start the cluster's allocator (or return the one running), pinned to the head node,
     detached (it outlives the driver that started it) and restarted by Ray if it dies.
 
@@ -120,12 +135,17 @@ def start_allocator(namespace_name: str | None = None, *, state_dir: str | None 
             changed.
         policy: ``"pollux"`` or ``"adaptdl"`` (see
             :func:`~adaptdl_core.policy.policy_by_name`).
+        autoscale: ``None`` leaves the allocator's autoscaling as it is; ``{}`` turns
+            it off; options (see :func:`check_autoscale`) turn it on, also on an
+            allocator already running.
 
     Raises:
-        ValueError: an unknown policy or a bad namespace."""
+        ValueError: an unknown policy, a bad namespace or bad autoscaling options."""
     from adaptdl_core.policy import POLICY_NAMES
     if policy not in POLICY_NAMES:
         raise ValueError(f"policy must be one of {sorted(POLICY_NAMES)}, got {policy!r}")
+    if autoscale:
+        autoscale = check_autoscale(autoscale)
     ns = namespace(namespace_name)
     options = dict(name=ALLOCATOR_NAME, namespace=ns, lifetime="detached",
                    get_if_exists=True, num_cpus=0, max_restarts=-1, max_concurrency=1,
@@ -133,6 +153,8 @@ def start_allocator(namespace_name: str | None = None, *, state_dir: str | None 
     handle = ray.remote(_AllocatorActor).options(**options).remote(
         ns, state_dir, float(interval_s), policy)
     ray.get(handle.ping.remote(), timeout=60)
+    if autoscale is not None:
+        ray.get(handle.set_autoscale.remote(dict(autoscale) or None), timeout=60)
     return handle
 
 

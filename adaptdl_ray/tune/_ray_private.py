@@ -17,6 +17,9 @@ Ray 2.60 has no public seam for four things AdaptDL needs:
 * **What each node has free**, which the cluster allocator subtracts from the nodes'
   totals to leave out what other work holds (``ray.available_resources()`` only gives
   the sum over nodes): :func:`available_resources_per_node`.
+* **Which nodes are draining**, and their deadlines (a node Ray's autoscaler or
+  ``ray drain-node`` is about to take away, e.g. a spot node given its preemption
+  notice): :func:`draining_nodes`. Ray's own libraries read it the same way.
 
 Everything here is checked at import: a Ray outside the tested range logs a warning, and a
 Ray whose internals moved raises :class:`ImportError` naming what is missing, rather than
@@ -36,7 +39,7 @@ LOG = logging.getLogger(__name__)
 
 __all__ = ["TESTED_RAY", "StorageInfo", "check_ray", "install_replica_session",
            "clear_replica_session", "trial_storage", "set_trainable_counters",
-           "available_resources_per_node"]
+           "available_resources_per_node", "draining_nodes"]
 
 # The Ray versions these seams were read from and tested with ([low, high)).
 TESTED_RAY = ((2, 60), (2, 61))
@@ -71,6 +74,9 @@ def check_ray() -> None:
     from ray._private import state as ray_state
     if not callable(getattr(ray_state, "available_resources_per_node", None)):
         missing.append("ray._private.state.available_resources_per_node")
+    if not callable(getattr(getattr(ray_state, "GlobalState", None), "get_draining_nodes",
+                            None)):
+        missing.append("ray._private.state.GlobalState.get_draining_nodes")
     if missing:
         raise ImportError(
             f"adaptdl_ray needs Ray internals that Ray {ray.__version__} does not have "
@@ -213,3 +219,12 @@ def available_resources_per_node() -> dict[str, dict[str, float]]:
     from ray._private import state as ray_state
     return {str(node): {str(k): float(v) for k, v in resources.items()}
             for node, resources in ray_state.available_resources_per_node().items()}
+
+
+# -- nodes being drained --------------------------------------------------------------------
+def draining_nodes() -> dict[str, float | None]:
+    """node id (hex) -> the drain's deadline (seconds since the epoch; ``None``: no
+    deadline) for every node Ray is draining now. Needs a connected Ray."""
+    from ray._private import state as ray_state
+    return {str(node): (float(deadline_ms) / 1000.0 if deadline_ms else None)
+            for node, deadline_ms in ray_state.state.get_draining_nodes().items()}

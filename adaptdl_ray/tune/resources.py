@@ -8,12 +8,15 @@ the same request as ``JobInfo.resources = per_replica``.
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+from typing import Any, Collection
 
 from ray.tune.execution.placement_groups import PlacementGroupFactory
 
 from adaptdl_core.decision.jobs import JobSpec, cluster_capacity, replicas_fitting
 from adaptdl_core.policy import NodeInfo
+
+LOG = logging.getLogger(__name__)
 
 __all__ = ["ReplicaRequest", "placement_group_factory", "num_replicas_of",
            "cluster_nodes", "cluster_capacity", "replicas_fitting"]
@@ -61,18 +64,27 @@ def num_replicas_of(pgf: PlacementGroupFactory | None) -> int:
     return len(pgf.bundles) - (0 if pgf.head_bundle_is_empty else 1)
 
 
-def cluster_nodes(nodes: list[dict[str, Any]] | None = None) -> dict[str, NodeInfo]:
-    """The alive Ray nodes as policy :class:`NodeInfo` (node id -> CPU/GPU/custom totals).
+def cluster_nodes(nodes: list[dict[str, Any]] | None = None,
+                  draining: Collection[str] | None = None) -> dict[str, NodeInfo]:
+    """The alive Ray nodes that are not being drained, as policy :class:`NodeInfo`
+    (node id -> CPU/GPU/custom totals). A draining node (a spot node given its notice,
+    one the autoscaler is removing) is left out at once, so no decision places work
+    there.
 
     Args:
         nodes: ``ray.nodes()`` output (fetched when ``None``).
+        draining: ids of the nodes being drained (asked of Ray when ``None`` and
+            ``nodes`` is fetched; else none).
     """
     if nodes is None:
         import ray
         nodes = ray.nodes()
+        if draining is None:
+            draining = _draining()
+    draining = set(draining or ())
     out: dict[str, NodeInfo] = {}
     for node in nodes:
-        if not node.get("Alive", False):
+        if not node.get("Alive", False) or node.get("NodeID") in draining:
             continue
         res = {k: float(v) for k, v in node.get("Resources", {}).items()
                if not k.startswith("node:") and not k.startswith("accelerator_type")
@@ -80,3 +92,13 @@ def cluster_nodes(nodes: list[dict[str, Any]] | None = None) -> dict[str, NodeIn
         if res:
             out[node["NodeID"]] = NodeInfo(res)
     return out
+
+
+def _draining() -> set[str]:
+    """Ids of the nodes Ray is draining (none if Ray cannot say: logged)."""
+    from adaptdl_ray.tune._ray_private import draining_nodes
+    try:
+        return set(draining_nodes())
+    except Exception as exc:  # noqa: BLE001 - a node list without drains beats none
+        LOG.warning("could not ask Ray which nodes are draining (%s)", exc)
+        return set()

@@ -56,21 +56,21 @@ def main(mode: str, storage: str, records: str, job: str = "contract") -> None:
                                    resume_unfinished=True)
     started = time.time()
     grid = tuner.fit()
-    if mode == "restore":
-        # The first report of a resumed launch, from the trials' own records.
-        firsts = []
-        for r in grid:
-            for path in glob.glob(os.path.join(r.config["record_dir"], "restart*-rank0.jsonl")):
-                with open(path) as f:
-                    events = [json.loads(line) for line in f]
-                firsts += [e["time"] for e in events
-                           if e["event"] == "report" and e["time"] >= started]
-        print(json.dumps({
-            "statuses": sorted("TERMINATED" if r.error is None and r.metrics.get("done")
-                               else "UNFINISHED" for r in grid),
-            "trials": [{"record_dir": r.config["record_dir"], "path": r.path} for r in grid],
-            "epochs": config["epochs"], "size": config["size"],
-            "first_result_after_s": min(firsts) - started if firsts else None}))
+    # The first report of a resumed launch, from the trials' own records.
+    firsts = []
+    for r in grid if mode == "restore" else ():
+        for path in glob.glob(os.path.join(r.config["record_dir"], "restart*-rank0.jsonl")):
+            with open(path) as f:
+                events = [json.loads(line) for line in f]
+            firsts += [e["time"] for e in events
+                       if e["event"] == "report" and e["time"] >= started]
+    # Printed by every launch: an interrupted one says which trials had finished.
+    print(json.dumps({
+        "statuses": sorted("TERMINATED" if r.error is None and r.metrics.get("done")
+                           else "UNFINISHED" for r in grid),
+        "trials": [{"record_dir": r.config["record_dir"], "path": r.path} for r in grid],
+        "epochs": config["epochs"], "size": config["size"],
+        "first_result_after_s": min(firsts) - started if firsts else None}), flush=True)
 
 
 if __name__ == "__main__":

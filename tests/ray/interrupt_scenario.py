@@ -87,6 +87,14 @@ def wait_for(records_root: Path, launch: int, point: tuple, driver: subprocess.P
     raise AssertionError(f"the trials did not reach {point} (driver: {driver.poll()})")
 
 
+def last_summary(out: str) -> dict:
+    """The driver's last JSON line (Tune may print its own lines after it)."""
+    for line in reversed(out.strip().splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    raise AssertionError(f"the driver printed no summary: {out[-4000:]}")
+
+
 def interrupt(driver: subprocess.Popen, storage: Path, timeout_s: float = 120) -> None:
     """SIGINT, then the driver must end on its own, leaving the saved state of each trial
     that had not finished (on a loaded machine a trial may be ahead and finish first: it
@@ -102,7 +110,7 @@ def interrupt(driver: subprocess.Popen, storage: Path, timeout_s: float = 120) -
     after = {p: os.stat(p).st_mtime for p in glob.glob(
         str(storage / NAME / "*" / INTERRUPTED_FILE))}
     fresh = [p for p, t in after.items() if before.get(p) != t]
-    statuses = json.loads(out.strip().splitlines()[-1])["statuses"]
+    statuses = last_summary(out)["statuses"]
     unfinished = sum(status != "TERMINATED" for status in statuses)
     assert unfinished and len(fresh) == unfinished, (statuses, sorted(after), out[-4000:])
 
@@ -174,7 +182,7 @@ def interrupted_sweep(root: Path, job: str = "validating", points=POINTS) -> dic
             driver.kill()
             driver.communicate()
     assert driver.returncode == 0, out[-4000:]
-    summary = json.loads(out.strip().splitlines()[-1])
+    summary = last_summary(out)
     return {"problems": resume_problems(summary, config["epochs"], config["size"]),
             "seconds": time.time() - started,
             "launches": {os.path.basename(t["record_dir"]): launches(records(t["record_dir"]))

@@ -155,3 +155,22 @@ def test_resize_grows_exactly_once(cluster, cluster_env, tmp_path):
     sizes = {e["restart"]: e["replicas"] for e in events if e["event"] == "start"}
     assert sizes == {0: 1, 1: 2}, sizes
     assert_exactly_once(events, 64, 2)
+
+
+def test_start_turns_the_allocators_autoscaling_on_and_off(cluster, cluster_env, tmp_path):
+    ns = ["--address", cluster.address, "--namespace", "autoscale-e2e"]
+    out = cli(cluster_env, tmp_path, "start", *ns, "--autoscale", "--min-nodes", "1",
+              "--max-nodes", "3", "--node-template", '{"CPU": 4}')
+    assert out.returncode == 0, out.stderr
+    assert "autoscaling: 1 to 3 nodes of" in out.stdout
+    status = cli(cluster_env, tmp_path, "status", *ns)
+    assert status.returncode == 0, status.stderr
+    autoscale = json.loads(status.stdout)["autoscale"]
+    assert autoscale["options"]["max_nodes"] == 3
+    # No job: min_nodes, which the 4-CPU head already is; the request asks for it.
+    assert autoscale["standing_nodes"] == 1
+    assert autoscale["last"]["current_nodes"] == 1
+    out = cli(cluster_env, tmp_path, "start", *ns, "--no-autoscale")
+    assert out.returncode == 0 and "autoscaling: off" in out.stdout, out.stderr
+    status = cli(cluster_env, tmp_path, "status", *ns)
+    assert json.loads(status.stdout)["autoscale"] is None

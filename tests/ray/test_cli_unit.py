@@ -248,13 +248,6 @@ def test_tensorboard_missing_is_a_clear_error(capsys, monkeypatch):
     assert status == 1 and "pip install tensorboard" in one_line_error(err)
 
 
-def test_allocator_verbs_without_the_allocator(capsys, monkeypatch):
-    monkeypatch.setattr(cli, "_allocator_client", lambda: None)
-    for verb in ("start", "status"):
-        status, _, err = run(capsys, verb)
-        assert status == 1 and "allocator is not in this installation" in one_line_error(err)
-
-
 def test_driver_address_follows_the_dashboard_address():
     def address(value):
         return cli._driver_address(types.SimpleNamespace(address=value))
