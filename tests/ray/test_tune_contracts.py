@@ -2,17 +2,13 @@
 
 Each test runs a real (local) Tune experiment of ``tests/ray/trial_jobs.contract_job``:
 checkpoints come back as the user reported them, failures retry from the latest state,
-an interrupted driver resumes exactly where it stopped, results are well-formed, Tune's
-wrappers work, and a searcher keeps its feedback.
+results are well-formed, Tune's wrappers work, and a searcher keeps its feedback. (An
+interrupted driver resuming exactly where it stopped: ``test_interrupt_points.py``.)
 """
 
 from __future__ import annotations
 
-import glob
-import json
 import os
-import signal
-import time
 
 import pytest
 
@@ -23,7 +19,7 @@ from ray import tune  # noqa: E402
 from adaptdl_ray.tune import (AdaptDLScheduler, AdaptDLTrainableCreator,  # noqa: E402
                               model_state_dict)
 from tests.exactly_once import assert_exactly_once  # noqa: E402
-from tests.ray.interrupt_scenario import csv_rows, records, run_driver  # noqa: E402
+from tests.ray.interrupt_scenario import csv_rows, records  # noqa: E402
 from tests.ray.trial_jobs import contract_job  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("ray_session")
@@ -144,42 +140,6 @@ def test_a_failure_without_retries_names_the_replica_that_failed(tmp_path, dead_
     assert grid.num_errors == 1
     error = str(grid.errors[0])
     assert f"replica {dead_rank} of 2" in error and "died" in error, error
-
-
-def test_an_interrupted_sweep_resumes_where_it_stopped(tmp_path):
-    """SIGINT to the driver after two epochs, then Tuner.restore: no epoch is trained again,
-    every sample of every epoch exactly once across the interruption, progress.csv whole."""
-    storage, records_root = tmp_path / "results", tmp_path / "records"
-    driver = run_driver("run", str(storage), str(records_root))
-    deadline = time.time() + 180
-    while time.time() < deadline and driver.poll() is None:
-        reported = [e for d in glob.glob(str(records_root / "*")) for e in records(d)
-                    if e["event"] == "report" and e["key"] == "1:end"]
-        if len(reported) >= 2:
-            break
-        time.sleep(0.2)
-    assert driver.poll() is None, driver.stdout.read()
-    driver.send_signal(signal.SIGINT)
-    out, _ = driver.communicate(timeout=120)
-    assert driver.returncode == 0, out[-4000:]
-    restore = run_driver("restore", str(storage), str(records_root))
-    out2, _ = restore.communicate(timeout=240)
-    assert restore.returncode == 0, out2[-4000:]
-    summary = json.loads(out2.strip().splitlines()[-1])
-    assert summary["statuses"] == ["TERMINATED", "TERMINATED"]
-    epochs, size = summary["epochs"], summary["size"]
-    for trial in summary["trials"]:
-        events = records(trial["record_dir"])
-        assert_exactly_once(events, size, epochs)
-        # The restored launch started after the finished epochs (both trials had reported
-        # epoch 1 before the interrupt), not at epoch 0.
-        resumed = [e for e in events if e["event"] == "start" and e["restarts"] > 0]
-        assert resumed and min(e["finished_epochs"] for e in resumed) >= 2
-        rows = csv_rows(trial["path"])
-        keys = [r["report_key"] for r in rows]
-        assert keys == [f"{e}:end" for e in range(epochs)], keys
-    assert summary["first_result_after_s"] is not None
-    print("restore to first new result: %.1f s" % summary["first_result_after_s"])
 
 
 @pytest.mark.parametrize("order", ["creator_inside", "creator_outside"])
