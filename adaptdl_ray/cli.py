@@ -461,14 +461,38 @@ def cmd_tensorboard(opts: argparse.Namespace) -> int:
 
 
 def _connect(opts: argparse.Namespace) -> None:
+    """Join the cluster as a Ray driver (``start``, ``status``).
+
+    Raises:
+        CliError: no cluster there, or the instance found on this machine is not the one
+            whose dashboard ``--address`` names (several Ray instances on one machine)."""
     import ray
+    address = _driver_address(opts)
+    fix = "pass --address HOST:PORT, the address `ray start --head` printed"
     try:
-        ray.init(address=_driver_address(opts), log_to_driver=False,
-                 logging_level=logging.WARNING)
+        ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
     except (ConnectionError, ray.exceptions.RayError) as exc:
-        raise CliError(f"cannot join the Ray cluster at {_driver_address(opts)}: "
+        raise CliError(f"cannot join the Ray cluster at {address}: "
                        f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}; "
-                       "pass --address") from None
+                       f"{fix}") from None
+    dashboard = _cluster_address(opts)
+    if address == "auto" and dashboard and "://" in dashboard:
+        wanted = _session_of(dashboard)
+        joined = ray.get_runtime_context().get_session_name()
+        if wanted is not None and wanted != joined:
+            ray.shutdown()
+            raise CliError(f"the Ray instance found on this machine ({joined}) is not the "
+                           f"cluster at {dashboard} ({wanted}); {fix}")
+
+
+def _session_of(dashboard: str) -> str | None:
+    """The Ray session name the dashboard at ``dashboard`` serves (``None``: unknown)."""
+    import urllib.request
+    try:
+        with urllib.request.urlopen(f"{dashboard.rstrip('/')}/api/version", timeout=5) as r:
+            return json.loads(r.read().decode()).get("session_name")
+    except (OSError, ValueError):
+        return None
 
 
 def autoscale_options(opts: argparse.Namespace) -> dict[str, Any] | None | bool:
@@ -546,7 +570,8 @@ def build_parser() -> argparse.ArgumentParser:
     verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
     cluster = argparse.ArgumentParser(add_help=False)
     cluster.add_argument("--address", default=None, metavar="ADDR",
-                         help="the cluster's dashboard, e.g. http://HEAD:8265 (default: "
+                         help="the cluster's dashboard, e.g. http://HEAD:8265, or, for "
+                              "start and status, its GCS address HEAD:6379 (default: "
                               "RAY_ADDRESS, else the local cluster)")
 
     def verb(name: str, fn: Any, text: str, parents=(cluster,)) -> argparse.ArgumentParser:

@@ -21,7 +21,12 @@ driver
   same sample); a grow waits until the extra replicas' resources are free;
 * on SIGTERM or SIGINT (``adaptdl-ray stop``, which Ray's job stop sends) checkpoints at
   the next batch boundary, keeps the checkpoint and exits 0: submitting the same name
-  again resumes there.
+  again resumes there;
+* when a node holding one of its replicas is being drained (a spot node's preemption
+  notice, ``ray drain-node``, Ray's autoscaler removing it), checkpoints at the next batch
+  boundary and relaunches on the other nodes (as many replicas as they hold, at least
+  ``min_replicas``; Ray places nothing new on a draining node), without waiting for the
+  deadline.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ import runpy
 import signal
 import sys
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from adaptdl_core.decision import JobProgress, JobSpec, estimate_remaining_s
 from adaptdl_core.launch import restarts_for
@@ -52,6 +57,8 @@ TENSORBOARD_VAR = "ADAPTDL_TENSORBOARD_LOGDIR"
 DEFAULT_STOP_TIMEOUT_S = 120.0
 # Seconds between reads of rank 0's status and hints.
 _STATUS_EVERY_S = 3.0
+# Seconds between checks for draining nodes under the job's replicas.
+_DRAIN_CHECK_S = 2.0
 # How long the driver waits for the replicas' placement group before giving up.
 _PLACEMENT_TIMEOUT_S = 600.0
 _WAITING_LOG_EVERY_S = 30.0
@@ -150,11 +157,19 @@ class ElasticJob:
             :func:`~adaptdl_ray.cluster.sizing.default_sizer`).
         stop_timeout_s: how long a stop or resize waits for a batch boundary.
         status_every_s: seconds between reads of rank 0's status and hints.
+        draining_fn: returns the nodes being drained now (node id -> deadline in seconds
+            since the epoch, or ``None``); default: Ray's, through
+            :func:`~adaptdl_ray.tune._ray_private.draining_nodes`.
+        nodes_fn: returns the usable cluster (node id -> NodeInfo, draining nodes left
+            out), to size a move; default
+            :func:`~adaptdl_ray.tune.resources.cluster_nodes`.
     """
 
     def __init__(self, files: JobFiles, script: str, args: Sequence[str], spec: JobSpec, *,
                  sizer: Sizer | None = None, stop_timeout_s: float = DEFAULT_STOP_TIMEOUT_S,
-                 status_every_s: float = _STATUS_EVERY_S) -> None:
+                 status_every_s: float = _STATUS_EVERY_S,
+                 draining_fn: Callable[[], Mapping[str, float | None]] | None = None,
+                 nodes_fn: Callable[[], Mapping[Any, Any]] | None = None) -> None:
         self.files = files
         self.name = files.name
         self.script = script
@@ -168,6 +183,8 @@ class ElasticJob:
         self._trained_s = 0.0       # seconds trained by earlier launches (all submissions)
         self._resize_from: float | None = None  # when the pending resize was asked for
         self._resize_s: float | None = None
+        self._draining_fn = draining_fn or _ray_draining_nodes
+        self._nodes_fn = nodes_fn or _ray_cluster_nodes
 
     # -- signals ----------------------------------------------------------------------
     def install_signal_handlers(self) -> None:
@@ -300,14 +317,15 @@ class ElasticJob:
 
         Returns:
             ``("finished", 0)``, ``("stopped", 0)`` (checkpointed on a stop request),
-            ``("resize", n)`` (checkpointed for a resize to ``n`` replicas) or
-            ``("relaunch", n)`` (the script checkpointed and stopped itself).
+            ``("resize", n)`` (checkpointed for a resize to ``n`` replicas),
+            ``("move", n)`` (checkpointed to move off a draining node, relaunching with
+            ``n``) or ``("relaunch", n)`` (the script checkpointed and stopped itself).
 
         Raises:
             WorkerFailed, TimeoutError: a replica failed or did not stop in time.
         """
         group = launch.group
-        next_status = 0.0
+        next_status = next_drain_check = 0.0
         self._write_status("running", replicas=launch.replicas)
         while True:
             if self._stop_signal is not None:
@@ -321,6 +339,16 @@ class ElasticJob:
                     return "finished", 0
                 LOG.info("job %s checkpointed and stopped itself; relaunching", self.name)
                 return "relaunch", launch.replicas
+            if time.monotonic() >= next_drain_check:
+                next_drain_check = time.monotonic() + _DRAIN_CHECK_S
+                target = self._move_target(launch)
+                if target is not None:
+                    self._resize_from = time.time()  # (its cost is a relaunch's, too)
+                    self._write_status("moving", replicas=launch.replicas, target=target)
+                    outcomes = group.stop(self.stop_timeout_s)
+                    if all(o["status"] == "finished" for o in outcomes):
+                        return "finished", 0
+                    return "move", target
             if time.monotonic() >= next_status:
                 next_status = time.monotonic() + self.status_every_s
                 self._observe(launch)
@@ -340,6 +368,33 @@ class ElasticJob:
             if all(o["status"] == "finished" for o in outcomes):
                 return "finished", 0
             return "resize", target
+
+    def _move_target(self, launch: _Launch) -> int | None:
+        """If a node under the launch's replicas is being drained, the replicas to
+        relaunch with on the other nodes (as many as now, if they fit there, else as many
+        as fit, at least ``min_replicas``); ``None`` otherwise."""
+        try:
+            draining = self._draining_fn()
+        except Exception as exc:  # noqa: BLE001 - keep training; say why once per check
+            LOG.warning("job %s: could not ask which nodes are draining (%s)", self.name, exc)
+            return None
+        hit = sorted(set(launch.group.node_ids) & set(draining))
+        if not hit:
+            return None
+        from adaptdl_core.decision import cluster_capacity
+        try:
+            room = cluster_capacity(self.spec, self._nodes_fn())
+        except Exception as exc:  # noqa: BLE001 - move at the same size; Ray finds room
+            LOG.warning("job %s: could not read the cluster (%s)", self.name, exc)
+            room = launch.replicas
+        target = max(self.spec.min_replicas, min(launch.replicas, room))
+        deadlines = [draining[n] for n in hit if draining[n]]
+        when = (f"deadline in {min(deadlines) - time.time():.0f} s" if deadlines
+                else "no deadline")
+        LOG.warning("job %s: node(s) %s under its replicas are draining (%s): checkpointing "
+                    "at the next batch boundary and moving to the other nodes with %d "
+                    "replica(s)", self.name, ", ".join(n[:12] for n in hit), when, target)
+        return target
 
     def _observe(self, launch: _Launch) -> None:
         """Pass rank 0's status and hints to the sizer, and write them to status.json."""
@@ -412,6 +467,16 @@ class ElasticJob:
             self.files.write_status(self._record)
         except OSError as exc:
             LOG.warning("job %s: could not write its status: %s", self.name, exc)
+
+
+def _ray_draining_nodes() -> dict[str, float | None]:
+    from adaptdl_ray.tune._ray_private import draining_nodes
+    return draining_nodes()
+
+
+def _ray_cluster_nodes() -> dict[str, Any]:
+    from adaptdl_ray.tune.resources import cluster_nodes
+    return cluster_nodes()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -158,7 +158,9 @@ def test_resize_grows_exactly_once(cluster, cluster_env, tmp_path):
 
 
 def test_start_turns_the_allocators_autoscaling_on_and_off(cluster, cluster_env, tmp_path):
-    ns = ["--address", cluster.address, "--namespace", "autoscale-e2e"]
+    # (A driver joins by the GCS address: the test's own Ray instance may be the one a
+    # dashboard URL of this machine would find.)
+    ns = ["--address", cluster.gcs_address, "--namespace", "autoscale-e2e"]
     out = cli(cluster_env, tmp_path, "start", *ns, "--autoscale", "--min-nodes", "1",
               "--max-nodes", "3", "--node-template", '{"CPU": 4}')
     assert out.returncode == 0, out.stderr
@@ -170,6 +172,15 @@ def test_start_turns_the_allocators_autoscaling_on_and_off(cluster, cluster_env,
     # No job: min_nodes, which the 4-CPU head already is; the request asks for it.
     assert autoscale["standing_nodes"] == 1
     assert autoscale["last"]["current_nodes"] == 1
+    # Through the dashboard's URL, the CLI either joins this cluster or says it found
+    # another instance, never the wrong one silently.
+    via_url = cli(cluster_env, tmp_path, "status", "--address", cluster.address,
+                  "--namespace", "autoscale-e2e")
+    if via_url.returncode == 0:
+        assert json.loads(via_url.stdout)["autoscale"]["options"]["max_nodes"] == 3
+    else:
+        assert "is not the cluster at" in via_url.stderr or \
+            "cannot join the Ray cluster" in via_url.stderr, via_url.stderr[-2000:]
     out = cli(cluster_env, tmp_path, "start", *ns, "--no-autoscale")
     assert out.returncode == 0 and "autoscaling: off" in out.stdout, out.stderr
     status = cli(cluster_env, tmp_path, "status", *ns)

@@ -1,6 +1,7 @@
 """A node Ray is draining (a spot node given its preemption notice) is seen at once, with
-its deadline, and left out of the cluster every decision places work on (a two-node
-cluster of its own, in a subprocess: :mod:`tests.ray.drain_run`)."""
+its deadline, and left out of the cluster every decision places work on; a submitted job
+training there moves before the deadline (each on a two-node cluster of its own, in a
+subprocess: :mod:`tests.ray.drain_run`, :mod:`tests.ray.drain_job_run`)."""
 
 from __future__ import annotations
 
@@ -17,12 +18,16 @@ pytest.importorskip("ray")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_a_draining_node_is_left_out_with_its_deadline():
+def _env() -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p))
     env.pop("RAY_ADDRESS", None)
+    return env
+
+
+def test_a_draining_node_is_left_out_with_its_deadline():
     proc = subprocess.run([sys.executable, "-m", "tests.ray.drain_run"], cwd=REPO_ROOT,
-                          env=env, capture_output=True, text=True, timeout=300)
+                          env=_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     seen = json.loads(proc.stdout.strip().splitlines()[-1])
     worker, head = seen["worker"], seen["head"]
@@ -35,3 +40,26 @@ def test_a_draining_node_is_left_out_with_its_deadline():
     # Given a node list, the drains are only those named.
     assert seen["given_list"] == sorted([head, worker])
     assert seen["given_list_and_drains"] == [head]
+
+
+def test_a_job_on_a_draining_node_moves_before_the_deadline_exactly_once(tmp_path):
+    """A 2-replica submitted job's driver (ElasticJob) on a head of 1 CPU and a worker of 2;
+    the worker is drained with a 60 s deadline while the job trains there: it checkpoints,
+    relaunches with the 1 replica the head holds, and finishes; every sample of every
+    epoch exactly once (:mod:`tests.ray.drain_job_run`)."""
+    from tests.core.harness import read_events
+    from tests.exactly_once import assert_exactly_once
+    record = tmp_path / "record"
+    record.mkdir()
+    proc = subprocess.run([sys.executable, "-m", "tests.ray.drain_job_run",
+                           str(tmp_path / "storage"), str(record), "60"], cwd=REPO_ROOT,
+                          env=_env(), capture_output=True, text=True, timeout=420)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert seen["drain_rc"] == 0, seen["drain_err"]
+    assert seen["status"] == 0, proc.stderr[-3000:]
+    assert seen["sizes"] == {"0": 2, "1": 1}, seen
+    assert seen["drain_to_first_step_s"] is not None
+    assert seen["drain_to_first_step_s"] < seen["deadline_s"], seen
+    assert "under its replicas are draining" in proc.stderr
+    assert_exactly_once(read_events(record), 96, 2)

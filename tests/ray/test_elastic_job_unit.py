@@ -116,3 +116,73 @@ def test_job_spec_from_options():
         ["--name", "j", "--min-replicas", "2", "--max-replicas", "4", "--gpus-per-replica",
          "1", "--cpus-per-replica", "2"]))
     assert spec == JobSpec({"CPU": 2.0, "GPU": 1.0}, 2, 4)
+
+
+class FakeGroup:
+    """Replicas on two nodes that train until stopped (then checkpoint)."""
+
+    def __init__(self, node_ids):
+        self.node_ids = list(node_ids)
+        self.num_nodes = len(set(node_ids))
+        self.stops = 0
+
+    def finished(self, timeout):
+        return None
+
+    def stop(self, timeout):
+        self.stops += 1
+        return [{"status": "checkpointed"} for _ in self.node_ids]
+
+    def snapshot(self):
+        return None
+
+
+class KeepSizer:
+    """Never resizes."""
+
+    def decision(self):
+        from adaptdl_core.decision import Decision
+        return Decision("j", "keep", 2, (), "test")
+
+    def observe(self, *args, **kwargs):
+        pass
+
+
+@pytest.mark.parametrize("room, target", [(4, 2), (1, 1), (0, 1)])
+def test_a_draining_node_under_a_replica_moves_the_job(tmp_path, room, target):
+    """The job checkpoints (stop at a batch boundary) and relaunches on the other nodes:
+    at its size if they hold it, else as many as they hold, at least min_replicas."""
+    spec = JobSpec({"CPU": 1}, min_replicas=1, max_replicas=4)
+    nodes = {f"n{i}": NodeInfo({"CPU": 1}) for i in range(room)}
+    job = elastic_job.ElasticJob(JobFiles("j", str(tmp_path)), "train.py", [], spec,
+                                 sizer=KeepSizer(), draining_fn=lambda: {"b": 0},
+                                 nodes_fn=lambda: nodes)
+    group = FakeGroup(["a", "b"])
+    launch = elastic_job._Launch(2, group, None, 0.0)
+    assert job._watch(launch) == ("move", target)
+    assert group.stops == 1
+    assert job.files.read_status()["status"] == "moving"
+
+
+def test_a_drain_elsewhere_or_a_failed_read_moves_nothing(tmp_path, caplog, monkeypatch):
+    spec = JobSpec({"CPU": 1}, min_replicas=1, max_replicas=4)
+    reads = []
+
+    def draining():
+        reads.append(1)
+        if len(reads) == 1:
+            return {"c": 1e12}
+        if len(reads) == 2:
+            raise RuntimeError("GCS unreachable")
+        job.request_stop()  # then the test ends the run
+        return {}
+
+    job = elastic_job.ElasticJob(JobFiles("j", str(tmp_path)), "train.py", [], spec,
+                                 sizer=KeepSizer(), draining_fn=draining,
+                                 nodes_fn=lambda: {})
+    group = FakeGroup(["a", "b"])
+    monkeypatch.setattr(elastic_job, "_DRAIN_CHECK_S", 0.0)
+    assert job._watch(elastic_job._Launch(2, group, None, 0.0)) == ("stopped", 0)
+    assert len(reads) == 3 and group.stops == 1
+    assert "could not ask which nodes are draining (GCS unreachable)" in caplog.text
+
