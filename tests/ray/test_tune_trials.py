@@ -100,8 +100,12 @@ def test_trial_grows_shrinks_and_finishes_every_epoch_exactly_once(tmp_path):
     keys = [r["report_key"] for r in rows]
     assert len(keys) == len(set(keys)), [k for k, c in collections.Counter(keys).items() if c > 1]
     assert [k for k in keys if k.endswith(":end")] == [f"{e}:end" for e in range(epochs)]
-    # The last report is the final result (no extra row, no resize decided after it).
-    assert rows[-1]["done"] == "True" and all(r["done"] == "False" for r in rows[:-1])
+    # The last report is the last row (no extra row, no resize decided after it). It is
+    # marked done when the function ended within the trainable's grace period after it; on
+    # a loaded machine the function may end later, and Tune completes the trial with that
+    # same row (a duplicate result, no new row).
+    assert rows[-1]["report_key"] == f"{epochs - 1}:end", rows[-1]
+    assert all(r["done"] == "False" for r in rows[:-1])
     restarts = [int(r["adaptdl/restarts"]) for r in rows]
     assert restarts == sorted(restarts) and restarts[-1] == len(shapes) - 1
     assert {int(r["adaptdl/replicas"]) for r in rows} >= {1, 2, 3}
