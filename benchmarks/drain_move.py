@@ -53,6 +53,8 @@ def one_run(deadline_s: float) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the drains and print each run and the median; exit 1 unless every run moved
+    and trained every sample exactly once."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--runs", type=int, default=5, help="runs (default 5)")
     p.add_argument("--deadline", type=float, default=60.0,

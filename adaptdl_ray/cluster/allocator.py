@@ -23,8 +23,10 @@ request withdrawn when no node beyond the baseline is wanted.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import math
 import os
 import time
 from typing import Any, Mapping
@@ -61,15 +63,17 @@ class ClusterAllocator:
         request_fn: what asks the autoscaler for resources, called as
             ``request_fn(bundles=[...])`` (default Ray's ``request_resources``; tests
             pass a recorder).
-        autoscale_interval_s: the cluster-size rule runs at most this often (seconds;
-            it solves one allocation per size it tries).
+        autoscale_interval_s: the cluster-size rule runs at most this often (seconds).
+            It solves one allocation per size it tries, inside a front-end's sync (the
+            actor serves one call at a time), and nodes take minutes to come anyway;
+            ``benchmarks/cluster_size.py`` measures its time.
 
     Autoscaling options found in the state directory are taken up again.
     """
 
     def __init__(self, state_dir: str, *, interval_s: float = 30.0, policy: str = "pollux",
                  nodes_fn: Any = None, request_fn: Any = None,
-                 autoscale_interval_s: float = 5.0) -> None:
+                 autoscale_interval_s: float = 30.0) -> None:
         self.state_dir = state_dir
         self._shared = SharedSolve(policy, interval_s=interval_s)
         self._nodes_fn = nodes_fn or _ray_capacity
@@ -80,7 +84,7 @@ class ClusterAllocator:
         self._totals: dict = {}
         self._request_fn = request_fn
         self._autoscale_interval_s = float(autoscale_interval_s)
-        self._autoscale: dict[str, Any] | None = None  # options, rule, requester, last
+        self._autoscale: _Autoscaling | None = None
         self.started = time.time()
         path = os.path.join(state_dir, STATE_FILE)
         if os.path.exists(path):
@@ -134,9 +138,9 @@ class ClusterAllocator:
         self._refresh_nodes()
         autoscale = None
         if self._autoscale is not None:
-            autoscale = dict(options=self._autoscale["options"],
-                             standing_nodes=self._autoscale["requester"].standing_nodes,
-                             last=self._autoscale["last"])
+            autoscale = dict(options=self._autoscale.options,
+                             standing_nodes=self._autoscale.requester.standing_nodes,
+                             last=self._autoscale.last)
         return dict(self._shared.status(), alive=True, state_dir=self.state_dir,
                     started=self.started, pid=os.getpid(), autoscale=autoscale)
 
@@ -157,11 +161,11 @@ class ClusterAllocator:
             ValueError: a malformed option (named), before anything changes."""
         new = self._scaling(options) if options else None
         if self._autoscale is not None and new is None:
-            self._autoscale["requester"].withdraw()
+            self._autoscale.requester.withdraw()
         self._autoscale = new
         try:
             write_atomic(self.state_dir, AUTOSCALE_FILE,
-                         json.dumps(new["options"] if new else None))
+                         json.dumps(new.options if new else None))
         except (OSError, ValueError) as exc:
             LOG.warning("allocator: could not keep its autoscaling options in %s: %s",
                         self.state_dir, exc)
@@ -192,31 +196,29 @@ class ClusterAllocator:
         self._totals = totals
         self._shared.set_nodes(capacity_left(totals, available, self._shared.held()))
 
-    def _scaling(self, options: Mapping[str, Any]) -> dict[str, Any]:
+    def _scaling(self, options: Mapping[str, Any]) -> _Autoscaling:
         """The autoscaling state for ``options`` (raises ValueError for a bad one)."""
-        plain, rule, requester = autoscale_parts(options, self._request_fn)
-        return dict(options=plain, rule=rule, requester=requester, last=None,
-                    checked=-float("inf"))
+        return _Autoscaling(*autoscale_parts(options, self._request_fn))
 
     def _size_cluster(self) -> None:
         """Run the cluster-size rule (at most every ``autoscale_interval_s``) and ask the
         autoscaler for what it wants. A failure is logged; the next solve retries."""
         scale = self._autoscale
         now = time.monotonic()
-        if scale is None or now - scale["checked"] < self._autoscale_interval_s:
+        if scale is None or now - scale.checked < self._autoscale_interval_s:
             return
-        scale["checked"] = now
-        rule = scale["rule"]
+        scale.checked = now
+        rule = scale.rule
         current = template_nodes(self._totals, rule.node_template)
         try:
             decision = self._shared.desired_size(rule, current)
-            scale["requester"].request(decision.desired_nodes)
+            scale.requester.request(decision.desired_nodes)
         except Exception as exc:  # noqa: BLE001 - keep allocating; say why
             LOG.warning("allocator: autoscaling failed this round (%s)", exc)
             return
-        scale["last"] = dict(time=time.time(), current_nodes=current,
-                             desired_nodes=decision.desired_nodes, action=decision.action,
-                             reason=decision.reason)
+        scale.last = dict(time=time.time(), current_nodes=current,
+                          desired_nodes=decision.desired_nodes, action=decision.action,
+                          reason=decision.reason)
         if decision.action != "hold":
             LOG.info("allocator: cluster size %d -> %d (%s)", current,
                      decision.desired_nodes, decision.reason)
@@ -265,6 +267,18 @@ class ClusterAllocator:
             for gauge in self._gauges.values():
                 gauge.set(0.0, tags={"job": job, "experiment": experiment})
         self._exported = seen
+
+
+@dataclasses.dataclass
+class _Autoscaling:
+    """The allocator's autoscaling: its options, rule and standing request, the rule's
+    last decision (for ``status``) and when it last ran (``time.monotonic()``)."""
+
+    options: dict
+    rule: Any
+    requester: Any
+    last: dict | None = None
+    checked: float = -math.inf
 
 
 def autoscale_parts(options: Mapping[str, Any], request_fn: Any = None

@@ -329,13 +329,10 @@ class ElasticJob:
         self._write_status("running", replicas=launch.replicas)
         while True:
             if self._stop_signal is not None:
-                self._write_status("stopping", replicas=launch.replicas)
-                outcomes = group.stop(self.stop_timeout_s)
-                finished = all(o["status"] == "finished" for o in outcomes)
-                return ("finished", 0) if finished else ("stopped", 0)
+                return self._checkpoint_and_end(launch, "stopping", "stopped", 0)
             outcomes = group.finished(min(1.0, self.status_every_s))
             if outcomes is not None:
-                if all(o["status"] == "finished" for o in outcomes):
+                if _all_finished(outcomes):
                     return "finished", 0
                 LOG.info("job %s checkpointed and stopped itself; relaunching", self.name)
                 return "relaunch", launch.replicas
@@ -344,11 +341,7 @@ class ElasticJob:
                 target = self._move_target(launch)
                 if target is not None:
                     self._resize_from = time.time()  # (its cost is a relaunch's, too)
-                    self._write_status("moving", replicas=launch.replicas, target=target)
-                    outcomes = group.stop(self.stop_timeout_s)
-                    if all(o["status"] == "finished" for o in outcomes):
-                        return "finished", 0
-                    return "move", target
+                    return self._checkpoint_and_end(launch, "moving", "move", target)
             if time.monotonic() >= next_status:
                 next_status = time.monotonic() + self.status_every_s
                 self._observe(launch)
@@ -363,11 +356,16 @@ class ElasticJob:
                      target, decision.reason)
             self.sizer.begin_resize(decision)
             self._resize_from = time.time()
-            self._write_status("resizing", replicas=launch.replicas, target=target)
-            outcomes = group.stop(self.stop_timeout_s)
-            if all(o["status"] == "finished" for o in outcomes):
-                return "finished", 0
-            return "resize", target
+            return self._checkpoint_and_end(launch, "resizing", "resize", target)
+
+    def _checkpoint_and_end(self, launch: _Launch, status: str, kind: str, target: int
+                            ) -> tuple[str, int]:
+        """Stop the launch's replicas at their next batch boundary (each checkpoints),
+        saying ``status`` meanwhile; ``(kind, target)``, or ``("finished", 0)`` if the
+        script had ended anyway."""
+        self._write_status(status, replicas=launch.replicas, target=target or launch.replicas)
+        outcomes = launch.group.stop(self.stop_timeout_s)
+        return ("finished", 0) if _all_finished(outcomes) else (kind, target)
 
     def _move_target(self, launch: _Launch) -> int | None:
         """If a node under the launch's replicas is being drained, the replicas to
@@ -467,6 +465,11 @@ class ElasticJob:
             self.files.write_status(self._record)
         except OSError as exc:
             LOG.warning("job %s: could not write its status: %s", self.name, exc)
+
+
+def _all_finished(outcomes: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether every replica's outcome says its script ran to its end."""
+    return all(o["status"] == "finished" for o in outcomes)
 
 
 def _ray_draining_nodes() -> dict[str, float | None]:
