@@ -607,6 +607,15 @@ def fit_perf_params(num_nodes: ArrayLike, num_replicas: ArrayLike, atomic_bsz: A
     free[_BN] = has_inter_beta
     free[_GAMMA] = has_intra or has_inter
 
+    if free.sum() == 1 and free[_BC]:
+        # One replica, one batch size (a fixed-batch single-replica job): every step is
+        # predicted the same time, so the fit is one convex search, done without
+        # scipy.optimize (whose import costs about half a CPU-second per process; see
+        # benchmarks/many_trials.py for what a short trial costs).
+        x0[_BC] = _one_step_time_fit(tc_s, to_s, x0[_AC], float(b_s[0]))
+        return _with_priors(x0, tc_s, has_intra, has_intra_beta, has_inter, has_inter_beta,
+                            t_scale, b_scale)
+
     bounds_all = [(_FLOOR, None)] * 6 + [(1.0, 10.0)]
     bounds = [bd for bd, f in zip(bounds_all, free) if f]
 
@@ -643,9 +652,16 @@ def fit_perf_params(num_nodes: ArrayLike, num_replicas: ArrayLike, atomic_bsz: A
             best_loss = float(result.fun)
             best_x = x0.copy()
             best_x[free] = result.x
-    x = best_x
+    return _with_priors(best_x, tc_s, has_intra, has_intra_beta, has_inter, has_inter_beta,
+                        t_scale, b_scale)
 
-    # Priors for what the data cannot identify (see the docstring).
+
+def _with_priors(x: np.ndarray, tc_s: np.ndarray, has_intra: bool, has_intra_beta: bool,
+                 has_inter: bool, has_inter_beta: bool, t_scale: float,
+                 b_scale: float) -> PerfParams:
+    """The fitted normalised vector ``x`` with the priors for what the data cannot
+    identify (see :func:`fit_perf_params`), in seconds and samples."""
+    x = x.copy()
     if not has_intra:
         x[_AR] = x[_AN] if has_inter else 0.5 * float(np.mean(tc_s))
     if not has_intra_beta:
@@ -665,3 +681,39 @@ def fit_perf_params(num_nodes: ArrayLike, num_replicas: ArrayLike, atomic_bsz: A
         beta_r=float(x[_BR] * t_scale),
         gamma=float(x[_GAMMA]),
     )
+
+
+def _one_step_time_fit(tc_s: np.ndarray, to_s: np.ndarray, alpha_c: float,
+                       b: float) -> float:
+    """``beta_c`` (normalised) of a profile with one replica and one batch size ``b``.
+
+    Every row is then predicted the same step time ``p = alpha_c + beta_c b`` (no sync:
+    ``T_o = T_c``), and the loss ``rms(log p - log T_c) + rms(log p - log T_o)`` is a
+    convex function of ``log p`` whose minimum lies within the measured logs: a golden-
+    section search finds it to machine precision. ``beta_c`` is then bounded below by
+    the floor, as the general fit bounds it."""
+    log_c, log_o = np.log(tc_s), np.log(to_s)
+
+    def loss(level: float) -> float:
+        err_c, err_o = level - log_c, level - log_o
+        return math.sqrt(float(err_c @ err_c) / err_c.size + _RMS_EPS) + \
+            math.sqrt(float(err_o @ err_o) / err_o.size + _RMS_EPS)
+
+    lo = float(min(log_c.min(), log_o.min()))
+    hi = float(max(log_c.max(), log_o.max()))
+    ratio = (math.sqrt(5.0) - 1.0) / 2.0
+    a, c = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
+    fa, fc = loss(a), loss(c)
+    for _ in range(200):
+        if hi - lo <= 1e-13 * max(1.0, abs(hi)):
+            break
+        if fa <= fc:
+            hi, c, fc = c, a, fa
+            a = hi - ratio * (hi - lo)
+            fa = loss(a)
+        else:
+            lo, a, fa = a, c, fc
+            c = lo + ratio * (hi - lo)
+            fc = loss(c)
+    level = 0.5 * (lo + hi)
+    return max((math.exp(level) - alpha_c) / b, _FLOOR)

@@ -7,13 +7,17 @@ trials at a time, each of one replica on one CPU):
 
 * ``fifo``: a plain function trainable (torch only) under Tune's FIFO scheduler, with
   Tune's default ``reuse_actors`` (False).
-* ``adaptdl``: ``AdaptDLTrainableCreator`` (min = max = 1 replica) under
-  ``AdaptDLScheduler``, with ``reuse_actors=True`` (a warm trial actor serves the next
-  trial; the one replica runs inside the trial actor, so a trial has one process).
-* ``fifo-reuse``, ``adaptdl-noreuse`` (on request): the same with Tune's ``reuse_actors``
-  flipped.
+* ``adaptdl-noreuse``: ``AdaptDLTrainableCreator`` (min = max = 1 replica) under
+  ``AdaptDLScheduler``, also with ``reuse_actors=False``: the like-with-like comparison
+  for ``fifo``.
+* ``fifo-reuse``, ``adaptdl``: the same two with ``reuse_actors=True`` (a warm trial actor
+  serves the next trial; AdaptDL's one replica runs inside the trial actor, so a trial has
+  one process either way).
 
-The arms run in the order given (``--arms``); the first one also pays Ray's warm-up.
+Each AdaptDL arm is compared with the plain arm of the same ``reuse_actors`` setting
+(``wall / plain``), never across settings. The arms run in the order given (``--arms``;
+default ``adaptdl-noreuse,fifo,fifo-reuse,adaptdl``, so that AdaptDL, first, also pays
+Ray's warm-up and the cluster allocator's start).
 
 For each arm: wall time, per-trial run time (Tune's ``on_trial_start`` to its end), the
 longest wait (a trial first seen pending to its start), how many trials started in a
@@ -23,9 +27,9 @@ the trial actor's, whose start, ``import adaptdl_ray`` included, this phase then
 function's start, the process group joined, the first optimizer step, the first report;
 and for AdaptDL the trial actor's launch, from ``adaptdl/launch_s``).
 
-    python benchmarks/many_trials.py                # 100 trials per arm
+    python benchmarks/many_trials.py                # 100 trials per arm, four arms
     python benchmarks/many_trials.py --quick        # 20 trials per arm
-    python benchmarks/many_trials.py --arms adaptdl,adaptdl-noreuse --trials 40
+    python benchmarks/many_trials.py --arms fifo-reuse,adaptdl --trials 40
 """
 
 from __future__ import annotations
@@ -236,14 +240,23 @@ def summarize(arm: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+_PLAIN_OF = {"adaptdl": "fifo-reuse", "adaptdl-noreuse": "fifo"}
+
+
 def report(data: dict[str, Any]) -> str:
     sums = [summarize(a) for a in data["arms"]]
-    base = next((s for s in sums if s["arm"] == "fifo"), None)
-    header = ["arm", "trials done", "wall s", "wall / fifo", "run s: median [p25, p75]",
-              "pending-to-end s: median", "longest wait s", "reused processes",
-              "placement groups left"]
-    rows = [[s["arm"], f"{s['finished']}/{s['trials']}", f"{s['wall_s']:.1f}",
-             f"{s['wall_s'] / base['wall_s']:.2f}x" if base else "-",
+    by_arm = {s["arm"]: s for s in sums}
+    reuse_of = {a["arm"]: a["reuse_actors"] for a in data["arms"]}
+
+    def versus_plain(s: dict[str, Any]) -> str:
+        base = by_arm.get(_PLAIN_OF.get(s["arm"], ""))
+        return f"{s['wall_s'] / base['wall_s']:.2f}x" if base else "-"
+
+    header = ["arm", "reuse_actors", "trials done", "wall s", "wall / plain (same reuse)",
+              "run s: median [p25, p75]", "pending-to-end s: median", "longest wait s",
+              "reused processes", "placement groups left"]
+    rows = [[s["arm"], str(reuse_of[s["arm"]]), f"{s['finished']}/{s['trials']}",
+             f"{s['wall_s']:.1f}", versus_plain(s),
              iqr_text(s["run_s"], "{:.2f}"), f"{_median(s['life_s']):.1f}",
              f"{s['longest_wait_s']:.1f}",
              str(s["reused_processes"]), str(s["placement_groups_left"])] for s in sums]
@@ -266,9 +279,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--trials", type=int, default=100, help="trials per arm (default 100)")
     p.add_argument("--quick", action="store_true", help="20 trials per arm")
-    p.add_argument("--arms", default="fifo,adaptdl",
+    p.add_argument("--arms", default="adaptdl-noreuse,fifo,fifo-reuse,adaptdl",
                    help="comma-separated, run in this order: fifo, fifo-reuse, adaptdl, "
-                        "adaptdl-noreuse (default fifo,adaptdl)")
+                        "adaptdl-noreuse (default adaptdl-noreuse,fifo,fifo-reuse,adaptdl)")
     p.add_argument("--cpus", type=int, default=8, help="Ray CPUs (default 8)")
     tc.add_output_arguments(p, "many_trials.json")
     args = p.parse_args(argv)

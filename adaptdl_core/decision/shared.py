@@ -154,6 +154,9 @@ class SharedSolve:
         #: Seconds each solve took (most recent last, at most 1000 kept).
         self.solve_times_s: list[float] = []
         self._nodes: dict[Hashable, NodeInfo] = {}
+        # The latest (totals, available) reading given to set_usage, and what the
+        # members' jobs held when it was given; None before the first.
+        self._usage: tuple[dict, dict, dict] | None = None
         self._dirty = True
         self._speedups: dict[str, tuple[Any, Any]] = {}
 
@@ -168,9 +171,34 @@ class SharedSolve:
             self._nodes = nodes
             self._dirty = True
 
+    def set_usage(self, totals: Mapping[Hashable, Mapping[str, float]],
+                  available: Mapping[Hashable, Mapping[str, float]]) -> None:
+        """The cluster as read from its resource manager: what each node has (``totals``)
+        and what is free there now (``available``), node -> resource -> amount. The
+        capacity to divide is then :func:`capacity_left` of this reading and what the
+        members' jobs hold, recomputed whenever a member reports its jobs: the jobs of a
+        member seen for the first time are not taken for other work (the reading already
+        shows their resources as used), nor are jobs that ended after the reading (it
+        still shows theirs as used): what ours hold is, per node and resource, the most
+        they held at any report since the reading."""
+        self._usage = ({k: dict(v) for k, v in totals.items()},
+                       {k: dict(v) for k, v in available.items()}, self.held())
+        self._apply_usage()
+
+    def _apply_usage(self) -> None:
+        if self._usage is None:
+            return
+        totals, available, ours = self._usage
+        for node, room in self.held().items():  # ours grows to the most held since
+            mine = ours.setdefault(node, {})
+            for name, amount in room.items():
+                mine[name] = max(mine.get(name, 0.0), amount)
+        self.set_nodes(capacity_left(totals, available, ours))
+
     @property
     def nodes(self) -> dict[Hashable, NodeInfo]:
-        """The capacity as last given to :meth:`set_nodes`."""
+        """The capacity as last given to :meth:`set_nodes` (or computed from
+        :meth:`set_usage`)."""
         return self._nodes
 
     def sync(self, member: str, request: Mapping[str, Any], *, label: str | None = None,
@@ -219,6 +247,7 @@ class SharedSolve:
         for job_id in [j for j in record.jobs if j not in jobs]:
             del record.jobs[job_id]
         self.expire()
+        self._apply_usage()
         missing = any(job_key(member, j) not in self.shares for j in record.jobs)
         solved = False
         if self._dirty or missing or now - self.last_solve >= self.interval_s:

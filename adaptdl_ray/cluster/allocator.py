@@ -192,9 +192,8 @@ class ClusterAllocator:
         except Exception as exc:  # noqa: BLE001 - keep the last capacity, say why
             LOG.warning("allocator: could not read the cluster's resources (%s)", exc)
             return
-        from adaptdl_core.decision import capacity_left
         self._totals = totals
-        self._shared.set_nodes(capacity_left(totals, available, self._shared.held()))
+        self._shared.set_usage(totals, available)
 
     def _scaling(self, options: Mapping[str, Any]) -> _Autoscaling:
         """The autoscaling state for ``options`` (raises ValueError for a bad one)."""

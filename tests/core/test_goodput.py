@@ -448,3 +448,51 @@ def test_warm_started_refit_matches_a_fit_from_scratch(model):
     cold_err = np.mean(np.abs(cold_pred / t_o2 - 1))
     warm_err = np.mean(np.abs(warm_pred / t_o2 - 1))
     assert warm_err < cold_err + 0.005, (warm_err, cold_err)
+
+
+def test_one_replica_one_batch_size_fits_without_scipy_as_lbfgsb_does():
+    """The fixed-batch single-replica profile (every short trial's) is fitted by a 1-D
+    convex search instead of scipy.optimize (whose import costs a short trial about half
+    a CPU-second): same answer as L-BFGS-B on the same loss, and scipy is not imported."""
+    import subprocess
+    import sys
+
+    import scipy.optimize
+
+    from adaptdl_core import goodput
+
+    rng = np.random.default_rng(3)
+    for trial in range(8):
+        rows = int(rng.integers(1, 12))
+        step = float(rng.uniform(1e-3, 2.0))
+        t_c = step * np.exp(rng.normal(0, 0.2, rows))
+        t_o = step * np.exp(rng.normal(0.05, 0.2, rows))
+        ones, b = np.ones(rows), np.full(rows, float(rng.integers(1, 512)))
+        fit = fit_perf_params(ones, ones, b, t_c, t_o)
+        # The general path's answer: L-BFGS-B over beta_c alone on the same loss.
+        t_scale = float(np.exp(np.mean(np.log(t_c))))
+        problem = goodput._FitProblem(ones, ones, b / b, t_c / t_scale, t_o / t_scale)
+        x = np.zeros(7)
+        x[goodput._AC] = 0.5 * float(np.mean(t_c / t_scale))
+        x[goodput._GAMMA] = 1.0
+        x[goodput._AN] = x[goodput._AR] = 1.0  # no sync rows: only the regulariser sees them
+
+        def objective(z):
+            y = x.copy()
+            y[goodput._BC] = z[0]
+            loss, grad = problem.loss_and_grad(y)
+            return loss, grad[[goodput._BC]]
+
+        best = scipy.optimize.minimize(objective, [x[goodput._AC]], jac=True,
+                                       method="L-BFGS-B", bounds=[(goodput._FLOOR, None)])
+        ours = np.array([fit.beta_c * b[0] / t_scale])
+        assert objective(ours)[0] <= best.fun + 1e-9, trial
+        # ... and no worse than any point of a fine grid (L-BFGS-B may stop short of it).
+        grid = np.linspace(1e-6, 5.0, 1001)
+        assert objective(ours)[0] <= min(objective([g])[0] for g in grid) + 1e-9, trial
+    code = ("import sys, numpy as np; from adaptdl_core.goodput import fit_perf_params; "
+            "o = np.ones(5); fit_perf_params(o, o, 64 * o, o * 0.1, o * 0.11); "
+            "print('scipy.optimize' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "False"

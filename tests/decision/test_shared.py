@@ -117,6 +117,36 @@ def test_capacity_held_by_other_work_is_not_divided():
     assert nodes["n1"].resources == {"CPU": 8.0}
 
 
+def test_a_new_members_running_jobs_are_not_taken_for_other_work():
+    # Issue 28's run: eight one-CPU trials already hold every CPU when their experiment
+    # first reports to the allocator, whose reading was taken just before. Their CPUs are
+    # theirs, not other work's: the solve keeps one replica each (it divided nothing,
+    # "1 -> 0" for all, before set_usage).
+    clock = Clock()
+    shared = SharedSolve(clock=clock)
+    totals = {"n0": {"CPU": 8.0}}
+    shared.set_usage(totals, {"n0": {}})  # all eight CPUs in use
+    assert shared.nodes["n0"].resources == {}
+    core = DecisionCore(clock=clock, interval_s=60.0)
+    core.set_nodes({"n0": NodeInfo({"CPU": 8})})
+    cpu = JobSpec({"CPU": 1}, min_replicas=1, max_replicas=1)
+    for i in range(8):
+        core.add_job(f"t{i}", cpu)
+        core.running(f"t{i}", ["n0"])
+    reply = shared.sync("A", core.begin_solve().to_plain())
+    assert shared.nodes["n0"].resources == {"CPU": 8.0}
+    assert all(len(reply["allocations"][f"t{i}"]) == 1 for i in range(8))
+    # Two trials end before the next reading: their CPUs, still shown in use, are not
+    # other work's either.
+    for i in (6, 7):
+        core.remove(f"t{i}")
+    shared.sync("A", core.begin_solve().to_plain())
+    assert shared.nodes["n0"].resources == {"CPU": 8.0}
+    # A later reading shows them free, and work outside AdaptDL holding one CPU.
+    shared.set_usage(totals, {"n0": {"CPU": 1.0}})
+    assert shared.nodes["n0"].resources == {"CPU": 7.0}
+
+
 def test_rows_predict_batch_size_and_goodput_from_hints():
     clock = Clock()
     shared = SharedSolve(clock=clock)
