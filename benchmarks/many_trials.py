@@ -16,8 +16,11 @@ trials at a time, each of one replica on one CPU):
 
 Each AdaptDL arm is compared with the plain arm of the same ``reuse_actors`` setting
 (``wall / plain``), never across settings. The arms run in the order given (``--arms``;
-default ``adaptdl-noreuse,fifo,fifo-reuse,adaptdl``, so that AdaptDL, first, also pays
-Ray's warm-up and the cluster allocator's start).
+default ``adaptdl-noreuse,fifo,fifo-reuse,adaptdl``), after a warm-up that is not
+measured: one plain trial per CPU that only imports torch, so that no arm pays Ray's own
+first start of worker processes (worth several seconds to whichever arm ran first). The
+first AdaptDL arm still pays the cluster allocator's start, as a user's first sweep on a
+fresh Ray instance does.
 
 For each arm: wall time, per-trial run time (Tune's ``on_trial_start`` to its end), the
 longest wait (a trial first seen pending to its start), how many trials started in a
@@ -167,6 +170,22 @@ def _recorder() -> Any:
     return Recorder()
 
 
+def _warm_up_trial(config: dict) -> None:
+    import torch  # noqa: F401 - the import is the work
+    from ray import tune
+    tune.report({"done_warming": 1})
+
+
+def warm_up(cpus: int, storage: str) -> float:
+    """One plain trial per CPU, not measured (see the module docstring); seconds taken."""
+    from ray import tune
+    t0 = time.time()
+    tune.Tuner(_warm_up_trial, param_space={"i": tune.grid_search(list(range(cpus)))},
+               run_config=tune.RunConfig(name="warm-up", storage_path=storage,
+                                         verbose=0)).fit()
+    return time.time() - t0
+
+
 def run_arm(arm: str, trials: int, storage: str) -> dict[str, Any]:
     """One arm on the running Ray instance; raw per-trial records and totals."""
     import ray
@@ -296,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     storage = tempfile.mkdtemp(prefix="many-trials-")
     data: dict[str, Any] = {"machine": machine_description(), "cpus": args.cpus,
                             "trials": trials, "arms": []}
+    LOG.info("warm-up (not measured): %.1f s", warm_up(args.cpus, storage))
     for arm in arms:
         LOG.info("arm %s: %d trials", arm, trials)
         data["arms"].append(run_arm(arm, trials, storage))

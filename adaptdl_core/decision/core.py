@@ -182,6 +182,13 @@ class DecisionCore:
         min_event_gap_s: least seconds between two solves triggered by events (jobs or
             nodes added or removed); events in between wait for the next one. Default 0:
             every :meth:`decide` after an event re-solves.
+        max_solve_share: at most this share of the time is spent solving (the policy's
+            time, measured, as far as the core's clock saw it pass: a simulated clock
+            imposes no rest): after a solve of ``s`` seconds the next comes no sooner than
+            ``s / max_solve_share`` seconds later, whether events or the interval call
+            for it. ``None`` (default): no bound. A front-end sharing its machine with
+            the work it schedules sets it, so that a sweep of many short trials does not
+            spend a core on re-solving (see benchmarks/many_trials.py).
         state: a :class:`CoreState` to continue from (e.g. loaded from a file); its
             records stay not live until their jobs are added again.
         resize_cost_prior_s: seconds a resize is assumed to cost before one of the job or
@@ -202,7 +209,7 @@ class DecisionCore:
     def __init__(self, policy: Any = None, clock: Callable[[], float] = time.time,
                  interval_s: float = 60.0, resize_rule: Callable[..., Any] | None = None, *,
                  min_event_gap_s: float = 0.0, state: CoreState | None = None,
-                 profile_group: str | None = None,
+                 profile_group: str | None = None, max_solve_share: float | None = None,
                  resize_cost_prior_s: float = DEFAULT_RESTART_COST_S) -> None:
         policy = allocation_policy(policy)
         if not callable(clock):
@@ -212,6 +219,9 @@ class DecisionCore:
         validation.number("interval_s", interval_s, 0.0, low_open=True,
                           what="a finite number of seconds")
         _check_number("min_event_gap_s", min_event_gap_s, minimum=0.0, allow_none=False)
+        if max_solve_share is not None:
+            validation.number("max_solve_share", max_solve_share, 0.0, 1.0, low_open=True,
+                              what="None or a share of the time in (0, 1]")
         check_profile_group(profile_group)
         validation.number("resize_cost_prior_s", resize_cost_prior_s, 0.0, low_open=True,
                           what="a finite number of seconds")
@@ -225,6 +235,8 @@ class DecisionCore:
         self.interval_s = float(interval_s)
         self.resize_rule = resize_rule or resize_verdict
         self.min_event_gap_s = float(min_event_gap_s)
+        self.max_solve_share = None if max_solve_share is None else float(max_solve_share)
+        self._last_solve_s = 0.0  # the policy's time in the latest solve
         self._state = CoreState()
         self._nodes: dict[Hashable, NodeInfo] = {}
         self._dirty = False
@@ -501,6 +513,9 @@ class DecisionCore:
         """Whether the next :meth:`decide` re-solves (events pending past the gap, or
         the interval elapsed)."""
         now = self.clock()
+        if self.max_solve_share is not None and now - self._state.last_allocation < \
+                self._last_solve_s / self.max_solve_share:
+            return False
         if self._dirty and now - self._last_event_solve >= self.min_event_gap_s:
             return True
         return now - self._state.last_allocation >= self.interval_s
@@ -658,6 +673,9 @@ class DecisionCore:
             record.target = len(placement)
             record.nodes = placement
         solve_s = request.result.solve_time_s if request.result is not None else 0.0
+        # The policy's time, but never more than the core's clock saw pass since the
+        # solve began (a simulated or frozen clock then imposes no rest in real seconds).
+        self._last_solve_s = max(0.0, min(float(solve_s), float(self.clock()) - request.now))
         self.solve_times_s.append(request.seconds)
         del self.solve_times_s[:-1000]
         LOG.info("allocation #%d in %.0f ms (policy %.0f ms): %s",

@@ -2,6 +2,12 @@
 
 Prints a one-line summary and, with ``--out``, writes the full result (see
 :func:`adaptdl_core.sim.cluster.simulate`) as JSON.
+
+``cluster --autoscale --min-nodes N --max-nodes M [--autoscale-rule goodput|throughput]``
+sizes the cluster by a cluster-size rule; ``--node-startup-s``, ``--node-hour-cost``,
+``--preemptions-per-node-hour`` and ``--preemption-notice-s`` (with or without
+``--autoscale``) model cloud nodes and spot preemptions (:mod:`adaptdl_core.sim.autoscale`).
+Without any of these options the cluster is fixed and the result is as before.
 """
 
 from __future__ import annotations
@@ -11,6 +17,8 @@ import logging
 import sys
 from typing import List, Optional
 
+from .autoscale import (DEFAULT_CHECKPOINT_S, DEFAULT_NODE_STARTUP_S,
+                        DEFAULT_PREEMPTION_NOTICE_S, RULES, ElasticSettings)
 from .cluster import POLICIES, simulate, synthetic_workload
 from .output import check_out_path, save_result
 from .sweep import add_sweep_parser, run_sweep_cli
@@ -39,6 +47,51 @@ def _cluster_parser(sub) -> None:
                    help="pollux: call PolluxPolicy directly instead of the decision core")
     p.add_argument("--policy-option", action="append", default=[], metavar="KEY=VALUE",
                    help="adaptdl: an option of RemainingWorkPolicy, e.g. alpha=1 (repeatable)")
+    e = p.add_argument_group("elastic cluster (any of these: the result adds node_hours, "
+                             "cost, preemptions and elastic)")
+    e.add_argument("--autoscale", action="store_true",
+                   help="size the cluster by a cluster-size rule, starting at --min-nodes")
+    e.add_argument("--min-nodes", type=int, help="autoscale: fewest nodes (default 1)")
+    e.add_argument("--max-nodes", type=int, help="autoscale: most nodes (default --nodes)")
+    e.add_argument("--autoscale-rule", metavar="RULE",
+                   help=f"autoscale: {' or '.join(RULES)} (default goodput)")
+    e.add_argument("--autoscale-every", type=int, metavar="ROUNDS",
+                   help="autoscale: rounds between decisions (default 1)")
+    e.add_argument("--node-startup-s", type=float,
+                   help=f"seconds from asking for a node to its use (default "
+                   f"{DEFAULT_NODE_STARTUP_S:g})")
+    e.add_argument("--node-hour-cost", type=float,
+                   help="cost of a node for an hour (default 1: cost = node-hours)")
+    e.add_argument("--preemptions-per-node-hour", type=float,
+                   help="spot preemptions per node-hour (default 0)")
+    e.add_argument("--preemption-notice-s", type=float,
+                   help=f"seconds of notice before a preemption (default "
+                   f"{DEFAULT_PREEMPTION_NOTICE_S:g})")
+    e.add_argument("--checkpoint-s", type=float,
+                   help=f"seconds between a job's checkpoints, for preemptions without "
+                   f"enough notice (default {DEFAULT_CHECKPOINT_S:g})")
+
+
+_ELASTIC_FLAGS = {"autoscale_rule": "rule", "node_startup_s": "node_startup_s",
+                  "node_hour_cost": "node_hour_cost", "min_nodes": "min_nodes",
+                  "max_nodes": "max_nodes", "autoscale_every": "autoscale_every",
+                  "preemptions_per_node_hour": "preemptions_per_node_hour",
+                  "preemption_notice_s": "preemption_notice_s",
+                  "checkpoint_s": "checkpoint_s"}
+
+
+def elastic_settings(args: argparse.Namespace) -> Optional[ElasticSettings]:
+    """The :class:`ElasticSettings` of the ``cluster`` options, ``None`` when none is given
+    (a fixed cluster).
+
+    Raises:
+        ValueError: a malformed value (named, with the fix).
+    """
+    given = {field: getattr(args, flag) for flag, field in _ELASTIC_FLAGS.items()
+             if getattr(args, flag) is not None}
+    if not args.autoscale and not given:
+        return None
+    return ElasticSettings(autoscale=bool(args.autoscale), **given)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -67,6 +120,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         try:
             if args.out:
                 check_out_path(args.out)
+            elastic = elastic_settings(args)
             workload = (args.workload if args.workload is not None
                         else synthetic_workload(args.synthetic, args.nodes, seed=args.seed))
             result = simulate(workload, args.policy, traces=args.traces,
@@ -75,7 +129,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                               seed=args.seed, interference=args.interference,
                               max_time=args.max_time,
                               use_core=False if args.no_core else None,
-                              policy_options=options or None)
+                              policy_options=options or None, elastic=elastic)
         except (ValueError, FileNotFoundError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
@@ -86,6 +140,11 @@ def main(argv: Optional[List[str]] = None) -> int:
               f"{result['completed']}/{result['num_jobs']} jobs, {result['gpu_hours']:.1f} "
               f"GPU-h, decision median {result['decision_s']['median'] * 1e3:.1f} ms "
               f"max {result['decision_s']['max'] * 1e3:.1f} ms, wall {result['wall_s']:.1f} s")
+        if "node_hours" in result:
+            print(f"cluster: {result['node_hours']:.2f} node-h, cost {result['cost']:.2f}, "
+                  f"{result['preemptions']} preemptions, peak "
+                  f"{result['elastic']['peak_nodes']} nodes, mean "
+                  f"{result['elastic']['mean_nodes']:.2f}")
         if args.out:
             return save_result(args.out, result)
     return 0

@@ -23,6 +23,11 @@ Policies (see :func:`make_policy`; :func:`simulate` also takes a policy object):
 
 Every policy learns of a job's remaining work only what a front-end knows: the core's
 estimate from its finished epochs and training time (:func:`.pollux.remaining_seconds`).
+
+With ``elastic`` settings (:class:`~adaptdl_core.sim.autoscale.ElasticSettings`) the node
+set changes over time: autoscaling by the goodput or throughput rule, node start-up delays,
+a cost per node-hour and spot preemptions (:mod:`adaptdl_core.sim.autoscale`); the result
+then also holds the node-hours, cost and preemptions.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ import numpy as np
 
 from adaptdl_core import validation
 
+from .autoscale import ElasticCluster, ElasticSettings
 from .job_model import DATA_DIR, SimJob, get_application
 from .rounds import ArrivalAdmission, Observer, Schedule, run_rounds
 
@@ -234,7 +240,8 @@ def simulate(workload: Union[str, Path, Sequence[WorkloadJob]], policy="pollux",
              restart_s: float = 30.0, nodes: int = 16, gpus_per_node: int = 4,
              seed: int = 0, interference: float = 0.0, max_time: Optional[float] = None,
              use_core: Optional[bool] = None, timeline: bool = False,
-             policy_options: Optional[Mapping[str, float]] = None) -> dict:
+             policy_options: Optional[Mapping[str, float]] = None,
+             elastic: Optional[ElasticSettings] = None) -> dict:
     """Run ``workload`` (a CSV path, a vendored name like ``load-1.0/workload-3``, or rows)
     under ``policy`` until every job finishes, in the round loop of
     :mod:`adaptdl_core.sim.rounds` (jobs admitted as they are submitted, a decision at
@@ -261,6 +268,10 @@ def simulate(workload: Union[str, Path, Sequence[WorkloadJob]], policy="pollux",
         timeline: include ``timeline``: per round, GPUs held per job.
         policy_options: ``"adaptdl"`` only: keyword arguments of
             :class:`~adaptdl_core.policy.RemainingWorkPolicy` (e.g. ``{"alpha": 1.0}``).
+        elastic: ``None`` (a fixed cluster of ``nodes``), or how the cluster changes over
+            time (:class:`~adaptdl_core.sim.autoscale.ElasticSettings`; with ``autoscale``
+            it starts at ``min_nodes`` and ``max_nodes`` defaults to ``nodes``; autoscaling
+            needs an adaptive policy: ``pollux``, ``adaptdl`` or a policy object).
 
     Returns:
         A JSON-serialisable dict: ``policy``, ``workload``, ``avg_jct``, ``p99_jct``,
@@ -268,6 +279,8 @@ def simulate(workload: Union[str, Path, Sequence[WorkloadJob]], policy="pollux",
         ``gpu_hours`` (GPU time held, restarts included), ``decision_s``
         (``{"median", "p99", "max"}`` seconds per round), ``completed``, ``num_jobs``,
         ``restarts``, ``num_fits``, ``wall_s``, the settings, and optionally ``timeline``.
+        With ``elastic``: ``node_hours``, ``cost``, ``preemptions`` and ``elastic`` (the
+        cluster's books, :meth:`~adaptdl_core.sim.autoscale.ElasticCluster.summary`).
 
     Raises:
         ValueError / FileNotFoundError: bad arguments (named).
@@ -284,12 +297,20 @@ def simulate(workload: Union[str, Path, Sequence[WorkloadJob]], policy="pollux",
     interval, restart_s, interference, max_time = _check_settings(
         interval=interval, restart_s=restart_s, nodes=nodes, gpus_per_node=gpus_per_node,
         interference=interference, max_time=max_time)
+    if elastic is not None:
+        if not isinstance(elastic, ElasticSettings):
+            raise ValueError(f"elastic must be None or an ElasticSettings, got {elastic!r}")
+        elastic = elastic.resolved(nodes)
+        if elastic.autoscale and policy in ("tiresias", "optimus"):
+            raise ValueError(f"autoscaling with policy {policy!r}: the cluster-size rule "
+                             "measures the jobs' goodput models, which the TunedJobs "
+                             "baselines' jobs do not fit; use pollux or adaptdl")
     with _one_blas_thread():
         return _simulate(workload, policy, traces=traces, interval=interval,
                          restart_s=restart_s, nodes=nodes, gpus_per_node=gpus_per_node,
                          seed=seed, interference=interference, max_time=max_time,
                          use_core=use_core, timeline=timeline,
-                         policy_options=policy_options)
+                         policy_options=policy_options, elastic=elastic)
 
 
 def _check_settings(*, interval: float, restart_s: float, nodes: int, gpus_per_node: int,
@@ -361,7 +382,8 @@ class _ClusterRecorder(Observer):
 
 
 def _simulate(workload, policy, *, traces, interval, restart_s, nodes, gpus_per_node, seed,
-              interference, max_time, use_core, timeline, policy_options) -> dict:
+              interference, max_time, use_core, timeline, policy_options,
+              elastic=None) -> dict:
     t_wall = time.perf_counter()
     np.random.seed(seed)
     if isinstance(workload, (str, Path)):
@@ -378,19 +400,26 @@ def _simulate(workload, policy, *, traces, interval, restart_s, nodes, gpus_per_
         pol, pname = policy, getattr(policy, "name", type(policy).__name__)
     tuned = tuple(getattr(pol, "tuned", ()))
     jobs = _make_jobs(rows, tuned, restart_s, traces)
+    most_nodes = elastic.max_nodes if elastic is not None and elastic.autoscale else nodes
     too_big = [r.name for r in rows
-               if "num_replicas" in tuned and r.num_replicas > nodes * gpus_per_node]
+               if "num_replicas" in tuned and r.num_replicas > most_nodes * gpus_per_node]
     if too_big:
         raise ValueError(f"workload: jobs {too_big[:5]} ask for more GPUs than the cluster's "
-                         f"{nodes * gpus_per_node} (num_replicas); raise nodes/gpus_per_node")
+                         f"{most_nodes * gpus_per_node} (num_replicas); raise "
+                         "nodes/gpus_per_node")
     if len({j.name for j in jobs}) != len(jobs):
         raise ValueError("workload: job names must be unique")
     node_gpus = {n: int(gpus_per_node) for n in range(int(nodes))}
+    cluster = None
+    if elastic is not None:
+        cluster = ElasticCluster(elastic, nodes, gpus_per_node, interval=interval, seed=seed)
+        node_gpus = cluster.usable_nodes(0.0)
     recorder = _ClusterRecorder(timeline, len(jobs))
     outcome = run_rounds(pol, ArrivalAdmission(jobs), nodes=node_gpus,
                          schedule=Schedule(tick=interval, interval=interval,
                                            first_round=interval),
-                         observer=recorder, max_time=max_time, interference=interference)
+                         observer=recorder, max_time=max_time, interference=interference,
+                         cluster=cluster)
     decision_times = outcome.decision_times
     now = outcome.now
     jcts = {j.name: j.completion_time - j.submission_time for j in jobs if j.done}
@@ -422,6 +451,10 @@ def _simulate(workload, policy, *, traces, interval, restart_s, nodes, gpus_per_
     }
     if timeline:
         out["timeline"] = recorder.timeline
+    if cluster is not None:
+        books = cluster.summary(last if len(jcts) == len(jobs) else now)
+        out.update(node_hours=books["node_hours"], cost=books["cost"],
+                   preemptions=books["preemptions"], elastic=books)
     logger.info("%s on %s: avg JCT %.0f s, makespan %.0f s, %d/%d done in %.1f s", pname,
                 wname, out["avg_jct"], out["makespan"], len(jcts), len(jobs), out["wall_s"])
     return out

@@ -16,8 +16,12 @@
    end.
 
 An :class:`Observer` sees every admission, allocation, step and end: the cluster and sweep
-modes record their results through one. The loop stops when no job is active or pending,
-or when ``max_time`` is reached (after that moment's decisions, before training further).
+modes record their results through one. An optional **cluster** (e.g.
+:class:`adaptdl_core.sim.autoscale.ElasticCluster`) makes the node set change over time: it
+is asked for the usable nodes before every decision; a job holding a node that is no longer
+usable is stopped (its workers are gone) and the policy is consulted at once. The loop
+stops when no job is active or pending, or when ``max_time`` is reached (after that
+moment's decisions, before training further).
 """
 
 from __future__ import annotations
@@ -201,9 +205,23 @@ def _slowdowns(active: Mapping[str, SimJob], alloc: Mapping[str, List[int]],
     return out
 
 
+def _cluster_nodes(cluster, now: float, active: Mapping[str, SimJob], alloc: Allocations,
+                   nodes: Mapping[int, int]) -> tuple:
+    """``(usable nodes, whether they changed)`` from ``cluster`` at ``now``; a job holding
+    a node no longer usable is stopped and loses its allocation (``alloc`` is updated)."""
+    current = dict(cluster.update(now, active, alloc))
+    if current == dict(nodes):
+        return nodes, False
+    for name in [k for k, v in alloc.items() if any(n not in current for n in v)]:
+        active[name].reallocate(())
+        del alloc[name]
+    return current, True
+
+
 def run_rounds(policy, admission, *, nodes: Mapping[int, int], schedule: Schedule,
                stopping=None, observer: Optional[Observer] = None,
-               max_time: Optional[float] = None, interference: float = 0.0) -> RoundsOutcome:
+               max_time: Optional[float] = None, interference: float = 0.0,
+               cluster=None) -> RoundsOutcome:
     """Run the loop of the module doc until no job is active or pending, or ``max_time``.
 
     Args:
@@ -217,6 +235,12 @@ def run_rounds(policy, admission, *, nodes: Mapping[int, int], schedule: Schedul
         max_time: stop at this simulated time (``None``: run to the end).
         interference: slowdown fraction of a multi-node job sharing a node with another
             multi-node job, in ``[0, 1)``.
+        cluster: ``None`` (``nodes`` are fixed), or an object whose
+            ``update(now, jobs, allocations) -> {node id: GPUs}`` gives the usable nodes at
+            every step (it may change the jobs' progress, e.g. a loss to a preemption).
+            ``nodes`` is then only the set before the first step. When the set changes,
+            jobs holding a node that left it are stopped and the policy decides at once; with
+            no usable node at all, every job waits (the policy is not called).
 
     Raises:
         RuntimeError: the policy allocated more GPUs of a node than it has.
@@ -237,10 +261,15 @@ def run_rounds(policy, admission, *, nodes: Mapping[int, int], schedule: Schedul
             out.admitted.append(job)
             event = True
             obs.admitted(job, now)
-        decided = bool(active) and (now >= next_round or (schedule.on_events and event))
+        changed = False
+        if cluster is not None:
+            nodes, changed = _cluster_nodes(cluster, now, active, alloc, nodes)
+        decided = bool(active) and (now >= next_round or (schedule.on_events and event)
+                                    or changed)
         if decided:
             t0 = time.perf_counter()
-            new = policy.decide(now, active, alloc, nodes)
+            new = (policy.decide(now, active, alloc, nodes) if nodes or cluster is None
+                   else {})
             out.decision_times.append(time.perf_counter() - t0)
             check_allocations(new, nodes)
             for name, job in active.items():

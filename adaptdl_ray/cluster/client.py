@@ -42,6 +42,8 @@ DEFAULT_NAMESPACE = "adaptdl"
 _CALL_TIMEOUT_S = 20.0
 # After a failure, the allocator is asked again no sooner than this (seconds).
 _RETRY_S = 10.0
+# A request older than this when the allocator is first reached is solved locally.
+_STALE_AFTER_S = 2.0
 
 
 def namespace(name: str | None = None) -> str:
@@ -213,6 +215,14 @@ class AllocatorSolver:
             if self._handle is None:
                 self._handle = get_allocator(self.namespace, create=True,
                                              interval_s=self.interval_s, policy=self.policy)
+                if time.perf_counter() - t0 > _STALE_AFTER_S:
+                    # Starting the allocator took long: the request describes the jobs
+                    # as they were before (trials since started would pass for other
+                    # work). Solve this one here; the next goes to the allocator fresh.
+                    LOG.debug("the cluster allocator took %.1f s to start; this solve is "
+                              "made alone", time.perf_counter() - t0)
+                    request.run()
+                    return
             reply = ray.get(self._handle.sync.remote(
                 self.member, request.to_plain(), label=self.label,
                 interval_s=self.interval_s, kind=self.kind), timeout=self.timeout_s)

@@ -72,8 +72,10 @@ class ExperimentControl:
         self._pausing.discard(trial_id)
 
     async def new_experiment(self) -> None:
-        """Forget an earlier experiment's interrupt (the driver ran it to its end)."""
-        self._interrupted = asyncio.Event()
+        """Forget an earlier experiment's interrupt (the driver ran it to its end). The
+        event is cleared, not replaced: a trial that began waiting before this call
+        still wakes on the next interrupt (the driver does not wait for this call)."""
+        self._interrupted.clear()
         self._acks.clear()
 
     async def interrupt(self) -> None:
@@ -102,14 +104,16 @@ _driver_handles: dict[str, Any] = {}
 
 def start() -> Any:
     """Start this job's control actor (in the driver), or return the running one, with its
-    interrupt state cleared for a new experiment."""
+    interrupt state cleared for a new experiment (asked, not waited for)."""
     name = control_name()
     handle = _driver_handles.get(name)
     if handle is None:
         remote = ray.remote(ExperimentControl).options(
             name=name, num_cpus=0, max_concurrency=1000, get_if_exists=True)
         handle = _driver_handles[name] = remote.remote()
-    ray.get(handle.new_experiment.remote(), timeout=60)
+    # Not waited for: the actor's start would hold up Tune's first trial by a second or
+    # more (benchmarks/many_trials.py); a call made after this one sees the cleared state.
+    handle.new_experiment.remote()
     return handle
 
 

@@ -77,6 +77,10 @@ _MIN_CHECK_INTERVAL_S = 0.2
 # Trials arrive in bursts (a searcher's suggestions, one per event-loop step): solves that
 # additions and ends trigger are this far apart, so a burst costs a few solves, not one each.
 _MIN_EVENT_GAP_S = 1.0
+# The solves (in the driver or the cluster allocator, on the machines that train) take at
+# most this share of the time: a sweep of many short trials otherwise re-solves on every
+# trial's start and end (benchmarks/many_trials.py).
+_MAX_SOLVE_SHARE = 0.1
 # How long the cluster's node list is reused between allocations.
 _NODES_TTL_S = 5.0
 # How long Ray's count of free resources is reused (a shared cluster's room for a grow).
@@ -213,6 +217,7 @@ class AdaptDLScheduler(TrialScheduler):
                                   interval_s=float(allocation_interval_s),
                                   resize_rule=resize_rule or resize_verdict,
                                   min_event_gap_s=_MIN_EVENT_GAP_S,
+                                  max_solve_share=_MAX_SOLVE_SHARE,
                                   resize_cost_prior_s=resize_cost_prior_s)
         self._nodes_fn = nodes_fn or cluster_nodes
         self._hints_fn = hints_fn

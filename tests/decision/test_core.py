@@ -67,6 +67,44 @@ def test_event_solves_are_spaced_by_the_gap():
     assert core.decide()["b"].action == "start" and policy.calls == 2
 
 
+def test_solves_take_at_most_their_share_of_the_time():
+    # Issue 28: a sweep of 100 short trials re-solved on every trial's start and end, each
+    # solve 0.3-1.9 s of the policy's time on the machine that ran the trials.
+    import dataclasses
+
+    clock = Clock()
+
+    class SlowPolicy(CountingPolicy):
+        def allocate(self, *args, **kwargs):
+            result = super().allocate(*args, **kwargs)
+            clock.now += 2.0  # the solve takes 2 s, as the core's clock sees it too
+            return dataclasses.replace(result, solve_time_s=2.0)
+
+    core = DecisionCore(policy=SlowPolicy(), clock=clock, interval_s=30.0,
+                        min_event_gap_s=1.0, max_solve_share=0.1)
+    core.set_nodes({"n0": NodeInfo({"GPU": 4})})
+    core.add_job("a", GPU)
+    core.decide()
+    core.add_job("b", GPU)
+    clock.now += 17.9  # past the event gap, but a 2 s solve buys 20 s from its start
+    assert not core.due() and core.decide()["b"].action == "wait"
+    clock.now += 0.1
+    assert core.due() and core.decide()["b"].action == "start"
+    assert core.policy.calls == 2
+    with pytest.raises(ValueError, match="max_solve_share"):
+        DecisionCore(clock=clock, max_solve_share=0.0)
+    # A clock that does not move during a solve (a simulation) imposes no rest.
+    frozen = Clock()
+    core = DecisionCore(policy=CountingPolicy(), clock=frozen, min_event_gap_s=1.0,
+                        max_solve_share=0.1)
+    core.set_nodes({"n0": NodeInfo({"GPU": 4})})
+    core.add_job("a", GPU)
+    core.decide()
+    core.add_job("b", GPU)
+    frozen.now += 1.0
+    assert core.due()
+
+
 def test_interval_cadence():
     core, clock, policy = make(interval=30.0)
     core.add_job("a", GPU)

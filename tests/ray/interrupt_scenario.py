@@ -65,22 +65,29 @@ def run_driver(*args) -> subprocess.Popen:
 
 def wait_for(records_root: Path, launch: int, point: tuple, driver: subprocess.Popen,
              timeout_s: float = 120) -> None:
-    """Block until both trials started their ``launch``-th launch (0: the first run) and
-    one of them reached ``point`` in it: ``("report", epoch)`` (reported that epoch) or
-    ``("batch", epoch)`` (trained a batch of it, i.e. is mid-epoch).
+    """Block until every trial still running started its ``launch``-th launch (0: the first
+    run) and one of them reached ``point`` in it: ``("report", epoch)`` (reported that epoch
+    or a later one) or ``("batch", epoch)`` (trained a batch of it or a later one, i.e. is
+    mid-epoch).
 
     Raises:
         AssertionError: not reached within ``timeout_s`` or the driver ended first."""
     deadline = time.time() + timeout_s
     while time.time() < deadline and driver.poll() is None:
         trials = [records(d) for d in glob.glob(str(records_root / "*"))]
-        started = all(any(e["event"] == "start" and e["restarts"] >= launch for e in events)
-                      for events in trials)
+        # A trial whose function already ended (on a loaded machine one may run ahead and
+        # finish before an interrupt) has no further launch to wait for.
+        running = [events for events in trials
+                   if not any(e["event"] == "finished" for e in events)]
+        started = bool(running) and all(
+            any(e["event"] == "start" and e["restarts"] >= launch for e in events)
+            for events in running)
         kind, epoch = point
-        # (In this launch or a later one: a trial that is ahead passed the point before.)
-        reached = any(any(e["event"] == kind and e.get("epoch") == epoch and
+        # In this launch or a later one, at this epoch or after it (a trial that was ahead
+        # may have begun this launch past the point: it is still a report or mid-epoch).
+        reached = any(any(e["event"] == kind and e.get("epoch", -1) >= epoch and
                           e.get("restarts", 0) >= launch for e in events)
-                      for events in trials)
+                      for events in running)
         if len(trials) == 2 and started and reached:
             return
         time.sleep(0.05)

@@ -101,6 +101,39 @@ def test_a_front_end_decides_alone_while_the_allocator_is_unreachable(monkeypatc
     assert caplog.text.count("could not reach the cluster allocator") == 1
 
 
+def test_a_request_made_stale_by_the_allocators_start_is_solved_here(monkeypatch):
+    # Issue 28's run: the allocator took 13 s to start under load; the first request,
+    # built before, showed no trial running, and the allocator took the trials since
+    # started for other work ("the whole cluster holds 0"). Such a request is solved
+    # here, and the next one goes to the allocator.
+    class Handle:
+        class sync:  # noqa: N801 - stands in for an actor method
+            calls = 0
+
+            @classmethod
+            def remote(cls, *args, **kwargs):
+                cls.calls += 1
+                raise ConnectionError("stand-in allocator")
+
+    starts = []
+
+    def slow_start(*args, **kwargs):
+        starts.append(1)
+        time.sleep(client._STALE_AFTER_S + 0.1)
+        return Handle()
+
+    monkeypatch.setattr(client, "get_allocator", slow_start)
+    solver = client.AllocatorSolver("A", "sweep-a", interval_s=60)
+    driver = front_end(solver, ["a1"], {"n0": NodeInfo({"CPU": 4})})
+    driver.step()
+    assert driver.core.state.jobs["a1"].target >= 1  # solved here
+    assert Handle.sync.calls == 0 and not solver.alone
+    # The next solve asks the started allocator (this stand-in fails it: solved alone).
+    driver.core.state.last_allocation = -1e9
+    driver.step()
+    assert len(starts) == 1 and Handle.sync.calls == 1
+
+
 def test_namespace_and_policy_errors_are_named(monkeypatch):
     monkeypatch.setenv(client.NAMESPACE_ENV, "team-a")
     assert client.namespace() == "team-a"
