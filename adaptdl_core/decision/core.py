@@ -485,10 +485,11 @@ class DecisionCore:
         self._unfit.discard(job_id)
 
     def begin_resize(self, job_id: Hashable, decision: Decision | None = None, *,
-                     to: int | None = None) -> None:
+                     to: int | None = None, reason: str | None = None) -> None:
         """The front-end is carrying out a resize (of ``decision``, else the standing
-        one, or to ``to`` replicas): counted, logged with its reason, predicted saving and
-        assumed cost; the next :meth:`update` with grown restarts gives its measured cost.
+        one, or to ``to`` replicas, for ``reason`` if given: e.g. a move off a node being
+        drained): counted, logged with its reason, predicted saving and assumed cost; the
+        next :meth:`update` with grown restarts gives its measured cost.
 
         Raises:
             KeyError: the job is not live."""
@@ -496,8 +497,9 @@ class DecisionCore:
         if decision is None:
             decision = self.decision_for(job_id, log=False)
         target = to if to is not None else decision.replicas
-        reason = decision.reason if decision.action == "resize" or to is None else \
-            "resized by the front-end"
+        if reason is None:
+            reason = decision.reason if decision.action == "resize" or to is None else \
+                "resized by the front-end"
         record.resizes += 1
         record.resize_pending = True
         record.last_veto = None

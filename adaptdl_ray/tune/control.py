@@ -12,6 +12,8 @@ report. Two things do not fit there:
   trial's replicas stop at the checkpoint instead of training on until they are stopped.
 * **An interrupt of the driver** (Ctrl-C, SIGTERM): a trial blocked waiting for its next
   report must learn at once that it should save where it is, before Tune stops it.
+* **Where a trial's replicas run** (their Ray node ids, posted at each launch): the
+  scheduler moves a trial off a node Ray is draining (a spot node's preemption notice).
 
 :class:`ExperimentControl` is a small async Ray actor (no CPUs) that the scheduler starts
 in the driver's Ray job; trials find it by name (:func:`find`). A trial run without
@@ -25,6 +27,7 @@ import logging
 from typing import Any
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 LOG = logging.getLogger(__name__)
 
@@ -38,11 +41,12 @@ def control_name() -> str:
 
 
 class ExperimentControl:
-    """Actor body: hints by trial id, trials about to pause, one interrupt flag, and the
-    trials' acknowledgements of it."""
+    """Actor body: hints and replica nodes by trial id, trials about to pause, one
+    interrupt flag, and the trials' acknowledgements of it."""
 
     def __init__(self) -> None:
         self._hints: dict[str, str] = {}
+        self._nodes: dict[str, list[str]] = {}
         self._pausing: set[str] = set()
         self._interrupted = asyncio.Event()
         self._acks: set[str] = set()
@@ -66,9 +70,18 @@ class ExperimentControl:
         """The latest hints of the given trials that posted any."""
         return {t: self._hints[t] for t in trial_ids if t in self._hints}
 
+    async def put_nodes(self, trial_id: str, node_ids: list[str]) -> None:
+        """Store the Ray node ids (hex) of a trial's replicas in its current launch."""
+        self._nodes[trial_id] = list(node_ids)
+
+    async def get_nodes(self, trial_ids: list[str]) -> dict[str, list[str]]:
+        """The replica node ids of the given trials that posted any."""
+        return {t: self._nodes[t] for t in trial_ids if t in self._nodes}
+
     async def forget(self, trial_id: str) -> None:
-        """Drop an ended trial's hints."""
+        """Drop an ended trial's hints and nodes."""
         self._hints.pop(trial_id, None)
+        self._nodes.pop(trial_id, None)
         self._pausing.discard(trial_id)
 
     async def new_experiment(self) -> None:
@@ -108,8 +121,13 @@ def start() -> Any:
     name = control_name()
     handle = _driver_handles.get(name)
     if handle is None:
+        # On the driver's node: it lives as long as the driver, and a node that is drained
+        # or lost must not take the experiment's control with it.
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(),
+                                              soft=False)
         remote = ray.remote(ExperimentControl).options(
-            name=name, num_cpus=0, max_concurrency=1000, get_if_exists=True)
+            name=name, num_cpus=0, max_concurrency=1000, get_if_exists=True,
+            scheduling_strategy=here)
         handle = _driver_handles[name] = remote.remote()
     # Not waited for: the actor's start would hold up Tune's first trial by a second or
     # more (benchmarks/many_trials.py); a call made after this one sees the cleared state.

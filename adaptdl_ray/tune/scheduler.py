@@ -22,6 +22,10 @@ needs (pause announcements, interrupts, result files, the base scheduler):
   (Tune checkpoints it in place), its placement group request is updated while it is
   paused, and it is resumed with the new count; it grows only once the room is free, and
   each resize is logged with its reason (``state.jobs[id].resize_log``).
+* **Draining nodes**: a running trial with replicas on a node Ray is draining (a spot
+  node's preemption notice, ``ray drain-node``, the autoscaler removing it) is paused at
+  its next batch boundary, without waiting for a report, and relaunched on the other
+  nodes (as many replicas as they hold, at least ``min_replicas``); a pause is no failure.
 * **Interrupts**: the driver's first Ctrl-C or SIGTERM makes every running trial save at
   its next batch boundary before Tune stops it, so ``Tuner.restore`` resumes there.
 * **Early stopping**: an optional base scheduler (e.g. ASHA) decides stop/continue; this
@@ -55,7 +59,7 @@ from adaptdl_core.decision.resize_cost import describe_resize
 from adaptdl_core.policy import (DEFAULT_RESTART_COST_S, NodeInfo, PolluxPolicy,
                                  policy_by_name, resize_verdict)
 from adaptdl_ray.cluster.client import AllocatorSolver, new_member_id
-from adaptdl_ray.tune import checkpoint_files, control
+from adaptdl_ray.tune import _ray_private, checkpoint_files, control
 from adaptdl_ray.tune.interrupts import InterruptRelay, unsaved_trials
 from adaptdl_ray.tune.resources import cluster_nodes, num_replicas_of, placement_group_factory
 from adaptdl_ray.tune.results import METRIC_PREFIX
@@ -81,6 +85,9 @@ _MIN_EVENT_GAP_S = 1.0
 # most this share of the time: a sweep of many short trials otherwise re-solves on every
 # trial's start and end (benchmarks/many_trials.py).
 _MAX_SOLVE_SHARE = 0.1
+# Seconds between checks for running trials on a node Ray is draining (a preemption
+# notice gives 30-120 s: a move must begin within a few seconds of it).
+_DRAIN_CHECK_S = 2.0
 # How long the cluster's node list is reused between allocations.
 _NODES_TTL_S = 5.0
 # How long Ray's count of free resources is reused (a shared cluster's room for a grow).
@@ -241,6 +248,7 @@ class AdaptDLScheduler(TrialScheduler):
         self._policy_name = policy_name
         self._allocator: AllocatorSolver | None = None
         self._ray_free_cache: tuple[float, dict[str, float]] | None = None
+        self._next_drain_check = 0.0  # time.monotonic() of the next draining-node check
 
     def __getstate__(self) -> dict:
         # Tune pickles its configuration (with this scheduler) before the run; a worker
@@ -354,6 +362,8 @@ class AdaptDLScheduler(TrialScheduler):
             return decision
         if self._relay.requested_at is not None:
             return decision  # interrupted: the trial saves where it is, no resize begins
+        if trial.trial_id in self._queue:
+            return decision  # already pausing (moving off a draining node)
         self._maybe_decide(tune_controller)
         verdict = self._core.decision_for(trial.trial_id)
         # A trial is never preempted to zero here: Tune admits trials itself.
@@ -410,6 +420,7 @@ class AdaptDLScheduler(TrialScheduler):
                 self._maybe_decide(tune_controller)
                 self._driver.save_if_due()
                 self._check_traps(tune_controller)
+                self._move_off_draining(tune_controller)
                 trial = self._next_resized_trial(tune_controller)
                 if trial is not None:
                     return trial
@@ -434,6 +445,53 @@ class AdaptDLScheduler(TrialScheduler):
         trap = self._traps.check(running)
         if trap:
             LOG.warning(trap)
+
+    def _move_off_draining(self, tune_controller: Any) -> None:
+        """Every _DRAIN_CHECK_S: pause each running trial with a replica on a node Ray is
+        draining (its replicas stop at their next batch boundary, Tune keeps the
+        checkpoint) and queue it to relaunch on the other nodes, with as many replicas as
+        the cluster without the drained nodes holds, at least ``min_replicas``."""
+        now = time.monotonic()
+        if self._control is None or now < self._next_drain_check:
+            return
+        self._next_drain_check = now + _DRAIN_CHECK_S
+        running = {t.trial_id: t for t in tune_controller.get_trials()
+                   if t.status == Trial.RUNNING and t.trial_id not in self._queue}
+        if not running:
+            return
+        try:
+            draining = _ray_private.draining_nodes()
+            if not draining:
+                return
+            nodes_of = ray.get(self._control.get_nodes.remote(list(running)), timeout=10)
+        except Exception as exc:  # noqa: BLE001 - keep scheduling; say why at each check
+            LOG.warning("could not check for trials on draining nodes (%s)", exc)
+            return
+        nodes = self._nodes(refresh=True)  # without the draining ones
+        self._core.set_nodes(nodes)
+        for trial_id, node_ids in nodes_of.items():
+            hit = sorted(set(node_ids) & set(draining))
+            record = self._core.state.jobs.get(trial_id)
+            if not hit or record is None or not record.live:
+                continue
+            trial = running[trial_id]
+            spec = replica_spec_of(trial.get_trainable_cls())
+            current = num_replicas_of(trial.placement_group_factory)
+            target = max(spec.min_replicas, min(current, cluster_capacity(spec, nodes)))
+            deadlines = [draining[n] for n in hit if draining[n]]
+            when = (f"deadline in {min(deadlines) - time.time():.0f} s" if deadlines
+                    else "no deadline")
+            reason = f"node(s) {', '.join(n[:12] for n in hit)} draining ({when})"
+            self._core.running(trial_id, replicas=current)
+            self._core.begin_resize(trial_id, to=target, reason=reason)
+            RESIZE_LOG.warning("trial %s: %s: pausing at its next batch boundary to relaunch "
+                               "on the other nodes with %d replica(s)", trial_id, reason,
+                               target)
+            self._enqueue(trial_id)
+            self._traps.forget(trial_id)
+            self._announce_pause(trial)
+            tune_controller.pause_trial(trial)
+            self._driver.save()
 
     def _next_resized_trial(self, tune_controller: Any) -> Trial | None:
         """The first paused trial (first come, first served) whose new size fits."""

@@ -396,6 +396,7 @@ class InProcessReplica:
         self.resources_per_replica = dict(resources_per_replica)
         self._worker = ReplicaWorker(0, trial_info)
         self.node_ip = ray.util.get_node_ip_address()
+        self.node_ids = [ray.get_runtime_context().get_node_id()]  # the trial actor's node
         self.master_addr = "127.0.0.1"  # the store and its only client are this process
         self.master_port = self._worker.free_port()
         self.workers_up_at = time.time()
