@@ -212,7 +212,8 @@ def _entrypoint(opts: argparse.Namespace, script: str) -> str:
                "--min-replicas", str(opts.min_replicas),
                "--cpus-per-replica", f"{opts.cpus_per_replica:g}",
                "--gpus-per-replica", f"{opts.gpus_per_replica:g}",
-               "--stop-timeout", f"{opts.stop_timeout:g}"]
+               "--stop-timeout", f"{opts.stop_timeout:g}",
+               "--checkpoint-interval", f"{opts.checkpoint_interval:g}"]
     if opts.max_replicas is not None:
         command += ["--max-replicas", str(opts.max_replicas)]
     if opts.storage_path:

@@ -26,7 +26,10 @@ driver
   notice, ``ray drain-node``, Ray's autoscaler removing it), checkpoints at the next batch
   boundary and relaunches on the other nodes (as many replicas as they hold, at least
   ``min_replicas``; Ray places nothing new on a draining node), without waiting for the
-  deadline.
+  deadline;
+* checkpoints in place every ``checkpoint_interval_s`` (the replicas keep training) and,
+  when a node under its replicas vanishes without notice, continues on the other nodes
+  from that checkpoint: the work since it is repeated, no more, and the loss is no failure.
 """
 
 from __future__ import annotations
@@ -59,6 +62,13 @@ DEFAULT_STOP_TIMEOUT_S = 120.0
 _STATUS_EVERY_S = 3.0
 # Seconds between checks for draining nodes under the job's replicas.
 _DRAIN_CHECK_S = 2.0
+#: Seconds of training between in-place checkpoints: what a node lost without notice can
+#: cost. A save stops the job at one batch boundary for as long as rank 0 takes to write
+#: its state (benchmarks/lost_node.py measures the share of time it costs).
+DEFAULT_CHECKPOINT_INTERVAL_S = 300.0
+# After a replica failed, how long to wait for Ray to declare a node dead when a replica
+# does not answer (Ray's health checks take some seconds to notice a lost node).
+_NODE_LOSS_WAIT_S = 45.0
 # How long the driver waits for the replicas' placement group before giving up.
 _PLACEMENT_TIMEOUT_S = 600.0
 _WAITING_LOG_EVERY_S = 30.0
@@ -100,6 +110,11 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
                         "and how ls, logs, stop and cp find it)")
     parser.add_argument("--min-replicas", type=int, default=1, metavar="N",
                         help="fewest replicas (default 1)")
+    parser.add_argument("--checkpoint-interval", type=float,
+                        default=DEFAULT_CHECKPOINT_INTERVAL_S, metavar="S",
+                        help="seconds of training between in-place checkpoints, the most a "
+                             "node lost without notice costs (default "
+                             f"{DEFAULT_CHECKPOINT_INTERVAL_S:g}; 0: none)")
     parser.add_argument("--max-replicas", type=int, default=None, metavar="N",
                         help="most replicas (default: as many as the cluster holds)")
     parser.add_argument("--cpus-per-replica", type=float, default=1.0, metavar="C",
@@ -131,6 +146,9 @@ def job_spec(opts: argparse.Namespace) -> JobSpec:
     if opts.cpus_per_replica == 0 and opts.gpus_per_replica == 0:
         raise ValueError("--cpus-per-replica and --gpus-per-replica are both 0: each replica "
                          "needs some CPU or GPU")
+    if not math.isfinite(opts.checkpoint_interval) or opts.checkpoint_interval < 0:
+        raise ValueError(f"--checkpoint-interval {opts.checkpoint_interval:g}: must be a "
+                         "number of seconds > 0, or 0 for no in-place checkpoints")
     return JobSpec({"CPU": opts.cpus_per_replica, "GPU": opts.gpus_per_replica},
                    min_replicas=opts.min_replicas, max_replicas=opts.max_replicas)
 
@@ -163,13 +181,27 @@ class ElasticJob:
         nodes_fn: returns the usable cluster (node id -> NodeInfo, draining nodes left
             out), to size a move; default
             :func:`~adaptdl_ray.tune.resources.cluster_nodes`.
+        checkpoint_interval_s: seconds of training between in-place checkpoints (the
+            most a node lost without notice costs); ``None``: none (a lost node then
+            costs everything since the last resize or start).
+
+    Raises:
+        ValueError: ``checkpoint_interval_s`` is not ``None`` or a finite number > 0.
     """
 
     def __init__(self, files: JobFiles, script: str, args: Sequence[str], spec: JobSpec, *,
                  sizer: Sizer | None = None, stop_timeout_s: float = DEFAULT_STOP_TIMEOUT_S,
                  status_every_s: float = _STATUS_EVERY_S,
                  draining_fn: Callable[[], Mapping[str, float | None]] | None = None,
-                 nodes_fn: Callable[[], Mapping[Any, Any]] | None = None) -> None:
+                 nodes_fn: Callable[[], Mapping[Any, Any]] | None = None,
+                 checkpoint_interval_s: float | None = DEFAULT_CHECKPOINT_INTERVAL_S) -> None:
+        if checkpoint_interval_s is not None and (
+                isinstance(checkpoint_interval_s, bool)
+                or not isinstance(checkpoint_interval_s, (int, float))
+                or not math.isfinite(checkpoint_interval_s) or checkpoint_interval_s <= 0):
+            raise ValueError(f"checkpoint_interval_s must be a number of seconds > 0 or None "
+                             f"(no in-place checkpoints), got {checkpoint_interval_s!r}")
+        self.checkpoint_interval_s = checkpoint_interval_s
         self.files = files
         self.name = files.name
         self.script = script
@@ -235,6 +267,21 @@ class ElasticJob:
             try:
                 outcome = self._watch(launch)
             except Exception as exc:  # noqa: BLE001 - the job failed: say why, keep the state
+                lost = self._lost_nodes(launch)
+                if lost:
+                    # Not the job's failure: continue from its newest checkpoint.
+                    self._teardown(launch)
+                    archive = self._checkpoint_archive() or archive
+                    replicas = self._room_after_loss(launch)
+                    restarts += 1
+                    self._record["nodes_lost"] = int(self._record.get("nodes_lost", 0)) + \
+                        len(lost)
+                    LOG.warning("job %s: node(s) %s under its replicas were lost (%s); "
+                                "continuing from its newest checkpoint with %d replica(s)",
+                                self.name, ", ".join(n[:12] for n in lost),
+                                str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+                                replicas)
+                    continue
                 LOG.error("job %s failed: %s", self.name, exc)
                 self._keep_checkpoint(launch)
                 self._teardown(launch)
@@ -326,10 +373,15 @@ class ElasticJob:
         """
         group = launch.group
         next_status = next_drain_check = 0.0
+        interval = self.checkpoint_interval_s
+        next_save = time.monotonic() + interval if interval else math.inf
         self._write_status("running", replicas=launch.replicas)
         while True:
             if self._stop_signal is not None:
                 return self._checkpoint_and_end(launch, "stopping", "stopped", 0)
+            if time.monotonic() >= next_save:
+                self._save_in_place(launch)
+                next_save = time.monotonic() + interval
             outcomes = group.finished(min(1.0, self.status_every_s))
             if outcomes is not None:
                 if _all_finished(outcomes):
@@ -426,6 +478,89 @@ class ElasticJob:
         self._record["nodes"] = launch.group.num_nodes
         self._write_status("running", replicas=launch.replicas, trained_s=trained)
 
+    def _save_in_place(self, launch: _Launch) -> None:
+        """Checkpoint at the next batch boundary, keep training, and keep the checkpoint
+        in the job's storage (a save that found no boundary in time is skipped, logged).
+
+        Raises:
+            WorkerFailed: a replica failed meanwhile."""
+        import ray
+        started = time.time()
+        try:
+            answer = launch.group.save(self.stop_timeout_s)
+        except TimeoutError as exc:
+            LOG.warning("job %s: in-place checkpoint skipped: %s", self.name, exc)
+            return
+        if not answer.get("taken"):
+            return  # the script ended first
+        try:
+            archive = launch.group.checkpoint_archive(answer.get("path"))
+        except ray.exceptions.RayError as exc:
+            LOG.warning("job %s: could not fetch the in-place checkpoint: %s", self.name, exc)
+            return
+        if archive is not None:
+            path = self.files.store_checkpoint(archive)
+            # (status.json: how many in-place checkpoints and the seconds they took)
+            self._record["checkpoints"] = int(self._record.get("checkpoints", 0)) + 1
+            self._record["checkpoint_s"] = float(self._record.get("checkpoint_s", 0.0)) + \
+                time.time() - started
+            LOG.info("job %s: in-place checkpoint %s in %.2f s", self.name, path,
+                     time.time() - started)
+
+    def _lost_nodes(self, launch: _Launch) -> list[str]:
+        """The nodes under the launch's replicas that are gone (after a replica failed).
+        Waits up to _NODE_LOSS_WAIT_S for Ray to declare a node dead only while a replica
+        does not answer (a failure of the script or a crashed replica process on a
+        healthy node returns at once)."""
+        import ray
+        nodes = list(dict.fromkeys(launch.group.node_ids))
+
+        def gone() -> list[str]:
+            try:
+                usable = set(self._nodes_fn())
+            except Exception as exc:  # noqa: BLE001 - cannot tell: not a loss
+                LOG.warning("job %s: could not read the cluster (%s)", self.name, exc)
+                return []
+            return [n for n in nodes if n not in usable]
+
+        lost = gone()
+        if lost:
+            return lost
+        # A replica on a lost node does not answer, or is "temporarily unavailable", until
+        # Ray declares the node dead; one that answers, or whose process is known dead, is
+        # no sign of a lost node.
+        probes = [actor.node_address.remote() for actor in launch.group.actors]
+        ready, pending = ray.wait(probes, num_returns=len(probes), timeout=5.0)
+        unreachable = bool(pending)
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except ray.exceptions.ActorUnavailableError:
+                unreachable = True
+            except ray.exceptions.RayError:
+                pass
+        if not unreachable:
+            return gone()
+        deadline = time.monotonic() + _NODE_LOSS_WAIT_S
+        while time.monotonic() < deadline:
+            lost = gone()
+            if lost:
+                return lost
+            time.sleep(0.5)
+        return []
+
+    def _room_after_loss(self, launch: _Launch) -> int:
+        """Replicas to continue with after a node loss: as many as before if the other
+        nodes hold them, else as many as they hold, at least ``min_replicas`` (the launch
+        then waits for room)."""
+        from adaptdl_core.decision import cluster_capacity
+        try:
+            room = cluster_capacity(self.spec, self._nodes_fn())
+        except Exception as exc:  # noqa: BLE001 - ask for the same size; Ray finds room
+            LOG.warning("job %s: could not read the cluster (%s)", self.name, exc)
+            room = launch.replicas
+        return max(self.spec.min_replicas, min(launch.replicas, room))
+
     def _fits(self, extra: int) -> bool:
         """Whether ``extra`` more replicas' resources are free on the cluster now."""
         import ray
@@ -507,7 +642,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ray.init(log_to_driver=True)
     files = JobFiles(opts.name, opts.storage_path)
     files.root.mkdir(parents=True, exist_ok=True)
-    job = ElasticJob(files, opts.script, opts.args, spec, stop_timeout_s=opts.stop_timeout)
+    job = ElasticJob(files, opts.script, opts.args, spec, stop_timeout_s=opts.stop_timeout,
+                     checkpoint_interval_s=opts.checkpoint_interval or None)
     job.install_signal_handlers()
     return job.run()
 

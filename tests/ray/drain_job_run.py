@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from adaptdl_core.decision import Decision, JobProgress, JobSpec
 from tests.core.harness import read_events
@@ -52,7 +52,19 @@ def batches(record: Path, restart: int) -> int:
     return sum(1 for e in read_events(record) if e["event"] == "batch" and e["restart"] == restart)
 
 
-def main(storage: str, record_dir: str, deadline_s: float = 60.0) -> int:
+def run_on_two_nodes(storage: str, record_dir: str, name: str, job_args: list[str],
+                     batches_before: int, act: Callable[[Any, Any], dict], **job_options
+                     ) -> dict:
+    """Run the test job (2 replicas, :class:`KeepSizer`) as an ElasticJob on a cluster of a
+    head of 1 CPU and a worker of 2 (so the job starts on the worker); once launch 0 has
+    trained ``batches_before`` batches, call ``act(cluster, worker)`` (it returns what it
+    saw, with ``"at"``: when its action took effect) and follow the job to its end.
+
+    Returns:
+        ``act``'s dict (without ``at``) plus the job's exit ``status``, the replicas of each
+        launch (``sizes``), ``batches_before`` (launch 0's when ``act`` was called),
+        ``to_first_step_s`` (from ``at`` to launch 1's first batch) and the job's final
+        ``status.json`` (``job_status``)."""
     import ray
     from ray.cluster_utils import Cluster
 
@@ -61,50 +73,62 @@ def main(storage: str, record_dir: str, deadline_s: float = 60.0) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     record = Path(record_dir)
-    # The head holds one replica; the worker two, so the 2-replica job starts there.
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
     try:
         worker = cluster.add_node(num_cpus=2)
         cluster.wait_for_nodes()
         ray.init(address=cluster.address, log_to_driver=True)
-        job = ElasticJob(JobFiles("drained", storage), JOB_SCRIPT,
-                         ["--record", record_dir, "--epochs", "2", "--size", "96",
-                          "--sleep", "0.2"],
-                         JobSpec({"CPU": 1}, 1, 2), sizer=KeepSizer(), status_every_s=0.5)
+        files = JobFiles(name, storage)
+        job = ElasticJob(files, JOB_SCRIPT, ["--record", record_dir, *job_args],
+                         JobSpec({"CPU": 1}, 1, 2), sizer=KeepSizer(), status_every_s=0.5,
+                         **job_options)
         status: list[int] = []
         runner = threading.Thread(target=lambda: status.append(job.run()), daemon=True)
         runner.start()
         until = time.time() + 120
-        while batches(record, 0) < 4 and time.time() < until and runner.is_alive():
+        while batches(record, 0) < batches_before and time.time() < until and \
+                runner.is_alive():
+            time.sleep(0.05)
+        before = batches(record, 0)
+        seen = act(cluster, worker)
+        at = seen.pop("at")
+        first_step = None
+        while runner.is_alive() and time.time() < at + 240:
+            if first_step is None and batches(record, 1):
+                first_step = time.time()
             time.sleep(0.1)
+        runner.join(timeout=60)
+        return {**seen, "status": status[0] if status else None,
+                "sizes": {str(e["restart"]): e["replicas"] for e in read_events(record)
+                          if e["event"] == "start"},
+                "batches_before": before,
+                "to_first_step_s": None if first_step is None else first_step - at,
+                "job_status": files.read_status() or {}}
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def main(storage: str, record_dir: str, deadline_s: float = 60.0) -> int:
+    def drain(cluster: Any, worker: Any) -> dict:
         asked_at = time.time()
-        drain = subprocess.run(
+        done = subprocess.run(
             [sys.executable, "-m", "ray.scripts.scripts", "drain-node", "--address",
              cluster.address, "--node-id", worker.node_id, "--reason",
              "DRAIN_NODE_REASON_PREEMPTION", "--reason-message", "spot notice",
              "--deadline-remaining-seconds", str(int(deadline_s))],
             capture_output=True, text=True, timeout=60)
-        drained_at = time.time()  # (the drain is in effect once `ray drain-node` returns)
-        first_step = None
-        while runner.is_alive() and time.time() < drained_at + 180:
-            if first_step is None and batches(record, 1):
-                first_step = time.time()
-            time.sleep(0.1)
-        runner.join(timeout=60)
-        events = read_events(record)
-        print(json.dumps({
-            "status": status[0] if status else None, "drain_rc": drain.returncode,
-            "drain_err": drain.stderr[-2000:],
-            "sizes": {str(e["restart"]): e["replicas"] for e in events
-                      if e["event"] == "start"},
-            "batches_before_drain": batches(record, 0),
-            "drain_to_first_step_s": None if first_step is None else first_step - drained_at,
-            "drain_command_s": drained_at - asked_at,
-            "deadline_s": deadline_s}), flush=True)
-        return 0
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
+        at = time.time()  # (the drain is in effect once `ray drain-node` returns)
+        return {"at": at, "drain_rc": done.returncode, "drain_err": done.stderr[-2000:],
+                "drain_command_s": at - asked_at}
+
+    seen = run_on_two_nodes(storage, record_dir, "drained",
+                            ["--epochs", "2", "--size", "96", "--sleep", "0.2"], 4, drain)
+    seen["drain_to_first_step_s"] = seen.pop("to_first_step_s")
+    seen["batches_before_drain"] = seen.pop("batches_before")
+    del seen["job_status"]
+    print(json.dumps({**seen, "deadline_s": deadline_s}), flush=True)
+    return 0
 
 
 if __name__ == "__main__":

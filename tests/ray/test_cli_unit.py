@@ -109,6 +109,7 @@ def test_python_dash_m_runs_the_same_command():
     (["--cpus-per-replica", "0"], "both 0"),
     (["--gpus-per-replica", "-1"], "--gpus-per-replica -1: must be a number >= 0"),
     (["--stop-timeout", "0"], "--stop-timeout 0: must be > 0"),
+    (["--checkpoint-interval", "-1"], "--checkpoint-interval -1: must be a number of seconds"),
 ])
 def test_bad_replica_bounds_are_one_line_errors(options, words, script, capsys, fake):
     status, _, err = run(capsys, "submit", "--name", "j", *options, str(script))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 import zlib
 from pathlib import Path
 
@@ -186,3 +187,60 @@ def test_a_drain_elsewhere_or_a_failed_read_moves_nothing(tmp_path, caplog, monk
     assert len(reads) == 3 and group.stops == 1
     assert "could not ask which nodes are draining (GCS unreachable)" in caplog.text
 
+
+
+class SavingGroup(FakeGroup):
+    """FakeGroup whose in-place saves are counted (none is taken: the script ended)."""
+
+    def __init__(self, node_ids):
+        super().__init__(node_ids)
+        self.saves = 0
+
+    def save(self, timeout):
+        self.saves += 1
+        return {"taken": False, "path": None, "index": self.saves}
+
+
+@pytest.mark.parametrize("interval, some", [(0.02, True), (None, False)])
+def test_in_place_checkpoints_come_every_interval(tmp_path, monkeypatch, interval, some):
+    spec = JobSpec({"CPU": 1}, min_replicas=1, max_replicas=4)
+    until = time.monotonic() + (10.0 if some else 0.3)
+
+    def draining():
+        if group.saves >= 3 or time.monotonic() > until:
+            job.request_stop()
+        return {}
+
+    job = elastic_job.ElasticJob(JobFiles("j", str(tmp_path)), "train.py", [], spec,
+                                 sizer=KeepSizer(), draining_fn=draining, nodes_fn=lambda: {},
+                                 checkpoint_interval_s=interval)
+    monkeypatch.setattr(elastic_job, "_DRAIN_CHECK_S", 0.0)
+    group = SavingGroup(["a", "b"])
+    started = time.monotonic()
+    assert job._watch(elastic_job._Launch(2, group, None, 0.0)) == ("stopped", 0)
+    if some:  # (three saves at least 2 intervals apart, well before the 10 s limit)
+        assert group.saves >= 3 and time.monotonic() - started < 9.0
+    else:
+        assert group.saves == 0
+
+
+def test_a_lost_node_is_named_and_the_job_continues_on_what_is_left(tmp_path):
+    """A replica's node missing from the cluster is a lost node (no wait: it is gone
+    already); the job continues at its size if the rest holds it, else smaller."""
+    spec = JobSpec({"CPU": 1}, min_replicas=1, max_replicas=4)
+    nodes = {"a": NodeInfo({"CPU": 1})}
+    job = elastic_job.ElasticJob(JobFiles("j", str(tmp_path)), "train.py", [], spec,
+                                 sizer=KeepSizer(), nodes_fn=lambda: nodes)
+    launch = elastic_job._Launch(2, FakeGroup(["a", "b"]), None, 0.0)
+    assert job._lost_nodes(launch) == ["b"]
+    assert job._room_after_loss(launch) == 1
+    nodes["c"] = NodeInfo({"CPU": 2})
+    assert job._room_after_loss(launch) == 2
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), True, "300"])
+def test_a_bad_checkpoint_interval_is_named(tmp_path, bad):
+    with pytest.raises(ValueError, match="checkpoint_interval_s"):
+        elastic_job.ElasticJob(JobFiles("j", str(tmp_path)), "train.py", [],
+                               JobSpec({"CPU": 1}, 1, 2), sizer=KeepSizer(),
+                               checkpoint_interval_s=bad)

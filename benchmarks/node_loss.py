@@ -1,0 +1,155 @@
+"""What a lost node costs a submitted job, and how fast a Tune trial leaves a draining node
+(issue 27, items 1 and 2), over repeated runs.
+
+* **lost**: the scenario of ``tests/ray/test_lost_nodes.py``
+  (``tests/ray/lost_node_job_run.py``): a two-node ``ray.cluster_utils.Cluster`` of its
+  own (a head of 1 CPU, a worker of 2), a 2-replica job (``tests/core/jobs/elastic_job.py``
+  under ``ElasticJob``, 0.2 s per batch) checkpointing in place every ``--interval``
+  seconds; after 30 batches the worker is removed without notice. Measured: from the
+  removal to the first step on the head, the samples trained twice (the work since the
+  newest checkpoint) against one interval's worth, and the seconds each in-place
+  checkpoint held the driver (fetching and storing it included); the share of time those
+  saves would take at the default interval is their mean over
+  ``DEFAULT_CHECKPOINT_INTERVAL_S``.
+* **trial-drain**: the scenario of ``tests/ray/test_draining_nodes.py``'s trial test
+  (``tests/ray/drain_trial_run.py``): a 2-replica Tune trial under ``AdaptDLScheduler``
+  on the worker, drained with a 60 s deadline. Measured: from ``ray drain-node``
+  returning to the first step of the relaunch on the head, and exactly-once training.
+
+    python benchmarks/node_loss.py --runs 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from _common import ROOT, machine_description  # noqa: F401  (puts the repository on sys.path)
+from adaptdl_ray.cluster.elastic_job import DEFAULT_CHECKPOINT_INTERVAL_S  # noqa: E402
+from tests.core.harness import read_events  # noqa: E402
+from tests.exactly_once import assert_exactly_once, samples_per_epoch  # noqa: E402
+
+
+def _run(module: str, *args: str) -> tuple[dict | None, str]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        return None, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1]), ""
+
+
+def lost_run(interval_s: float) -> dict:
+    """One job whose node is removed without notice, in its own process (own cluster)."""
+    from tests.ray.lost_node_job_run import BATCH, SIZE, SLEEP_S
+    with tempfile.TemporaryDirectory(prefix="node-loss-") as d:
+        record = Path(d) / "record"
+        record.mkdir()
+        seen, problem = _run("tests.ray.lost_node_job_run", str(Path(d) / "storage"),
+                             str(record), str(interval_s))
+        if seen is None:
+            return {"ok": False, "problem": problem}
+        per_epoch = samples_per_epoch(read_events(record))
+    complete = all(set(c) == set(range(SIZE)) for c in per_epoch.values())
+    repeated = sum(n - 1 for c in per_epoch.values() for n in c.values())
+    return {"ok": seen["status"] == 0 and seen["loss_to_first_step_s"] is not None,
+            "complete": complete, "repeated": repeated,
+            "interval_samples": interval_s / SLEEP_S * BATCH, **seen}
+
+
+def trial_drain_run() -> dict:
+    """One Tune trial on a drained node, in its own process (own cluster)."""
+    from tests.ray.drain_trial_run import EPOCHS, SIZE
+    from tests.ray.interrupt_scenario import records
+    with tempfile.TemporaryDirectory(prefix="trial-drain-") as d:
+        record = Path(d) / "record"
+        record.mkdir()
+        seen, problem = _run("tests.ray.drain_trial_run", str(Path(d) / "storage"),
+                             str(record), "60")
+        if seen is None:
+            return {"ok": False, "problem": problem}
+        try:
+            assert_exactly_once(records(record), SIZE, EPOCHS)
+            exact = True
+        except AssertionError as exc:
+            exact, seen["problem"] = False, str(exc)[-500:]
+    return {"ok": seen["status"] == "TERMINATED" and seen.get("drain_to_first_step_s")
+            is not None, "exact": exact, **seen}
+
+
+def _median(values: list[float]) -> str:
+    return f"{statistics.median(values):.1f} s ({min(values):.1f}-{max(values):.1f})" \
+        if values else "n/a"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run both scenarios ``--runs`` times, print each run and the medians; exit 1 unless
+    every run recovered (and trained every sample: at least once after a loss, exactly
+    once after a drain)."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--runs", type=int, default=5, help="runs of each scenario (default 5)")
+    p.add_argument("--interval", type=float, default=2.0,
+                   help="the lost-node job's checkpoint interval in seconds (default 2)")
+    p.add_argument("--only", choices=("lost", "trial-drain"), default=None)
+    p.add_argument("--json", default=None, help="also write the raw rows here")
+    args = p.parse_args(argv)
+    if args.runs < 1:
+        p.error(f"--runs must be at least 1, got {args.runs}")
+    rows: dict[str, list[dict]] = {"lost": [], "trial-drain": []}
+    for i in range(args.runs):
+        if args.only in (None, "lost"):
+            row = lost_run(args.interval)
+            rows["lost"].append(row)
+            print(f"lost run {i + 1}: " + (
+                f"loss to first step {row['loss_to_first_step_s']:.1f} s, launches "
+                f"{row['sizes']}, {row['repeated']} samples repeated (one interval: "
+                f"{row['interval_samples']:.0f}), {row['checkpoints']} in-place checkpoints "
+                f"of {row['checkpoint_s'] / max(row['checkpoints'] or 1, 1):.2f} s each, "
+                f"{'every sample trained' if row['complete'] else 'SAMPLES MISSING'}"
+                if row["ok"] else f"failed: {row.get('problem', row)}"), flush=True)
+        if args.only in (None, "trial-drain"):
+            row = trial_drain_run()
+            rows["trial-drain"].append(row)
+            print(f"trial-drain run {i + 1}: " + (
+                f"drain to first step {row['drain_to_first_step_s']:.1f} s, launches "
+                f"{row['sizes']}, failures {row['failures']}, "
+                f"{'exactly once' if row['exact'] else 'NOT exactly once'}"
+                if row["ok"] else f"failed: {row.get('problem', row)}"), flush=True)
+    print(f"Machine: {machine_description()}")
+    lost = [r for r in rows["lost"] if r["ok"]]
+    if rows["lost"]:
+        per_save = [r["checkpoint_s"] / r["checkpoints"] for r in lost if r.get("checkpoints")]
+        share = statistics.mean(per_save) / DEFAULT_CHECKPOINT_INTERVAL_S if per_save else None
+        print(f"lost node: {len(lost)} of {len(rows['lost'])} recovered, "
+              f"{sum(r['complete'] for r in lost)} trained every sample; loss to first step "
+              f"median {_median([r['loss_to_first_step_s'] for r in lost])}; repeated "
+              f"samples median {statistics.median([r['repeated'] for r in lost]) if lost else 'n/a'}"
+              f" (one interval {args.interval:g} s: {lost[0]['interval_samples']:.0f} samples)"
+              if lost else "lost node: no run recovered")
+        if share is not None:
+            print(f"in-place checkpoint: mean {statistics.mean(per_save):.2f} s; at the default "
+                  f"interval of {DEFAULT_CHECKPOINT_INTERVAL_S:g} s that is "
+                  f"{100 * share:.2f}% of the time")
+    drained = [r for r in rows["trial-drain"] if r["ok"]]
+    if rows["trial-drain"]:
+        print(f"trial drain: {len(drained)} of {len(rows['trial-drain'])} moved, "
+              f"{sum(r['exact'] for r in drained)} exactly once, "
+              f"{sum(r['failures'] == 0 for r in drained)} with no failure counted; drain to "
+              f"first step median {_median([r['drain_to_first_step_s'] for r in drained])}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1, default=str))
+    ok = all(r["ok"] and r["complete"] for r in rows["lost"]) and \
+        all(r["ok"] and r["exact"] for r in rows["trial-drain"])
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

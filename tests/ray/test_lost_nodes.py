@@ -1,0 +1,48 @@
+"""A node that vanishes without notice costs a submitted job at most one checkpoint
+interval: the job continues on the other nodes from its newest in-place checkpoint, with
+no failure (on a two-node cluster of its own, in a subprocess:
+:mod:`tests.ray.lost_node_job_run`)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("ray")
+
+from tests.ray.test_draining_nodes import REPO_ROOT, _env  # noqa: E402
+
+
+def test_a_job_on_a_lost_node_continues_repeating_at_most_one_interval(tmp_path):
+    """A 2-replica job on a worker of 2 CPUs (the head holds 1) checkpoints in place every
+    2 s; after 30 batches (three intervals and more) the worker is removed abruptly: the
+    job relaunches with the 1 replica the head holds and finishes with status 0; every
+    sample of every epoch is trained at least once, and the repeats are at most one
+    interval's batches (without in-place checkpoints they would be all 30)."""
+    from tests.core.harness import read_events
+    from tests.exactly_once import samples_per_epoch
+    from tests.ray.lost_node_job_run import BATCH, EPOCHS, SIZE, SLEEP_S
+    record = tmp_path / "record"
+    record.mkdir()
+    interval_s = 2.0
+    proc = subprocess.run([sys.executable, "-m", "tests.ray.lost_node_job_run",
+                           str(tmp_path / "storage"), str(record), str(interval_s)],
+                          cwd=REPO_ROOT, env=_env(), capture_output=True, text=True,
+                          timeout=420)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert seen["status"] == 0, proc.stderr[-3000:]
+    assert seen["sizes"] == {"0": 2, "1": 1}, seen
+    assert seen["loss_to_first_step_s"] is not None, seen
+    assert "were lost" in proc.stderr
+    per_epoch = samples_per_epoch(read_events(record))
+    assert sorted(per_epoch) == list(range(EPOCHS))
+    for epoch, counts in per_epoch.items():
+        assert set(counts) == set(range(SIZE)), f"epoch {epoch}: samples missing"
+    repeated = sum(c - 1 for counts in per_epoch.values() for c in counts.values())
+    # One interval of batches, plus the batch a save waits for and one in flight.
+    bound = (interval_s / SLEEP_S + 2) * BATCH
+    assert repeated <= bound, (repeated, bound, seen)
