@@ -1,0 +1,95 @@
+"""Which processes a sweep of many short trials starts, and the CPU each kind uses (issue 28).
+
+Runs one arm of ``benchmarks/many_trials.py`` (after its unmeasured warm-up) on a private
+local Ray while a thread samples ``/proc`` every 0.1 s: every process that appears is
+grouped by the sequence of Ray titles it showed (``ray::IDLE > ray::ImplicitFunc.__init__
+> ...``), with its CPU seconds (user + system, the last reading before it exited). Linux
+only. The figures say how much of a sweep's CPU goes to Ray worker processes that are
+started and discarded around the trials (in both arms alike) rather than to the trials.
+
+    python benchmarks/process_churn.py --arm adaptdl --trials 40
+    python benchmarks/process_churn.py --arm fifo-reuse --trials 40
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import sys
+import tempfile
+import threading
+import time
+
+import _tune_common as tc
+import many_trials
+from _common import machine_description
+
+
+def _sample(stop: threading.Event, seen: dict, ignore: set[str]) -> None:
+    tick = os.sysconf("SC_CLK_TCK")
+    while not stop.is_set():
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit() or pid in ignore:
+                continue
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    stat = f.read()
+                with open(f"/proc/{pid}/cmdline") as f:
+                    cmd = f.read().replace("\0", " ")[:80]
+            except OSError:
+                continue
+            fields = stat.rsplit(")", 1)[1].split()
+            record = seen.setdefault((pid, fields[19]), [0.0, []])
+            record[0] = max(record[0], (int(fields[11]) + int(fields[12])) / tick)
+            if cmd and (not record[1] or record[1][-1] != cmd):
+                record[1].append(cmd)
+        time.sleep(0.1)
+
+
+def table(seen: dict) -> list[tuple[str, int, float]]:
+    """``(titles, processes, CPU seconds)`` per kind of process, most CPU first."""
+    kinds: dict[str, list] = collections.defaultdict(lambda: [0, 0.0])
+    for cpu, names in seen.values():
+        titles = [n.split()[0] for n in names if n.startswith("ray::")]
+        key = " > ".join(dict.fromkeys(titles)) if titles else \
+            (names[0].split()[0] if names else "?")
+        kinds[key][0] += 1
+        kinds[key][1] += cpu
+    return sorted(((k, n, c) for k, (n, c) in kinds.items()), key=lambda r: -r[2])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the arm under the monitor and print its wall time and the process table."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--arm", default="adaptdl", choices=("fifo", "fifo-reuse", "adaptdl",
+                                                        "adaptdl-noreuse"))
+    p.add_argument("--trials", type=int, default=40, help="trials (default 40)")
+    p.add_argument("--cpus", type=int, default=8, help="Ray CPUs (default 8)")
+    args = p.parse_args(argv)
+    if not os.path.isdir("/proc"):
+        p.error("needs Linux's /proc")
+    import ray
+    tc.init_ray(args.cpus)
+    storage = tempfile.mkdtemp(prefix="process-churn-")
+    many_trials.warm_up(args.cpus, storage)
+    seen: dict = {}
+    stop = threading.Event()
+    sampler = threading.Thread(target=_sample, args=(stop, seen, set(os.listdir("/proc"))),
+                               daemon=True)
+    sampler.start()
+    result = many_trials.run_arm(args.arm, args.trials, storage)
+    stop.set()
+    sampler.join()
+    ray.shutdown()
+    print(f"Machine: {machine_description()}")
+    print(f"arm {args.arm}: {args.trials} trials in {result['wall_s']:.1f} s, "
+          f"{args.cpus} Ray CPUs\n")
+    print("| processes | CPU s | Ray titles seen, in order |\n|---:|---:|---|")
+    for kind, count, cpu in table(seen)[:15]:
+        print(f"| {count} | {cpu:.1f} | {kind} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
