@@ -272,7 +272,7 @@ class ElasticJob:
                     # Not the job's failure: continue from its newest checkpoint.
                     self._teardown(launch)
                     archive = self._checkpoint_archive() or archive
-                    replicas = self._room_after_loss(launch)
+                    replicas = self._room_elsewhere(launch)
                     restarts += 1
                     self._record["nodes_lost"] = int(self._record.get("nodes_lost", 0)) + \
                         len(lost)
@@ -428,19 +428,12 @@ class ElasticJob:
         except Exception as exc:  # noqa: BLE001 - keep training; say why once per check
             LOG.warning("job %s: could not ask which nodes are draining (%s)", self.name, exc)
             return None
-        hit = sorted(set(launch.group.node_ids) & set(draining))
-        if not hit:
+        from adaptdl_ray.tune.resources import draining_under
+        under = draining_under(launch.group.node_ids, draining)
+        if under is None:
             return None
-        from adaptdl_core.decision import cluster_capacity
-        try:
-            room = cluster_capacity(self.spec, self._nodes_fn())
-        except Exception as exc:  # noqa: BLE001 - move at the same size; Ray finds room
-            LOG.warning("job %s: could not read the cluster (%s)", self.name, exc)
-            room = launch.replicas
-        target = max(self.spec.min_replicas, min(launch.replicas, room))
-        deadlines = [draining[n] for n in hit if draining[n]]
-        when = (f"deadline in {min(deadlines) - time.time():.0f} s" if deadlines
-                else "no deadline")
+        hit, when = under
+        target = self._room_elsewhere(launch)
         LOG.warning("job %s: node(s) %s under its replicas are draining (%s): checkpointing "
                     "at the next batch boundary and moving to the other nodes with %d "
                     "replica(s)", self.name, ", ".join(n[:12] for n in hit), when, target)
@@ -484,28 +477,17 @@ class ElasticJob:
 
         Raises:
             WorkerFailed: a replica failed meanwhile."""
-        import ray
         started = time.time()
         try:
             answer = launch.group.save(self.stop_timeout_s)
         except TimeoutError as exc:
             LOG.warning("job %s: in-place checkpoint skipped: %s", self.name, exc)
             return
-        if not answer.get("taken"):
-            return  # the script ended first
-        try:
-            archive = launch.group.checkpoint_archive(answer.get("path"))
-        except ray.exceptions.RayError as exc:
-            LOG.warning("job %s: could not fetch the in-place checkpoint: %s", self.name, exc)
-            return
-        if archive is not None:
-            path = self.files.store_checkpoint(archive)
+        if answer.get("taken") and self._keep_checkpoint(launch, answer.get("path")):
             # (status.json: how many in-place checkpoints and the seconds they took)
             self._record["checkpoints"] = int(self._record.get("checkpoints", 0)) + 1
             self._record["checkpoint_s"] = float(self._record.get("checkpoint_s", 0.0)) + \
                 time.time() - started
-            LOG.info("job %s: in-place checkpoint %s in %.2f s", self.name, path,
-                     time.time() - started)
 
     def _lost_nodes(self, launch: _Launch) -> list[str]:
         """The nodes under the launch's replicas that are gone (after a replica failed).
@@ -549,17 +531,16 @@ class ElasticJob:
             time.sleep(0.5)
         return []
 
-    def _room_after_loss(self, launch: _Launch) -> int:
-        """Replicas to continue with after a node loss: as many as before if the other
-        nodes hold them, else as many as they hold, at least ``min_replicas`` (the launch
-        then waits for room)."""
-        from adaptdl_core.decision import cluster_capacity
+    def _room_elsewhere(self, launch: _Launch) -> int:
+        """Replicas to continue with after losing a node or moving off a draining one (see
+        :func:`~adaptdl_ray.tune.resources.replicas_to_move`; the same size if the
+        cluster cannot be read: Ray then finds the room)."""
+        from adaptdl_ray.tune.resources import replicas_to_move
         try:
-            room = cluster_capacity(self.spec, self._nodes_fn())
+            return replicas_to_move(self.spec, launch.replicas, self._nodes_fn())
         except Exception as exc:  # noqa: BLE001 - ask for the same size; Ray finds room
             LOG.warning("job %s: could not read the cluster (%s)", self.name, exc)
-            room = launch.replicas
-        return max(self.spec.min_replicas, min(launch.replicas, room))
+            return launch.replicas
 
     def _fits(self, extra: int) -> bool:
         """Whether ``extra`` more replicas' resources are free on the cluster now."""
@@ -567,12 +548,12 @@ class ElasticJob:
         free = ray.available_resources()
         return all(free.get(k, 0.0) + 1e-9 >= v * extra for k, v in self.spec.resources.items())
 
-    def _keep_checkpoint(self, launch: _Launch) -> bytes | None:
-        """Move rank 0's newest checkpoint into the job's storage; returns its bytes
-        (``None``: rank 0 wrote none, or it is gone)."""
+    def _keep_checkpoint(self, launch: _Launch, path: str | None = None) -> bytes | None:
+        """Move rank 0's checkpoint ``path`` (default: its newest) into the job's storage;
+        returns its bytes (``None``: rank 0 wrote none, or it is gone)."""
         import ray
         try:
-            archive = launch.group.checkpoint_archive()
+            archive = launch.group.checkpoint_archive(path)
         except ray.exceptions.RayError as exc:
             LOG.warning("job %s: could not fetch rank 0's checkpoint: %s", self.name, exc)
             return None

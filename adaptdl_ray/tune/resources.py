@@ -9,7 +9,8 @@ the same request as ``JobInfo.resources = per_replica``.
 from __future__ import annotations
 
 import logging
-from typing import Any, Collection
+import time
+from typing import Any, Collection, Mapping
 
 from ray.tune.execution.placement_groups import PlacementGroupFactory
 
@@ -19,7 +20,8 @@ from adaptdl_core.policy import NodeInfo
 LOG = logging.getLogger(__name__)
 
 __all__ = ["ReplicaRequest", "placement_group_factory", "num_replicas_of",
-           "cluster_nodes", "cluster_capacity", "replicas_fitting"]
+           "cluster_nodes", "cluster_capacity", "replicas_fitting", "draining_under",
+           "replicas_to_move"]
 
 
 def __getattr__(name: str) -> Any:
@@ -92,6 +94,30 @@ def cluster_nodes(nodes: list[dict[str, Any]] | None = None,
         if res:
             out[node["NodeID"]] = NodeInfo(res)
     return out
+
+
+def draining_under(node_ids: Collection[str], draining: Mapping[str, float | None]
+                   ) -> tuple[list[str], str] | None:
+    """Which of ``node_ids`` (a job's or trial's replicas' nodes) Ray is draining, and the
+    nearest drain deadline in words (``"deadline in 57 s"`` or ``"no deadline"``);
+    ``None`` when none is.
+
+    Args:
+        draining: node id -> the drain's deadline (seconds since the epoch, or ``None``),
+            as ``_ray_private.draining_nodes`` returns it."""
+    hit = sorted(set(node_ids) & set(draining))
+    if not hit:
+        return None
+    deadlines = [draining[n] for n in hit if draining[n]]
+    when = f"deadline in {min(deadlines) - time.time():.0f} s" if deadlines else "no deadline"
+    return hit, when
+
+
+def replicas_to_move(spec: JobSpec, current: int, nodes: Mapping[Any, NodeInfo]) -> int:
+    """How many replicas a job of ``current`` replicas relaunches with on ``nodes`` (the
+    cluster without a drained or lost node): as many as now if they hold them, else as many
+    as they hold, at least ``spec.min_replicas`` (the relaunch then waits for room)."""
+    return max(spec.min_replicas, min(current, cluster_capacity(spec, nodes)))
 
 
 def _draining() -> set[str]:

@@ -61,7 +61,8 @@ from adaptdl_core.policy import (DEFAULT_RESTART_COST_S, NodeInfo, PolluxPolicy,
 from adaptdl_ray.cluster.client import AllocatorSolver, new_member_id
 from adaptdl_ray.tune import _ray_private, checkpoint_files, control
 from adaptdl_ray.tune.interrupts import InterruptRelay, unsaved_trials
-from adaptdl_ray.tune.resources import cluster_nodes, num_replicas_of, placement_group_factory
+from adaptdl_ray.tune.resources import (cluster_nodes, draining_under, num_replicas_of,
+                                        placement_group_factory, replicas_to_move)
 from adaptdl_ray.tune.results import METRIC_PREFIX
 from adaptdl_ray.tune.trainable import replica_spec_of, stop_timeout_of
 from adaptdl_ray.tune.traps import TrapWatch
@@ -470,17 +471,15 @@ class AdaptDLScheduler(TrialScheduler):
         nodes = self._nodes(refresh=True)  # without the draining ones
         self._core.set_nodes(nodes)
         for trial_id, node_ids in nodes_of.items():
-            hit = sorted(set(node_ids) & set(draining))
+            under = draining_under(node_ids, draining)
             record = self._core.state.jobs.get(trial_id)
-            if not hit or record is None or not record.live:
+            if under is None or record is None or not record.live:
                 continue
             trial = running[trial_id]
-            spec = replica_spec_of(trial.get_trainable_cls())
             current = num_replicas_of(trial.placement_group_factory)
-            target = max(spec.min_replicas, min(current, cluster_capacity(spec, nodes)))
-            deadlines = [draining[n] for n in hit if draining[n]]
-            when = (f"deadline in {min(deadlines) - time.time():.0f} s" if deadlines
-                    else "no deadline")
+            target = replicas_to_move(replica_spec_of(trial.get_trainable_cls()), current,
+                                      nodes)
+            hit, when = under
             reason = f"node(s) {', '.join(n[:12] for n in hit)} draining ({when})"
             self._core.running(trial_id, replicas=current)
             self._core.begin_resize(trial_id, to=target, reason=reason)

@@ -5,6 +5,7 @@ client."""
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import types
 from pathlib import Path
@@ -28,6 +29,16 @@ def one_line_error(err: str) -> str:
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("adaptdl-ray: error: "), err
     return lines[0]
+
+
+@pytest.fixture(autouse=True)
+def _ray_logger_level_restored():
+    """The CLI joins Ray with logging_level=WARNING, which sets the "ray" logger for the
+    whole process: put it back, so that later tests see Ray's default."""
+    logger = logging.getLogger("ray")
+    level = logger.level
+    yield
+    logger.setLevel(level)
 
 
 @pytest.fixture

@@ -233,9 +233,9 @@ def test_a_lost_node_is_named_and_the_job_continues_on_what_is_left(tmp_path):
                                  sizer=KeepSizer(), nodes_fn=lambda: nodes)
     launch = elastic_job._Launch(2, FakeGroup(["a", "b"]), None, 0.0)
     assert job._lost_nodes(launch) == ["b"]
-    assert job._room_after_loss(launch) == 1
+    assert job._room_elsewhere(launch) == 1
     nodes["c"] = NodeInfo({"CPU": 2})
-    assert job._room_after_loss(launch) == 2
+    assert job._room_elsewhere(launch) == 2
 
 
 @pytest.mark.parametrize("bad", [0, -1.0, float("nan"), True, "300"])
