@@ -18,6 +18,15 @@ resize (read by a Tune callback), mapped to:
 Each resize's cost as the scheduler predicted it when it began the resize (its
 ``resize_log``) is reported beside the measured one, with the prediction error.
 
+Then, in the same run and on the same Ray instance, a submitted job's resize (``--job``,
+default on): ``examples/standalone_digits.py`` run unchanged by
+:class:`~adaptdl_ray.cluster.elastic_job.ElasticJob` (what ``adaptdl-ray submit`` runs),
+resized 1 -> 2 -> 1 ... by a scripted sizer, each resize timed from the stop request (the
+last batch trained before it) to the first optimizer step after it, as the job measures it
+(``adaptdl_ray.cluster.elastic_job``: "the resize took ..."). Its replicas that stay keep
+their processes; a grow's new replica starts while the job still trains, and the time from
+the resize decision to the stop (training went on meanwhile) is reported beside it.
+
 Next to it, in the same run: the floor of starting a fresh Python process that imports
 torch and ray (``python -c "import torch, ray"``, before and after the trial), and Tune's
 own floor for the same cycle (after the trial, unless ``--tune-floor 0``): a trivial class
@@ -43,6 +52,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import iqr_text, machine_description, markdown_table  # noqa: E402
@@ -170,6 +180,72 @@ def tune_floor(resizes: int, storage: str) -> list[float]:
     return scheduler.samples
 
 
+class _ScriptedSizer:
+    """A submitted job's sizer that starts it on 1 replica and resizes it 1 -> 2 -> 1 ...
+    after ``reads`` status reads at each size, ``resizes`` times, then stops the job after
+    ``reads`` more. Records each resize's measured cost (``JobProgress.resize_cost_s``, stop
+    request to first step) and the seconds from its first decision to its begin (the grow's
+    new replica starting while the job trains)."""
+
+    def __init__(self, resizes: int, reads: int, stop: Any) -> None:
+        self.resizes, self.reads, self.stop = resizes, reads, stop
+        self.current, self.seen, self.begun = 1, 0, 0
+        self.decided_at: float | None = None
+        self.samples: list[dict] = []
+        self._pending: dict | None = None
+
+    def start(self) -> int:
+        return 1
+
+    def observe(self, replicas: int, *, hints: Any = None, progress: Any = None) -> None:
+        if replicas != self.current:
+            self.current, self.seen = replicas, 0
+            if self._pending is not None and progress is not None and \
+                    progress.resize_cost_s is not None:
+                self.samples.append({**self._pending, "pause_s": progress.resize_cost_s})
+                self._pending = None
+        self.seen += 1
+        if self.begun >= self.resizes and self._pending is None and self.seen > self.reads:
+            self.stop()
+
+    def decision(self) -> Any:
+        from adaptdl_core.decision import Decision
+        if self.begun < self.resizes and self._pending is None and self.seen >= self.reads:
+            if self.decided_at is None:
+                self.decided_at = time.time()
+            return Decision("job", "resize", 3 - self.current, (), "scripted")
+        return Decision("job", "keep", self.current, (), "scripted")
+
+    def begin_resize(self, decision: Any) -> None:
+        self.begun += 1
+        self._pending = {"from": self.current, "to": decision.replicas,
+                         "decision_to_stop_s": time.time() - (self.decided_at or time.time())}
+        self.decided_at = None
+
+    def end(self) -> None:
+        pass
+
+
+def job_resizes(resizes: int, storage: str, reads: int = 2) -> list[dict]:
+    """Each resize of a submitted job (see the module docstring) on the running Ray
+    instance: ``from``, ``to``, ``pause_s`` (stop request to first step) and
+    ``decision_to_stop_s``."""
+    from adaptdl_core.decision import JobSpec
+    from adaptdl_ray.cluster.elastic_job import ElasticJob
+    from adaptdl_ray.cluster.job_files import JobFiles
+    script = os.path.join(tc.EXAMPLES, "standalone_digits.py")
+    holder: list[Any] = []
+    sizer = _ScriptedSizer(resizes, reads, stop=lambda: holder[0].request_stop())
+    job = ElasticJob(JobFiles("resize-cost", os.path.join(storage, "jobs")), script,
+                     ["--epochs", "1000", "--batch-size", "64"], JobSpec({"CPU": 1}, 1, 2),
+                     sizer=sizer, status_every_s=0.5, checkpoint_interval_s=None)
+    holder.append(job)
+    status = job.run()
+    if status != 0:
+        raise RuntimeError(f"the submitted job ended with status {status}")
+    return sizer.samples
+
+
 def floor_once() -> float:
     """Seconds to start ``python -c "import torch, ray"`` and let it exit."""
     t0 = time.perf_counter()
@@ -203,6 +279,7 @@ def run(args: argparse.Namespace) -> dict:
         stop=_after_last_resize(args.resizes))
     wall = time.time() - t0
     tune_floor_s = tune_floor(args.tune_floor, storage) if args.tune_floor else []
+    job = job_resizes(args.resizes, storage) if args.job else []
     import ray
     ray.shutdown()
     floor += [floor_once() for _ in range(args.floor)]
@@ -210,7 +287,7 @@ def run(args: argparse.Namespace) -> dict:
     return {"machine": machine_description(), "floor_s": floor, "wall_s": wall,
             "status": analysis.trials[0].status, "resizes": trial["resizes"],
             "timeline": trial["timeline"], "epochs": args.epochs, "tune_floor_s": tune_floor_s,
-            "predictions": predictions(scheduler.state)}
+            "predictions": predictions(scheduler.state), "job_resizes": job}
 
 
 def predictions(state: object) -> list[dict]:
@@ -272,6 +349,7 @@ def report(data: dict) -> str:
         if tune_s else []
     total = statistics.median(sum(r[k] for k in tc.RESIZE_PHASES) for r in resizes) \
         if resizes else float("nan")
+    job_lines = job_report(data.get("job_resizes") or [], statistics.median(floor), total)
     return "\n".join([
         f"Machine: {data['machine']}",
         f"trial status {data['status']}, {len(resizes)} resizes measured, trial wall "
@@ -279,8 +357,30 @@ def report(data: dict) -> str:
         markdown_table(header, rows), "",
         f"floor, fresh `python -c \"import torch, ray\"` (n={len(floor)}, before and after "
         f"the trial): {iqr_text(floor, '{:.2f}')} s; median resize / floor = "
-        f"{total / statistics.median(floor):.1f}x"] + tune_lines
+        f"{total / statistics.median(floor):.1f}x"] + tune_lines + job_lines
         + ([""] + prediction_report(data["predictions"]) if data.get("predictions") else []))
+
+
+def job_report(job: list[dict], floor_s: float, tune_s: float) -> list[str]:
+    """The submitted job's resizes (pause and decision-to-stop) by direction, against the
+    floor ``floor_s`` and the Tune trial's median resize ``tune_s``."""
+    if not job:
+        return []
+    rows = []
+    for name, rs in (("1 -> 2", [r for r in job if r["to"] == 2]),
+                     ("2 -> 1", [r for r in job if r["to"] == 1]), ("all", job)):
+        if rs:
+            pause = statistics.median(r["pause_s"] for r in rs)
+            rows.append([name, str(len(rs)), iqr_text([r["pause_s"] for r in rs], "{:.2f}"),
+                         f"{pause / floor_s:.2f}x",
+                         iqr_text([r["decision_to_stop_s"] for r in rs], "{:.2f}")])
+    pause = statistics.median(r["pause_s"] for r in job)
+    return ["", "Submitted job (ElasticJob, replicas that stay kept), stop request -> first "
+            "step, s:",
+            markdown_table(["from -> to", "n", "pause: median [p25, p75]", "x floor",
+                            "decision -> stop (trains on)"], rows),
+            f"median job resize / floor = {pause / floor_s:.2f}x; median Tune-trial resize / "
+            f"job resize = {tune_s / pause:.1f}x"]
 
 
 def prediction_report(rows_p: list[dict]) -> list[str]:
@@ -312,6 +412,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tune-floor", type=int, default=4,
                    help="pause-relaunch cycles of a trivial trainable to time after the "
                         "trial (Tune's own floor; 0 skips; default 4)")
+    p.add_argument("--job", action=argparse.BooleanOptionalAction, default=True,
+                   help="also time the resizes of a submitted job (ElasticJob), as many as "
+                        "--resizes (default on)")
     p.add_argument("--from-state", default=None, metavar="FILE",
                    help="print the predicted vs measured resize costs recorded in an "
                         "experiment's adaptdl_scheduler_state.json (of any run, also of "

@@ -5,8 +5,9 @@
   :class:`~adaptdl_core.decision.SharedSolve`);
 * :mod:`.client`: finding and starting it, and the solver through which a front-end's
   decision core shares the cluster (:class:`~.client.AllocatorSolver`);
-* :mod:`.elastic_job`: the driver of one job submitted by ``adaptdl-ray submit`` (replica
-  actors in a placement group it owns, checkpoint-restart resizes, stop and resume);
+* :mod:`.elastic_job`: the driver of one job submitted by ``adaptdl-ray submit``
+  (checkpoint-restart resizes that keep the replicas that stay, stop and resume);
+* :mod:`.replicas`: a job's replica actors, each in a placement group of its own;
 * :mod:`.sizing`: the seam between such a job and the decision core that sizes it;
 * :mod:`.job_files`: a job's checkpoint and records under its storage path.
 """

@@ -8,8 +8,8 @@
 is what ``adaptdl-ray submit`` runs as a Ray job's entrypoint (the job's driver). The
 driver
 
-* starts N replica actors (:class:`~adaptdl_ray.tune.worker_group.WorkerGroup`) in a
-  placement group it owns, one bundle per replica, each running the script with
+* starts N replica actors (:class:`~adaptdl_ray.tune.worker_group.WorkerGroup`), each in
+  a one-bundle placement group of its own (:mod:`.replicas`), each running the script with
   :mod:`runpy` under its own arguments and the ``ADAPTDL_*`` variables of its rank, as
   ``python -m adaptdl_core.launch`` does with local processes;
 * keeps the job's checkpoint under its storage path (:mod:`.job_files`): a run resumes
@@ -17,8 +17,11 @@ driver
   finished reports so and exits 0;
 * asks its :class:`~adaptdl_ray.cluster.sizing.Sizer` for the job's size, feeding it rank
   0's scheduler hints and progress; a resize is every replica checkpointing at its next
-  batch boundary and ending, then N' replicas starting from that checkpoint (same epoch,
-  same sample); a grow waits until the extra replicas' resources are free;
+  batch boundary and ending its script, then N' replicas running it again from that
+  checkpoint (same epoch, same sample). The replicas that stay keep their processes
+  (torch and the script's modules stay imported); a grow reserves and starts only the new
+  replicas, while the job trains, once their resources are free, and checkpoints when they
+  are up; a shrink stops only the extra ones;
 * on SIGTERM or SIGINT (``adaptdl-ray stop``, which Ray's job stop sends) checkpoints at
   the next batch boundary, keeps the checkpoint and exits 0: submitting the same name
   again resumes there;
@@ -48,6 +51,7 @@ from adaptdl_core.decision import JobProgress, JobSpec, estimate_remaining_s
 from adaptdl_core.launch import restarts_for
 
 from adaptdl_ray.cluster.job_files import JobFiles, check_name
+from adaptdl_ray.cluster.replicas import ReplicaPool, Reservation
 from adaptdl_ray.cluster.sizing import Sizer, default_sizer
 
 LOG = logging.getLogger(__name__)
@@ -69,8 +73,11 @@ DEFAULT_CHECKPOINT_INTERVAL_S = 300.0
 # After a replica failed, how long to wait for Ray to declare a node dead when a replica
 # does not answer (Ray's health checks take some seconds to notice a lost node).
 _NODE_LOSS_WAIT_S = 45.0
-# How long the driver waits for the replicas' placement group before giving up.
+# How long the driver waits for the replicas' resources before giving up.
 _PLACEMENT_TIMEOUT_S = 600.0
+# How long a grow's new replicas may take to start (the job trains meanwhile) before their
+# resources are given back and the grow is tried again.
+_GROW_WAIT_S = 120.0
 _WAITING_LOG_EVERY_S = 30.0
 
 
@@ -154,12 +161,11 @@ def job_spec(opts: argparse.Namespace) -> JobSpec:
 
 
 class _Launch:
-    """One launch of the job: its placement group, its replicas, when it started."""
+    """One launch of the job: its replicas (a worker group) and when it started."""
 
-    def __init__(self, replicas: int, group: Any, pg: Any, started: float) -> None:
+    def __init__(self, replicas: int, group: Any, started: float) -> None:
         self.replicas = replicas
         self.group = group
-        self.pg = pg
         self.started = started
         self.first_step: float | None = None
 
@@ -184,6 +190,9 @@ class ElasticJob:
         checkpoint_interval_s: seconds of training between in-place checkpoints (the
             most a node lost without notice costs); ``None``: none (a lost node then
             costs everything since the last resize or start).
+        pool: the replicas' actors and resources (default: a
+            :class:`~adaptdl_ray.cluster.replicas.ReplicaPool` of the job's own; tests
+            pass a fake).
 
     Raises:
         ValueError: ``checkpoint_interval_s`` is not ``None`` or a finite number > 0.
@@ -194,7 +203,8 @@ class ElasticJob:
                  status_every_s: float = _STATUS_EVERY_S,
                  draining_fn: Callable[[], Mapping[str, float | None]] | None = None,
                  nodes_fn: Callable[[], Mapping[Any, Any]] | None = None,
-                 checkpoint_interval_s: float | None = DEFAULT_CHECKPOINT_INTERVAL_S) -> None:
+                 checkpoint_interval_s: float | None = DEFAULT_CHECKPOINT_INTERVAL_S,
+                 pool: ReplicaPool | None = None) -> None:
         if checkpoint_interval_s is not None and (
                 isinstance(checkpoint_interval_s, bool)
                 or not isinstance(checkpoint_interval_s, (int, float))
@@ -217,6 +227,13 @@ class ElasticJob:
         self._resize_s: float | None = None
         self._draining_fn = draining_fn or _ray_draining_nodes
         self._nodes_fn = nodes_fn or _ray_cluster_nodes
+        self._trial_info = {"trial_name": self.name, "trial_id": self.name,
+                            "experiment_name": self.name, "trial_resources": None,
+                            "trial_dir": str(files.root)}
+        self._pool = pool or ReplicaPool(spec.resources, self._trial_info,
+                                         f"adaptdl-{self.name}")
+        self._grow: Reservation | None = None  # new replicas starting for a grow
+        self._avoid_nodes: set[str] = set()    # nodes a move leaves (being drained)
 
     # -- signals ----------------------------------------------------------------------
     def install_signal_handlers(self) -> None:
@@ -258,9 +275,10 @@ class ElasticJob:
         replicas = self.sizer.start()
         LOG.info("job %s: starting %d replica(s) of %s (restart %d)", self.name, replicas,
                  dict(self.spec.resources), restarts)
+        launch = self._launch(replicas, archive, restarts)
         while True:
-            launch = self._launch(replicas, archive, restarts)
             if launch is None:  # stopped while waiting for room
+                self._teardown()
                 self._write_status("stopped", replicas=0)
                 self.sizer.end()
                 return 0
@@ -270,7 +288,7 @@ class ElasticJob:
                 lost = self._lost_nodes(launch)
                 if lost:
                     # Not the job's failure: continue from its newest checkpoint.
-                    self._teardown(launch)
+                    self._teardown()
                     archive = self._checkpoint_archive() or archive
                     replicas = self._room_elsewhere(launch)
                     restarts += 1
@@ -281,28 +299,29 @@ class ElasticJob:
                                 self.name, ", ".join(n[:12] for n in lost),
                                 str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
                                 replicas)
+                    launch = self._launch(replicas, archive, restarts)
                     continue
                 LOG.error("job %s failed: %s", self.name, exc)
                 self._keep_checkpoint(launch)
-                self._teardown(launch)
+                self._teardown()
                 self._write_status("failed", replicas=0, error=str(exc).splitlines()[0])
                 self.sizer.end()
                 return 1
             self._trained_s += time.time() - (launch.first_step or launch.started)
             archive = self._keep_checkpoint(launch) or archive
-            self._teardown(launch)
             kind, target = outcome
             point = self.files.resume_point()
             if point is not None:
                 self._record["epochs_done"] = point.finished_epochs
             if kind in ("finished", "stopped"):
+                self._teardown()
                 self._write_status(kind, replicas=0)
                 self.sizer.end()
                 LOG.info("job %s %s (%d restarts); checkpoint in %s", self.name, kind,
                          restarts, self.files.checkpoint_path)
                 return 0
             restarts += 1
-            replicas = target
+            launch = self._relaunch(launch, target, archive, restarts)
 
     def _checkpoint_archive(self) -> bytes | None:
         """The job's newest checkpoint as tar bytes (None: a fresh start)."""
@@ -311,53 +330,74 @@ class ElasticJob:
             return None
         return transfer.pack_latest_checkpoint(str(self.files.checkpoint_path))
 
-    def _launch(self, replicas: int, archive: bytes | None, restarts: int) -> _Launch | None:
-        """Reserve ``replicas`` bundles and start the script on them (``None``: a stop
-        came while waiting for room).
+    def _launch(self, replicas: int, archive: bytes | None, restarts: int, *,
+                keep: Sequence[Any] = ()) -> _Launch | None:
+        """Start the script on ``replicas`` replicas: the idle actors ``keep`` (they keep
+        their ranks' order, the first is rank 0) and new ones (the grow started while the
+        job trained, if it brings as many, else reserved now). ``None``: a stop came while
+        waiting for room.
 
         Raises:
             TimeoutError: the cluster had no room for them within _PLACEMENT_TIMEOUT_S.
         """
-        import ray
-        from ray.util.placement_group import placement_group, remove_placement_group
-
         from adaptdl_ray.tune.worker_group import WorkerGroup
 
         started = time.time()
         self._write_status("pending", replicas=0, target=replicas)
-        pg = placement_group([dict(self.spec.resources)] * replicas, strategy="PACK",
-                             name=f"adaptdl-{self.name}")
-        ready = pg.ready()
+        need = replicas - len(keep)
+        reservation = self._take_grow(need)
+        if need > 0 and reservation is None:
+            reservation = self._pool.reserve(need)
         logged = started
-        while not ray.wait([ready], timeout=1.0)[0]:
+        while reservation is not None and not reservation.up(wait_s=1.0):
             now = time.time()
-            if self._stop_signal is not None:
-                remove_placement_group(pg)
-                return None
-            if now - started > _PLACEMENT_TIMEOUT_S:
-                remove_placement_group(pg)
+            if self._stop_signal is not None or now - started > _PLACEMENT_TIMEOUT_S:
+                reservation.cancel()
+                self._pool.release(keep)
+                if self._stop_signal is not None:
+                    return None
                 raise TimeoutError(
-                    f"the cluster had no room for {replicas} replica(s) of "
+                    f"the cluster had no room for {need} replica(s) of "
                     f"{dict(self.spec.resources)} within {_PLACEMENT_TIMEOUT_S:.0f} s: lower "
                     "--min-replicas or free resources")
             if now - logged > _WAITING_LOG_EVERY_S:
-                LOG.info("job %s: waiting for room for %d replica(s)", self.name, replicas)
+                LOG.info("job %s: waiting for room for %d replica(s)", self.name, need)
                 logged = now
-        info = {"trial_name": self.name, "trial_id": self.name,
-                "experiment_name": self.name, "trial_resources": None,
-                "trial_dir": str(self.files.root)}
+        actors = [*keep, *(self._pool.take(reservation) if reservation is not None else [])]
         try:
-            group = WorkerGroup(replicas, self.spec.resources, pg, info)
+            group = WorkerGroup(replicas, self.spec.resources, None, self._trial_info,
+                                actors=actors)
             config = {"script": self.script, "args": self.args,
                       "env": {TENSORBOARD_VAR: str(self.files.root / "tensorboard")}}
             group.start(run_script, config, fn_kwargs={},
                         archive=archive, user_files=None, num_restarts=restarts,
                         job_id=self.name, timeout_s=None)
         except BaseException:
-            remove_placement_group(pg)
+            self._pool.release(actors)
             raise
         self._record["restarts"] = restarts
-        return _Launch(replicas, group, pg, started)
+        return _Launch(replicas, group, started)
+
+    def _relaunch(self, launch: _Launch, target: int, archive: bytes | None,
+                  restarts: int) -> _Launch | None:
+        """Continue a checkpointed launch with ``target`` replicas, keeping the replicas
+        that stay (their processes, torch imported): those off the nodes being drained,
+        lowest ranks first (rank 0 stays rank 0); the others stop. If the survivors cannot
+        be made idle, every replica is replaced."""
+        from adaptdl_ray.tune.worker_group import recycle_workers
+
+        group = launch.group
+        avoid, self._avoid_nodes = self._avoid_nodes, set()
+        stay = [a for a, node in zip(group.actors, group.node_ids) if node not in avoid]
+        stay = stay[:target]
+        # Every replica leaves the job's process group together (one that loses its peers
+        # first waits out the store's timeout); then the extra ones stop.
+        if not recycle_workers(group.actors, self._trial_info):
+            stay = []
+        self._pool.release([a for a in group.actors if a not in stay])
+        LOG.info("job %s: %d replica(s) stay, %d start", self.name, len(stay),
+                 target - len(stay))
+        return self._launch(target, archive, restarts, keep=stay)
 
     def _watch(self, launch: _Launch) -> tuple[str, int]:
         """Follow a launch until it ends or must end.
@@ -401,9 +441,11 @@ class ElasticJob:
             target = decision.replicas
             if decision.action != "resize" or target == launch.replicas or \
                     target < self.spec.min_replicas:
+                self._cancel_grow()
                 continue
-            if target > launch.replicas and not self._fits(target - launch.replicas):
-                continue  # grow once the room is free (others shrink first)
+            if target > launch.replicas and not self._grow_ready(launch,
+                                                                      target - launch.replicas):
+                continue  # the new replicas start while the job trains
             LOG.info("job %s: resizing %d -> %d replicas (%s)", self.name, launch.replicas,
                      target, decision.reason)
             self.sizer.begin_resize(decision)
@@ -419,6 +461,55 @@ class ElasticJob:
         outcomes = launch.group.stop(self.stop_timeout_s)
         return ("finished", 0) if _all_finished(outcomes) else (kind, target)
 
+    def _grow_ready(self, launch: _Launch, extra: int) -> bool:
+        """Whether ``extra`` new replicas are up for a grow: reserves and starts them when
+        their resources are free (others shrink first), and gives them back if they are
+        not up within _GROW_WAIT_S (the cluster changed meanwhile)."""
+        grow = self._grow
+        if grow is not None and grow.count != extra:
+            self._cancel_grow()
+            grow = None
+        try:
+            if grow is None:
+                if not self._fits(extra):
+                    return False
+                LOG.info("job %s: starting %d new replica(s) while it trains", self.name,
+                         extra)
+                # (they import what rank 0 has imported: the script's modules too)
+                modules = launch.group.imported_modules()
+                self._grow = grow = self._pool.reserve(extra, warm_up=(
+                    modules, [os.path.dirname(os.path.abspath(self.script))]))
+            if grow.up():
+                return True
+        except Exception as exc:  # noqa: BLE001 - the job trains on; the grow is retried
+            LOG.warning("job %s: new replicas for a grow could not start (%s); trying again",
+                        self.name, str(exc).splitlines()[0] if str(exc) else exc)
+            self._cancel_grow()
+            return False
+        if time.monotonic() - grow.created > _GROW_WAIT_S:
+            LOG.warning("job %s: %d new replica(s) not up within %.0f s; giving their "
+                        "resources back", self.name, extra, _GROW_WAIT_S)
+            self._cancel_grow()
+        return False
+
+    def _take_grow(self, need: int) -> Any:
+        """The grow's reservation if it is up and brings ``need`` replicas, else
+        ``None`` (a grow that does not match is given back)."""
+        grow, self._grow = self._grow, None
+        if grow is not None and grow.count == need and not grow.cancelled:
+            return grow
+        if grow is not None:
+            grow.cancel()
+        return None
+
+    def _cancel_grow(self) -> None:
+        """Give back the replicas started for a grow that is no longer wanted."""
+        if self._grow is not None:
+            LOG.info("job %s: grow to %d more replica(s) cancelled", self.name,
+                     self._grow.count)
+            self._grow.cancel()
+            self._grow = None
+
     def _move_target(self, launch: _Launch) -> int | None:
         """If a node under the launch's replicas is being drained, the replicas to
         relaunch with on the other nodes (as many as now, if they fit there, else as many
@@ -433,6 +524,7 @@ class ElasticJob:
         if under is None:
             return None
         hit, when = under
+        self._avoid_nodes = set(hit)
         target = self._room_elsewhere(launch)
         LOG.warning("job %s: node(s) %s under its replicas are draining (%s): checkpointing "
                     "at the next batch boundary and moving to the other nodes with %d "
@@ -563,14 +655,10 @@ class ElasticJob:
         LOG.info("job %s: checkpoint kept in %s", self.name, path)
         return archive
 
-    @staticmethod
-    def _teardown(launch: _Launch) -> None:
-        from ray.util.placement_group import remove_placement_group
-        launch.group.shutdown()
-        try:
-            remove_placement_group(launch.pg)
-        except Exception:  # noqa: BLE001 - already removed
-            LOG.debug("placement group already removed", exc_info=True)
+    def _teardown(self) -> None:
+        """Stop every replica of the job, started or starting, and free their resources."""
+        self._cancel_grow()
+        self._pool.release_all()
 
     def _write_status(self, status: str, *, replicas: int, target: int | None = None,
                       **extra: Any) -> None:

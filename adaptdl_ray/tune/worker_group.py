@@ -15,7 +15,7 @@ import concurrent.futures
 import logging
 import threading
 import time
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import ray.cloudpickle as cloudpickle
 
@@ -29,7 +29,8 @@ from adaptdl_ray.tune.worker import ReplicaWorker
 
 LOG = logging.getLogger(__name__)
 
-__all__ = ["WorkerGroup", "InProcessReplica", "WorkerFailed", "first_line_of"]
+__all__ = ["WorkerGroup", "InProcessReplica", "WorkerFailed", "first_line_of", "new_workers",
+           "recycle_workers", "stop_workers"]
 
 # Threads per worker actor: the training function, result polling, checkpoint requests.
 _ACTOR_CONCURRENCY = 4
@@ -80,6 +81,61 @@ def _stop_timeout(ranks: list[int], timeout_s: float) -> TimeoutError:
         "is taken at its batch boundaries)")
 
 
+def new_workers(resources_per_replica: Mapping[str, float], trial_info: dict[str, Any],
+                placements: Sequence[tuple[Any, int] | None]) -> list[Any]:
+    """Create one replica actor per entry of ``placements`` (returns at once; each actor
+    imports torch as it starts, see ``ReplicaWorker``).
+
+    Args:
+        resources_per_replica: each actor's resources, e.g. ``{"CPU": 1}``.
+        trial_info: passed to each worker for ``tune.get_context``.
+        placements: per actor, ``(placement group, bundle index)`` to run in, or ``None``
+            to let Ray schedule it anywhere.
+    """
+    remote_cls = ray.remote(ReplicaWorker)
+    resources = dict(resources_per_replica)
+    custom = {k: v for k, v in resources.items() if k not in ("CPU", "GPU")}
+    actors = []
+    for i, placement in enumerate(placements):
+        options: dict[str, Any] = {"num_cpus": float(resources.get("CPU", 0)),
+                                   "num_gpus": float(resources.get("GPU", 0)),
+                                   "max_concurrency": _ACTOR_CONCURRENCY}
+        if custom:
+            options["resources"] = custom
+        if placement is not None:
+            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                placement[0], placement_group_bundle_index=placement[1])
+        actors.append(remote_cls.options(**options).remote(i, trial_info))
+    return actors
+
+
+def recycle_workers(actors: Sequence[Any], trial_info: dict[str, Any],
+                    timeout_s: float = 60.0) -> bool:
+    """Make idle replica actors forget their job (see ``ReplicaWorker.recycle``) so that
+    they can run another; False if one is still running its function, died, or did not
+    answer within ``timeout_s`` (the caller should then replace them)."""
+    try:
+        return all(ray.get([a.recycle.remote(trial_info) for a in actors], timeout=timeout_s))
+    except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
+        LOG.warning("could not recycle the replica actors; fresh ones will start",
+                    exc_info=True)
+        return False
+
+
+def stop_workers(actors: Sequence[Any]) -> None:
+    """Remove the actors' local files and kill them (best effort: some may be gone)."""
+    try:
+        ray.wait([a.remove_local_files.remote() for a in actors],
+                 num_returns=len(actors), timeout=10)
+    except Exception:  # noqa: BLE001 - best effort: the actors may be gone already
+        pass
+    for actor in actors:
+        try:
+            ray.kill(actor)
+        except Exception:  # noqa: BLE001 - already dead is fine
+            pass
+
+
 class WorkerGroup:
     """Start ``num_replicas`` worker actors and find where they run.
 
@@ -90,31 +146,29 @@ class WorkerGroup:
             then scheduled anywhere, for tests and the single-job runner).
         trial_info: passed to each worker for ``tune.get_context``.
         timeout_s: how long to wait for the actors to start.
+        actors: replica actors to form the group of instead of starting new ones (from
+            :func:`new_workers`, or survivors of an earlier group made idle by
+            :func:`recycle_workers`); ``placement_group`` is then unused. The first keeps
+            rank 0.
 
     Raises:
         TimeoutError: if the actors are not up within ``timeout_s`` (names the ranks).
+        ValueError: ``actors`` does not hold ``num_replicas`` actors.
     """
 
     def __init__(self, num_replicas: int, resources_per_replica: Mapping[str, float],
                  placement_group: Any, trial_info: dict[str, Any],
-                 timeout_s: float = 300.0) -> None:
+                 timeout_s: float = 300.0, *, actors: Sequence[Any] | None = None) -> None:
         self.created_at = time.time()
         self.num_replicas = num_replicas
         self.resources_per_replica = dict(resources_per_replica)
-        remote_cls = ray.remote(ReplicaWorker)
-        cpus = float(self.resources_per_replica.get("CPU", 0))
-        gpus = float(self.resources_per_replica.get("GPU", 0))
-        custom = {k: v for k, v in self.resources_per_replica.items() if k not in ("CPU", "GPU")}
-        actors = []
-        for i in range(num_replicas):
-            options: dict[str, Any] = {"num_cpus": cpus, "num_gpus": gpus,
-                                       "max_concurrency": _ACTOR_CONCURRENCY}
-            if custom:
-                options["resources"] = custom
-            if placement_group is not None:
-                options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
-                    placement_group, placement_group_bundle_index=i)
-            actors.append(remote_cls.options(**options).remote(i, trial_info))
+        if actors is None:
+            placements = [(placement_group, i) if placement_group is not None else None
+                          for i in range(num_replicas)]
+            actors = new_workers(self.resources_per_replica, trial_info, placements)
+        elif len(actors) != num_replicas:
+            raise ValueError(f"actors: {len(actors)} given for {num_replicas} replicas")
+        actors = list(actors)
         addresses = self._get([a.node_address.remote() for a in actors], timeout_s,
                               "start the replica actors")
         # Consecutive ranks on the same node: rank 0 on the first node seen.
@@ -200,14 +254,12 @@ class WorkerGroup:
             if len(done) < len(self._runs):
                 return False
         self.created_at = time.time()
+        if not recycle_workers(self.actors, trial_info, timeout_s):
+            return False
         try:
-            answers = ray.get([a.recycle.remote(trial_info) for a in self.actors],
-                              timeout=timeout_s)
-            if not all(answers):
-                return False
             self.master_port = ray.get(self.actors[0].free_port.remote(), timeout=timeout_s)
         except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
-            LOG.warning("could not recycle the replica actors; fresh ones will start",
+            LOG.warning("could not pick a port on rank 0's node; fresh replicas will start",
                         exc_info=True)
             return False
         self.workers_up_at = time.time()
@@ -328,6 +380,15 @@ class WorkerGroup:
         never saved one)."""
         return ray.get(self.actors[0].checkpoint_archive.remote(path))
 
+    def imported_modules(self, timeout_s: float = 10.0) -> list[str]:
+        """The modules rank 0's process has imported (see ``ReplicaWorker.warm_up``).
+
+        Raises:
+            TimeoutError: rank 0 did not answer within ``timeout_s``.
+        """
+        return self._get(self.actors[0].imported_modules.remote(), timeout_s,
+                         f"list the modules of {self.describe(0)}")
+
     def snapshot(self, timeout_s: float = 10.0) -> dict[str, Any] | None:
         """Rank 0's training status and scheduler hints now (see
         ``ReplicaWorker.snapshot``; ``None`` before its first step or after its end).
@@ -350,17 +411,7 @@ class WorkerGroup:
 
     def shutdown(self) -> None:
         """Remove the workers' local files and kill the actors (idempotent)."""
-        actors = getattr(self, "actors", [])
-        try:
-            ray.wait([a.remove_local_files.remote() for a in actors],
-                     num_returns=len(actors), timeout=10)
-        except Exception:  # noqa: BLE001 - best effort: the actors may be gone already
-            pass
-        for actor in actors:
-            try:
-                ray.kill(actor)
-            except Exception:  # noqa: BLE001 - already dead is fine
-                pass
+        stop_workers(getattr(self, "actors", []))
         self.actors = []
         self._runs = []
 

@@ -1,6 +1,6 @@
 """A Ray job's driver that runs tests/core/jobs/elastic_job.py as an ElasticJob whose sizer
-follows a script: 1 replica, then 2 (after two status reads at 1), so that a test can
-check a resize on a real cluster.
+follows a script: 1 replica, then 2 (after two status reads at 1), then 1 again (after
+two reads at 2), so that a test can check a grow and a shrink on a real cluster.
 
 Run as ``python -m tests.ray.cluster_resize_job STORAGE RECORD_DIR`` (the entrypoint of a
 submitted Ray job); exits with the job's status.
@@ -17,7 +17,10 @@ from adaptdl_core.decision import Decision, JobProgress, JobSpec
 
 JOB_SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "core",
                           "jobs", "elastic_job.py")
-PLAN = (1, 2)
+PLAN = (1, 2, 1)
+# Long enough for both resizes on a loaded 2-core machine (a grow starts its new replica
+# while the job trains, a few seconds).
+SIZE, EPOCHS = 64, 16
 
 
 class ScriptedSizer:
@@ -62,7 +65,8 @@ def main() -> int:
     ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True)  # the job's cluster
     sizer = ScriptedSizer()
     job = ElasticJob(JobFiles("resized", storage), JOB_SCRIPT,
-                     ["--record", record, "--epochs", "2", "--size", "64", "--sleep", "0.1"],
+                     ["--record", record, "--epochs", str(EPOCHS), "--size", str(SIZE),
+                      "--sleep", "0.1"],
                      JobSpec({"CPU": 1}, 1, 2), sizer=sizer, status_every_s=0.5)
     status = job.run()
     print(f"resizes begun: {sizer.begun}", flush=True)

@@ -3,8 +3,9 @@
 One test follows a 2-replica job through submit, ``ls``, ``stop`` (mid-run), ``submit``
 of the same name (it resumes), ``logs`` and ``cp``, and checks that every sample of every
 epoch was trained exactly once across the stop. A second submits a driver whose sizer
-grows its job from 1 to 2 replicas (a resize waits for the room, stops every replica at a
-batch boundary and starts the new ones from the checkpoint) and checks the same across it.
+grows its job from 1 to 2 replicas and shrinks it back (a grow starts the new replica
+while the job trains; each resize checkpoints at a batch boundary and continues from the
+checkpoint, keeping the replicas that stay) and checks the same across both.
 """
 
 from __future__ import annotations
@@ -139,7 +140,12 @@ def test_submit_stop_resume_exactly_once(cluster, cluster_env, tmp_path):
     assert out.returncode == 1 and "no job named 'nope'" in out.stderr, out.stderr
 
 
-def test_resize_grows_exactly_once(cluster, cluster_env, tmp_path):
+def test_resize_keeps_the_replicas_that_stay_and_trains_exactly_once(cluster, cluster_env,
+                                                                     tmp_path):
+    """1 -> 2 -> 1 replicas: the grow starts one new process and keeps rank 0's; the
+    shrink stops the extra one and keeps rank 0's again; every sample once per epoch."""
+    from tests.ray.cluster_resize_job import EPOCHS as RESIZE_EPOCHS
+    from tests.ray.cluster_resize_job import SIZE as RESIZE_SIZE
     record, storage = tmp_path / "record", tmp_path / "storage"
     record.mkdir()
     from ray.job_submission import JobSubmissionClient
@@ -147,14 +153,19 @@ def test_resize_grows_exactly_once(cluster, cluster_env, tmp_path):
     job = client.submit_job(
         entrypoint=f"{sys.executable} -m tests.ray.cluster_resize_job {storage} {record}",
         runtime_env={"env_vars": {"PYTHONPATH": cluster_env["PYTHONPATH"]}})
-    ended(cluster, job, 150)
+    ended(cluster, job, 180)
     logs = client.get_job_logs(job)
     assert str(client.get_job_status(job)).endswith("SUCCEEDED"), logs[-3000:]
-    assert "resizes begun: [2]" in logs, logs[-3000:]
+    assert "resizes begun: [2, 1]" in logs, logs[-3000:]
     events = read_events(record)
-    sizes = {e["restart"]: e["replicas"] for e in events if e["event"] == "start"}
-    assert sizes == {0: 1, 1: 2}, sizes
-    assert_exactly_once(events, 64, 2)
+    starts = {(e["restart"], e["rank"]): e for e in events if e["event"] == "start"}
+    assert {r: e["replicas"] for (r, _), e in starts.items()} == {0: 1, 1: 2, 2: 1}, starts
+    pid = {key: e["pid"] for key, e in starts.items()}
+    assert pid[(0, 0)] == pid[(1, 0)] == pid[(2, 0)], pid  # rank 0 kept its process
+    assert pid[(1, 1)] != pid[(1, 0)], pid                  # the grow started one more
+    assert "1 replica(s) stay, 1 start" in logs and "1 replica(s) stay, 0 start" in logs, \
+        logs[-3000:]
+    assert_exactly_once(events, RESIZE_SIZE, RESIZE_EPOCHS)
 
 
 def test_start_turns_the_allocators_autoscaling_on_and_off(cluster, cluster_env, tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import zlib
@@ -159,7 +160,7 @@ def test_a_draining_node_under_a_replica_moves_the_job(tmp_path, room, target):
                                  sizer=KeepSizer(), draining_fn=lambda: {"b": 0},
                                  nodes_fn=lambda: nodes)
     group = FakeGroup(["a", "b"])
-    launch = elastic_job._Launch(2, group, None, 0.0)
+    launch = elastic_job._Launch(2, group, 0.0)
     assert job._watch(launch) == ("move", target)
     assert group.stops == 1
     assert job.files.read_status()["status"] == "moving"
@@ -183,7 +184,7 @@ def test_a_drain_elsewhere_or_a_failed_read_moves_nothing(tmp_path, caplog, monk
                                  nodes_fn=lambda: {})
     group = FakeGroup(["a", "b"])
     monkeypatch.setattr(elastic_job, "_DRAIN_CHECK_S", 0.0)
-    assert job._watch(elastic_job._Launch(2, group, None, 0.0)) == ("stopped", 0)
+    assert job._watch(elastic_job._Launch(2, group, 0.0)) == ("stopped", 0)
     assert len(reads) == 3 and group.stops == 1
     assert "could not ask which nodes are draining (GCS unreachable)" in caplog.text
 
@@ -217,7 +218,7 @@ def test_in_place_checkpoints_come_every_interval(tmp_path, monkeypatch, interva
     monkeypatch.setattr(elastic_job, "_DRAIN_CHECK_S", 0.0)
     group = SavingGroup(["a", "b"])
     started = time.monotonic()
-    assert job._watch(elastic_job._Launch(2, group, None, 0.0)) == ("stopped", 0)
+    assert job._watch(elastic_job._Launch(2, group, 0.0)) == ("stopped", 0)
     if some:  # (three saves at least 2 intervals apart, well before the 10 s limit)
         assert group.saves >= 3 and time.monotonic() - started < 9.0
     else:
@@ -231,7 +232,7 @@ def test_a_lost_node_is_named_and_the_job_continues_on_what_is_left(tmp_path):
     nodes = {"a": NodeInfo({"CPU": 1})}
     job = elastic_job.ElasticJob(JobFiles("j", str(tmp_path)), "train.py", [], spec,
                                  sizer=KeepSizer(), nodes_fn=lambda: nodes)
-    launch = elastic_job._Launch(2, FakeGroup(["a", "b"]), None, 0.0)
+    launch = elastic_job._Launch(2, FakeGroup(["a", "b"]), 0.0)
     assert job._lost_nodes(launch) == ["b"]
     assert job._room_elsewhere(launch) == 1
     nodes["c"] = NodeInfo({"CPU": 2})
@@ -244,3 +245,136 @@ def test_a_bad_checkpoint_interval_is_named(tmp_path, bad):
         elastic_job.ElasticJob(JobFiles("j", str(tmp_path)), "train.py", [],
                                JobSpec({"CPU": 1}, 1, 2), sizer=KeepSizer(),
                                checkpoint_interval_s=bad)
+
+
+class FakeReservation:
+    """New replicas that are up after ``polls`` calls of up()."""
+
+    def __init__(self, count, polls, warm_up):
+        self.count, self.polls, self.warm_up = count, polls, warm_up
+        self.cancelled = False
+        self.actors = [f"new{i}" for i in range(count)]
+        self.created = time.monotonic()
+
+    def up(self, wait_s=0.0):
+        self.polls -= 1
+        return self.polls <= 0 and not self.cancelled
+
+    def cancel(self):
+        self.cancelled = True
+
+
+class FakePool:
+    def __init__(self, polls=3):
+        self.polls = polls
+        self.reserved, self.released = [], []
+
+    def reserve(self, count, *, warm_up=None):
+        self.reserved.append(FakeReservation(count, self.polls, warm_up))
+        return self.reserved[-1]
+
+    def release(self, actors, *, pgs=()):
+        self.released.extend(actors)
+
+    def release_all(self):
+        pass
+
+
+class ActorGroup(FakeGroup):
+    """FakeGroup with actor handles (strings) in rank order and rank 0's modules."""
+
+    def __init__(self, node_ids):
+        super().__init__(node_ids)
+        self.actors = [f"r{i}" for i in range(len(node_ids))]
+
+    def imported_modules(self):
+        return ["json"]
+
+
+class ScriptSizer(KeepSizer):
+    """Resizes to ``targets[i]`` on its i-th decision (the last one repeats)."""
+
+    def __init__(self, targets):
+        self.targets, self.calls, self.begun = list(targets), 0, []
+
+    def decision(self):
+        from adaptdl_core.decision import Decision
+        target = self.targets[min(self.calls, len(self.targets) - 1)]
+        self.calls += 1
+        return Decision("j", "resize" if target else "keep", target or 2, (), "test")
+
+    def begin_resize(self, decision):
+        self.begun.append(decision.replicas)
+
+
+def test_a_grow_starts_its_new_replicas_while_the_job_trains_then_checkpoints(tmp_path):
+    pool = FakePool(polls=3)
+    job = elastic_job.ElasticJob(JobFiles("j", str(tmp_path)), "dir/train.py", [],
+                                 JobSpec({"CPU": 1}, 1, 4), sizer=ScriptSizer([3]),
+                                 draining_fn=dict, nodes_fn=dict, pool=pool,
+                                 checkpoint_interval_s=None)
+    job._fits = lambda extra: True
+    group = ActorGroup(["a", "a"])
+    assert job._watch(elastic_job._Launch(2, group, 0.0)) == ("resize", 3)
+    # One reservation of one replica, warmed with rank 0's modules, polled until up; the
+    # replicas were stopped (checkpoint) only then, once.
+    (grow,) = pool.reserved
+    assert grow.count == 1 and grow.polls == 0 and not grow.cancelled
+    assert grow.warm_up == (["json"], [os.path.abspath("dir")])
+    assert group.stops == 1 and job.sizer.begun == [3]
+    assert job._take_grow(1) is grow  # the relaunch takes it
+
+
+def watch_a_grow_that_never_comes_up(tmp_path, monkeypatch, targets):
+    """Follow a 2-replica launch whose sizer decides ``targets`` while the new replicas
+    never come up, until its 4th decision (then the job is asked to stop); the pool."""
+    monkeypatch.setattr(elastic_job, "_DRAIN_CHECK_S", 0.0)
+    pool = FakePool(polls=100)
+    sizer = ScriptSizer(targets)
+    job = elastic_job.ElasticJob(JobFiles("j", str(tmp_path)), "train.py", [],
+                                 JobSpec({"CPU": 1}, 1, 4), sizer=sizer,
+                                 draining_fn=lambda: (job.request_stop() or {}) if sizer.calls > 3
+                                 else {}, nodes_fn=dict, pool=pool, checkpoint_interval_s=None)
+    job._fits = lambda extra: True
+    assert job._watch(elastic_job._Launch(2, ActorGroup(["a", "a"]), 0.0)) == ("stopped", 0)
+    assert sizer.begun == []
+    return pool
+
+
+def test_a_grow_no_longer_wanted_gives_its_replicas_back(tmp_path, monkeypatch):
+    pool = watch_a_grow_that_never_comes_up(tmp_path, monkeypatch, [3, 3, None])
+    (grow,) = pool.reserved
+    assert grow.cancelled
+
+
+def test_a_grow_not_up_in_time_gives_its_replicas_back_and_tries_again(tmp_path, monkeypatch,
+                                                                      caplog):
+    monkeypatch.setattr(elastic_job, "_GROW_WAIT_S", 0.0)
+    pool = watch_a_grow_that_never_comes_up(tmp_path, monkeypatch, [3])
+    assert len(pool.reserved) >= 2 and all(r.cancelled for r in pool.reserved)
+    assert "not up within 0 s; giving their resources back" in caplog.text
+
+
+@pytest.mark.parametrize("target, avoid, recycled, stay, released", [
+    (2, set(), True, ["r0", "r1"], ["r2"]),          # a shrink keeps the lowest ranks
+    (3, set(), True, ["r0", "r1", "r2"], []),        # a relaunch at the same size keeps all
+    (2, {"a"}, True, ["r2"], ["r0", "r1"]),          # a move keeps those off the drained node
+    (2, set(), False, [], ["r0", "r1", "r2"]),       # survivors not idle: all replaced
+])
+def test_a_relaunch_keeps_the_replicas_that_stay(tmp_path, monkeypatch, target, avoid,
+                                                 recycled, stay, released):
+    from adaptdl_ray.tune import worker_group
+    recycles = []
+    monkeypatch.setattr(worker_group, "recycle_workers",
+                        lambda actors, info: recycles.append(list(actors)) or recycled)
+    pool = FakePool()
+    job = elastic_job.ElasticJob(JobFiles("j", str(tmp_path)), "train.py", [],
+                                 JobSpec({"CPU": 1}, 1, 4), sizer=KeepSizer(), pool=pool)
+    job._avoid_nodes = set(avoid)
+    launches = []
+    job._launch = lambda replicas, archive, restarts, keep: launches.append(
+        (replicas, list(keep)))
+    job._relaunch(elastic_job._Launch(3, ActorGroup(["a", "a", "b"]), 0.0), target, None, 1)
+    assert recycles == [["r0", "r1", "r2"]]  # every replica leaves the process group at once
+    assert launches == [(target, stay)] and pool.released == released
+    assert job._avoid_nodes == set()

@@ -93,7 +93,7 @@ def main():
                                    gradient_accumulation=args.accumulation)
     valid = adl.AdaptiveDataLoader(data, batch_size=args.batch_size)
     accum = adl.Accumulator()
-    emit(event="start", replicas=env.num_replicas(), epoch=adl.finished_epochs())
+    emit(event="start", replicas=env.num_replicas(), epoch=adl.finished_epochs(), pid=os.getpid())
 
     requests, askers = [], []
 
