@@ -1,5 +1,5 @@
-"""What a lost node costs a submitted job, and how fast a Tune trial leaves a draining node
-(issue 27, items 1 and 2), over repeated runs.
+"""What a lost node costs a submitted job and a Tune trial, and how fast a Tune trial leaves
+a draining node (issue 27, items 1 and 2), over repeated runs.
 
 * **lost**: the scenario of ``tests/ray/test_lost_nodes.py``
   (``tests/ray/lost_node_job_run.py``): a two-node ``ray.cluster_utils.Cluster`` of its
@@ -11,6 +11,13 @@
   checkpoint held the driver (fetching and storing it included); the share of time those
   saves would take at the default interval is their mean over
   ``DEFAULT_CHECKPOINT_INTERVAL_S``.
+* **trial-lost**: the scenario of ``tests/ray/test_lost_nodes.py``'s trial test
+  (``tests/ray/lost_node_trial_run.py``): a 3-replica Tune trial under
+  ``AdaptDLScheduler``, one replica on the worker (a head of 3 CPUs, a worker of 1),
+  checkpointing in place every ``--interval`` seconds; after 30 steps the worker is removed
+  without notice. Measured: from the removal to the first step of the relaunch in the same
+  placement group, the samples trained twice against one interval's worth, and the
+  failures Tune counted.
 * **trial-drain**: the scenario of ``tests/ray/test_draining_nodes.py``'s trial test
   (``tests/ray/drain_trial_run.py``): a 2-replica Tune trial under ``AdaptDLScheduler``
   on the worker, drained with a 60 s deadline. Measured: from ``ray drain-node``
@@ -65,6 +72,25 @@ def lost_run(interval_s: float) -> dict:
             "interval_samples": interval_s / SLEEP_S * BATCH, **seen}
 
 
+def trial_lost_run(interval_s: float) -> dict:
+    """One Tune trial whose worker node is removed without notice, in its own process."""
+    from tests.ray.interrupt_scenario import records
+    from tests.ray.lost_node_trial_run import BATCH, SIZE, SLEEP_S
+    with tempfile.TemporaryDirectory(prefix="trial-lost-") as d:
+        record = Path(d) / "record"
+        record.mkdir()
+        seen, problem = _run("tests.ray.lost_node_trial_run", str(Path(d) / "storage"),
+                             str(record), str(interval_s))
+        if seen is None:
+            return {"ok": False, "problem": problem}
+        per_epoch = samples_per_epoch(records(record))
+    complete = all(set(c) == set(range(SIZE)) for c in per_epoch.values())
+    repeated = sum(n - 1 for c in per_epoch.values() for n in c.values())
+    return {"ok": seen["status"] == "TERMINATED" and seen.get("loss_to_first_step_s")
+            is not None, "complete": complete, "repeated": repeated,
+            "interval_samples": interval_s / SLEEP_S * BATCH, **seen}
+
+
 def trial_drain_run() -> dict:
     """One Tune trial on a drained node, in its own process (own cluster)."""
     from tests.ray.drain_trial_run import EPOCHS, SIZE
@@ -97,13 +123,14 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--runs", type=int, default=5, help="runs of each scenario (default 5)")
     p.add_argument("--interval", type=float, default=2.0,
-                   help="the lost-node job's checkpoint interval in seconds (default 2)")
-    p.add_argument("--only", choices=("lost", "trial-drain"), default=None)
+                   help="the lost-node job's and trial's checkpoint interval in seconds "
+                        "(default 2)")
+    p.add_argument("--only", choices=("lost", "trial-lost", "trial-drain"), default=None)
     p.add_argument("--json", default=None, help="also write the raw rows here")
     args = p.parse_args(argv)
     if args.runs < 1:
         p.error(f"--runs must be at least 1, got {args.runs}")
-    rows: dict[str, list[dict]] = {"lost": [], "trial-drain": []}
+    rows: dict[str, list[dict]] = {"lost": [], "trial-lost": [], "trial-drain": []}
     for i in range(args.runs):
         if args.only in (None, "lost"):
             row = lost_run(args.interval)
@@ -113,6 +140,15 @@ def main(argv: list[str] | None = None) -> int:
                 f"{row['sizes']}, {row['repeated']} samples repeated (one interval: "
                 f"{row['interval_samples']:.0f}), {row['checkpoints']} in-place checkpoints "
                 f"of {row['checkpoint_s'] / max(row['checkpoints'] or 1, 1):.2f} s each, "
+                f"{'every sample trained' if row['complete'] else 'SAMPLES MISSING'}"
+                if row["ok"] else f"failed: {row.get('problem', row)}"), flush=True)
+        if args.only in (None, "trial-lost"):
+            row = trial_lost_run(args.interval)
+            rows["trial-lost"].append(row)
+            print(f"trial-lost run {i + 1}: " + (
+                f"loss to first step {row['loss_to_first_step_s']:.1f} s, launches "
+                f"{row['sizes']}, failures {row['failures']}, {row['repeated']} samples "
+                f"repeated (one interval: {row['interval_samples']:.0f}), "
                 f"{'every sample trained' if row['complete'] else 'SAMPLES MISSING'}"
                 if row["ok"] else f"failed: {row.get('problem', row)}"), flush=True)
         if args.only in (None, "trial-drain"):
@@ -138,6 +174,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"in-place checkpoint: mean {statistics.mean(per_save):.2f} s; at the default "
                   f"interval of {DEFAULT_CHECKPOINT_INTERVAL_S:g} s that is "
                   f"{100 * share:.2f}% of the time")
+    trial_lost = [r for r in rows["trial-lost"] if r["ok"]]
+    if rows["trial-lost"]:
+        print(f"trial on a lost node: {len(trial_lost)} of {len(rows['trial-lost'])} "
+              f"continued, {sum(r['complete'] for r in trial_lost)} trained every sample, "
+              f"{sum(r['failures'] == 0 for r in trial_lost)} with no failure counted; loss "
+              f"to first step median "
+              f"{_median([r['loss_to_first_step_s'] for r in trial_lost])}; repeated samples "
+              f"median {statistics.median([r['repeated'] for r in trial_lost])}"
+              if trial_lost else "trial on a lost node: no run continued")
     drained = [r for r in rows["trial-drain"] if r["ok"]]
     if rows["trial-drain"]:
         print(f"trial drain: {len(drained)} of {len(rows['trial-drain'])} moved, "
@@ -146,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
               f"first step median {_median([r['drain_to_first_step_s'] for r in drained])}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1, default=str))
-    ok = all(r["ok"] and r["complete"] for r in rows["lost"]) and \
+    ok = all(r["ok"] and r["complete"] for r in rows["lost"] + rows["trial-lost"]) and \
         all(r["ok"] and r["exact"] for r in rows["trial-drain"])
     return 0 if ok else 1
 

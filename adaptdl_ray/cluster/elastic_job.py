@@ -582,46 +582,11 @@ class ElasticJob:
                 time.time() - started
 
     def _lost_nodes(self, launch: _Launch) -> list[str]:
-        """The nodes under the launch's replicas that are gone (after a replica failed).
-        Waits up to _NODE_LOSS_WAIT_S for Ray to declare a node dead only while a replica
-        does not answer (a failure of the script or a crashed replica process on a
-        healthy node returns at once)."""
-        import ray
-        nodes = list(dict.fromkeys(launch.group.node_ids))
-
-        def gone() -> list[str]:
-            try:
-                usable = set(self._nodes_fn())
-            except Exception as exc:  # noqa: BLE001 - cannot tell: not a loss
-                LOG.warning("job %s: could not read the cluster (%s)", self.name, exc)
-                return []
-            return [n for n in nodes if n not in usable]
-
-        lost = gone()
-        if lost:
-            return lost
-        # A replica on a lost node does not answer, or is "temporarily unavailable", until
-        # Ray declares the node dead; one that answers, or whose process is known dead, is
-        # no sign of a lost node.
-        probes = [actor.node_address.remote() for actor in launch.group.actors]
-        ready, pending = ray.wait(probes, num_returns=len(probes), timeout=5.0)
-        unreachable = bool(pending)
-        for ref in ready:
-            try:
-                ray.get(ref)
-            except ray.exceptions.ActorUnavailableError:
-                unreachable = True
-            except ray.exceptions.RayError:
-                pass
-        if not unreachable:
-            return gone()
-        deadline = time.monotonic() + _NODE_LOSS_WAIT_S
-        while time.monotonic() < deadline:
-            lost = gone()
-            if lost:
-                return lost
-            time.sleep(0.5)
-        return []
+        """The nodes under the launch's replicas that are gone (after a replica failed;
+        see :func:`~adaptdl_ray.tune.resources.lost_nodes_under`)."""
+        from adaptdl_ray.tune.resources import lost_nodes_under
+        return lost_nodes_under(launch.group.node_ids, launch.group.actors,
+                                lambda: self._nodes_fn().keys(), _NODE_LOSS_WAIT_S)
 
     def _room_elsewhere(self, launch: _Launch) -> int:
         """Replicas to continue with after losing a node or moving off a draining one (see

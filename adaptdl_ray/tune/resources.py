@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Collection, Mapping
+from typing import Any, Callable, Collection, Mapping
 
 from ray.tune.execution.placement_groups import PlacementGroupFactory
 
@@ -21,7 +21,7 @@ LOG = logging.getLogger(__name__)
 
 __all__ = ["ReplicaRequest", "placement_group_factory", "num_replicas_of",
            "cluster_nodes", "cluster_capacity", "replicas_fitting", "draining_under",
-           "replicas_to_move"]
+           "replicas_to_move", "lost_nodes_under"]
 
 
 def __getattr__(name: str) -> Any:
@@ -128,3 +128,55 @@ def _draining() -> set[str]:
     except Exception as exc:  # noqa: BLE001 - a node list without drains beats none
         LOG.warning("could not ask Ray which nodes are draining (%s)", exc)
         return set()
+
+
+def lost_nodes_under(node_ids: Collection[str], actors: Collection[Any],
+                     usable: Callable[[], Collection[str]], wait_s: float) -> list[str]:
+    """The nodes of ``node_ids`` (where a group's replicas ran) that are gone, asked after
+    a replica failed.
+
+    A replica on a lost node does not answer, or is "temporarily unavailable", until Ray
+    declares its node dead (its health checks take some seconds): only then does this wait,
+    up to ``wait_s`` seconds, for the node to leave ``usable()``. A replica that answers,
+    or whose process is known dead on a healthy node, is no sign of a lost node: the
+    answer is then at once.
+
+    Args:
+        node_ids: the replicas' nodes.
+        actors: the replicas' actors (each answers ``node_address``).
+        usable: the ids of the usable nodes now (e.g. ``cluster_nodes().keys()``); when it
+            raises, nothing counts as lost (logged).
+    """
+    import ray
+    nodes = list(dict.fromkeys(node_ids))
+
+    def gone() -> list[str]:
+        try:
+            alive = set(usable())
+        except Exception as exc:  # noqa: BLE001 - cannot tell: not a loss
+            LOG.warning("could not read the cluster's nodes (%s)", exc)
+            return []
+        return [n for n in nodes if n not in alive]
+
+    lost = gone()
+    if lost or not actors:
+        return lost
+    probes = [actor.node_address.remote() for actor in actors]
+    ready, pending = ray.wait(probes, num_returns=len(probes), timeout=5.0)
+    unreachable = bool(pending)
+    for ref in ready:
+        try:
+            ray.get(ref)
+        except ray.exceptions.ActorUnavailableError:
+            unreachable = True
+        except ray.exceptions.RayError:
+            pass
+    if not unreachable:
+        return gone()
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        lost = gone()
+        if lost:
+            return lost
+        time.sleep(0.5)
+    return []

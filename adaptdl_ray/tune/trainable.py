@@ -15,6 +15,12 @@ replica runs that replica in the trial actor itself (no second process; see
 * **Failures** of a replica end ``step`` with :class:`WorkerFailed` after every report made
   before them has been handed to Tune; Tune's ``FailureConfig`` retries from the latest
   checkpoint.
+* **Lost nodes**: a replica's node that vanishes without notice is not the trial's failure.
+  Every ``checkpoint_interval_s`` the replicas checkpoint in place (they train on); when a
+  node under them is lost, the trial starts its replicas again from that newest checkpoint
+  in the same placement group, whose lost bundles Ray places on the nodes left (the work
+  since the checkpoint is repeated, nothing counts against ``max_failures``). If the
+  cluster has no room for them, the wait ends in an ordinary failure.
 * **Interrupts** of the driver reach the trial through the experiment's control actor
   (:mod:`.control`): it stops its replicas at the next batch boundary and saves their state
   into its trial directory, which a ``Tuner.restore`` picks up (newest state wins).
@@ -61,6 +67,12 @@ _POLL_S = 1.0
 _FINISH_GRACE_S = 0.3
 # After saving on an interrupt, how long to wait for Tune to stop the trial.
 _INTERRUPTED_WAIT_S = 120.0
+# After a replica failed, how long to wait for Ray to declare a node dead when a replica
+# does not answer (Ray's health checks take some seconds to notice a lost node).
+_NODE_LOSS_WAIT_S = 45.0
+#: Seconds of training between a multi-process trial's in-place checkpoints: what a node
+#: lost without notice can cost (benchmarks/node_loss.py measures what a save costs).
+DEFAULT_CHECKPOINT_INTERVAL_S = 300.0
 _WITH_RESOURCES_ERROR = (
     "tune.with_resources() cannot set the resources of an AdaptDL trainable: a trial's "
     "resources are its replicas', and AdaptDLScheduler changes their number. Pass "
@@ -81,12 +93,15 @@ class AdaptDLTrainable(tune.Trainable):
             asked to save or stop, set by the creator.
         adaptdl_single_replica_in_process: whether a one-replica launch runs its replica
             in the trial actor (when it needs no GPU and no custom resource), set by the
-            creator."""
+            creator.
+        adaptdl_checkpoint_interval_s: seconds of training between in-place checkpoints
+            of a launch with replica processes (``None``: none), set by the creator."""
 
     _adaptdl_fn: Callable[..., Any] | None = None
     adaptdl_replica_spec: JobSpec | None = None
     adaptdl_stop_timeout_s: float = 120.0
     adaptdl_single_replica_in_process: bool = True
+    adaptdl_checkpoint_interval_s: float | None = DEFAULT_CHECKPOINT_INTERVAL_S
     _adaptdl_collective_timeout_s: float | None = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -131,6 +146,7 @@ class AdaptDLTrainable(tune.Trainable):
         self._storage_info = _ray_private.trial_storage(self)
         self._launch_at = time.time()
         self._launch_s = 0.0  # this launch's start to first step, once seen
+        self._next_save: float | None = None  # time.monotonic() of the next in-place save
 
     def load_checkpoint(self, checkpoint_dir: str) -> None:
         """Take the job state, the user's files and the unreturned reports of a checkpoint
@@ -153,6 +169,7 @@ class AdaptDLTrainable(tune.Trainable):
             outcomes = None
             if self._error is None:
                 try:
+                    self._save_in_place_if_due()
                     if not self._ended:
                         # Block on the next report or the end. With one report queued,
                         # wait only briefly: if the function ends right after it, that
@@ -168,6 +185,8 @@ class AdaptDLTrainable(tune.Trainable):
                     if self._ended:  # the other replicas end with rank 0
                         outcomes = self._group.finished(_POLL_S)
                 except (WorkerFailed, ray.exceptions.RayActorError) as exc:
+                    if self._continue_after_lost_node(exc):
+                        continue
                     self._error = exc if isinstance(exc, WorkerFailed) else WorkerFailed(
                         f"{self._group.describe(0)} died: {first_line_of(exc)}")
                     self._fetch_quietly()
@@ -187,6 +206,56 @@ class AdaptDLTrainable(tune.Trainable):
                 continue
             self._progress.finished = True
             return self._next_final()
+
+    def _save_in_place_if_due(self) -> None:
+        """Every ``checkpoint_interval_s`` of a launch with replica processes: checkpoint
+        at the next batch boundary while the replicas train on, and keep that state as
+        the one a lost node continues from (an in-process replica is lost with the trial
+        actor itself: Tune's retry is all that helps there).
+
+        Raises:
+            WorkerFailed: a replica failed before the checkpoint."""
+        interval, group = self.adaptdl_checkpoint_interval_s, self._group
+        if interval is None or not isinstance(group, WorkerGroup) or not group.started \
+                or self._ended:
+            return
+        now = time.monotonic()
+        if self._next_save is None:
+            self._next_save = now + interval
+        if now < self._next_save:
+            return
+        self._next_save = now + interval
+        try:
+            answer = group.save(self.adaptdl_stop_timeout_s)
+        except TimeoutError as exc:
+            LOG.warning("trial %s: in-place checkpoint skipped: %s", self.trial_id, exc)
+            return
+        if answer["taken"]:
+            self._archive = group.checkpoint_archive(answer["path"]) or self._archive
+
+    def _continue_after_lost_node(self, exc: BaseException) -> bool:
+        """After a replica failed: if a node under the replicas is gone, start them again
+        from the newest checkpoint in the same placement group (Ray places its lost
+        bundles on the nodes left, or the start times out into an ordinary failure) and
+        return True; False if no node was lost (the failure is the trial's)."""
+        from adaptdl_ray.tune.resources import cluster_nodes, lost_nodes_under
+        group = self._group
+        if not isinstance(group, WorkerGroup):
+            return False
+        lost = lost_nodes_under(group.node_ids, group.actors, lambda: cluster_nodes().keys(),
+                                _NODE_LOSS_WAIT_S)
+        if not lost:
+            return False
+        self._fetch_quietly()
+        self._progress.nodes_lost += len(lost)
+        LOG.warning("trial %s: node(s) %s under its replicas were lost (%s); continuing "
+                    "from its newest checkpoint", self.trial_id,
+                    ", ".join(n[:12] for n in lost), first_line_of(exc))
+        group.shutdown()
+        self._group = None
+        self._ended = False
+        self._ensure_started()
+        return True
 
     def save_checkpoint(self, checkpoint_dir: str) -> None:
         """Write the user's latest files and the job's state, taken at the next batch
@@ -313,6 +382,7 @@ class AdaptDLTrainable(tune.Trainable):
             self._group = self._new_group()
         if not self._group.started:
             self._ended = False
+            self._next_save = None
             self._group.start(self._adaptdl_fn, self._config, fn_kwargs=self._fn_kwargs,
                               archive=self._archive, user_files=self._user_files,
                               num_restarts=self._progress.restarts, job_id=self.trial_id,
@@ -585,6 +655,8 @@ def AdaptDLTrainableCreator(train_fn: Callable[..., Any], *,  # noqa: N802 (Adap
                             stop_timeout_s: float = 120.0,
                             collective_timeout_s: float | None = None,
                             single_replica_in_process: bool = True,
+                            checkpoint_interval_s: float | None =
+                            DEFAULT_CHECKPOINT_INTERVAL_S,
                             name: str | None = None) -> type[AdaptDLTrainable]:
     """Make a Tune trainable that runs ``train_fn(config)`` on N data-parallel replicas.
 
@@ -613,6 +685,11 @@ def AdaptDLTrainableCreator(train_fn: Callable[..., Any], *,  # noqa: N802 (Adap
             only CPUs. The function then runs in a thread of the trial actor: set False if
             it must have a process of its own (e.g. it changes process-wide settings that
             must not outlive the trial, or may kill its process on purpose).
+        checkpoint_interval_s: seconds of training between in-place checkpoints of a
+            launch with replica processes (the replicas train on while rank 0 writes): the
+            most a node lost without notice costs, since the trial continues from the
+            newest one in its own placement group; ``None``: none (a lost node then costs
+            everything since the launch began).
         name: the trainable's name in Tune (trial names start with it); default
             ``AdaptDL_<function name>``.
 
@@ -641,6 +718,7 @@ def AdaptDLTrainableCreator(train_fn: Callable[..., Any], *,  # noqa: N802 (Adap
         validation.number(arg, value, 0.0)
     _check_seconds("stop_timeout_s", stop_timeout_s)
     _check_seconds("collective_timeout_s", collective_timeout_s, optional=True)
+    _check_seconds("checkpoint_interval_s", checkpoint_interval_s, optional=True)
     if not isinstance(single_replica_in_process, bool):
         raise ValueError(f"single_replica_in_process must be True or False, got "
                          f"{single_replica_in_process!r}")
@@ -657,5 +735,7 @@ def AdaptDLTrainableCreator(train_fn: Callable[..., Any], *,  # noqa: N802 (Adap
         "adaptdl_stop_timeout_s": float(stop_timeout_s),
         "_adaptdl_collective_timeout_s": collective_timeout_s,
         "adaptdl_single_replica_in_process": bool(single_replica_in_process),
+        "adaptdl_checkpoint_interval_s": None if checkpoint_interval_s is None
+        else float(checkpoint_interval_s),
         "__doc__": f"AdaptDL trainable running {cls_name} on N data-parallel replicas.",
     })

@@ -51,6 +51,8 @@ class TrialProgress:
             its keys in this order, so ``progress.csv`` rows line up with its header).
         pending: reports made before the checkpoint that Tune has not received (their
             user checkpoints, if any, are stored beside the record).
+        nodes_lost: nodes lost under the trial's replicas that it continued after (from its
+            newest checkpoint, in the same trial).
     """
 
     seq: int = 0
@@ -63,6 +65,7 @@ class TrialProgress:
     user_checkpoints: int = 0
     schema: list[str] = dataclasses.field(default_factory=list)
     pending: list[PendingReport] = dataclasses.field(default_factory=list)
+    nodes_lost: int = 0
 
     def to_json(self) -> str:
         """Serialise (user checkpoints of pending reports are left out: stored beside)."""

@@ -126,6 +126,7 @@ class FakeGroup:
     def __init__(self, node_ids):
         self.node_ids = list(node_ids)
         self.num_nodes = len(set(node_ids))
+        self.actors = []
         self.stops = 0
 
     def finished(self, timeout):

@@ -1,7 +1,7 @@
-"""A node that vanishes without notice costs a submitted job at most one checkpoint
-interval: the job continues on the other nodes from its newest in-place checkpoint, with
-no failure (on a two-node cluster of its own, in a subprocess:
-:mod:`tests.ray.lost_node_job_run`)."""
+"""A node that vanishes without notice costs a submitted job or a Tune trial at most one
+checkpoint interval: it continues on the other nodes from its newest in-place checkpoint,
+with no failure (each on a two-node cluster of its own, in a subprocess:
+:mod:`tests.ray.lost_node_job_run`, :mod:`tests.ray.lost_node_trial_run`)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,6 @@ def test_a_job_on_a_lost_node_continues_repeating_at_most_one_interval(tmp_path)
     sample of every epoch is trained at least once, and the repeats are at most one
     interval's batches (without in-place checkpoints they would be all 30)."""
     from tests.core.harness import read_events
-    from tests.exactly_once import samples_per_epoch
     from tests.ray.lost_node_job_run import BATCH, EPOCHS, SIZE, SLEEP_S
     record = tmp_path / "record"
     record.mkdir()
@@ -38,11 +37,44 @@ def test_a_job_on_a_lost_node_continues_repeating_at_most_one_interval(tmp_path)
     assert seen["sizes"] == {"0": 2, "1": 1}, seen
     assert seen["loss_to_first_step_s"] is not None, seen
     assert "were lost" in proc.stderr
-    per_epoch = samples_per_epoch(read_events(record))
-    assert sorted(per_epoch) == list(range(EPOCHS))
+    assert_at_most_one_interval_repeated(read_events(record), EPOCHS, SIZE, interval_s,
+                                         SLEEP_S, BATCH, seen)
+
+
+def assert_at_most_one_interval_repeated(events, epochs, size, interval_s, sleep_s, batch,
+                                         context):
+    """Every sample of every epoch trained at least once; the repeats at most one
+    interval's batches, plus the batch a save waits for and one in flight."""
+    from tests.exactly_once import samples_per_epoch
+    per_epoch = samples_per_epoch(events)
+    assert sorted(per_epoch) == list(range(epochs)), context
     for epoch, counts in per_epoch.items():
-        assert set(counts) == set(range(SIZE)), f"epoch {epoch}: samples missing"
+        assert set(counts) == set(range(size)), f"epoch {epoch}: samples missing"
     repeated = sum(c - 1 for counts in per_epoch.values() for c in counts.values())
-    # One interval of batches, plus the batch a save waits for and one in flight.
-    bound = (interval_s / SLEEP_S + 2) * BATCH
-    assert repeated <= bound, (repeated, bound, seen)
+    bound = (interval_s / sleep_s + 2) * batch
+    assert repeated <= bound, (repeated, bound, context)
+
+
+def test_a_trial_on_a_lost_node_continues_in_its_placement_group(tmp_path):
+    """A 3-replica trial with one replica on the worker (bundles 0 and 1, and the trial
+    actor, on the head) checkpoints in place every 2 s; after 30 steps the worker is
+    removed abruptly: the trial starts its 3 replicas again from the newest checkpoint (Ray
+    places the lost bundle on the head), ends TERMINATED with no failure counted; every
+    sample at least once, the repeats at most one interval's batches."""
+    from tests.ray.interrupt_scenario import records
+    from tests.ray.lost_node_trial_run import BATCH, EPOCHS, SIZE, SLEEP_S
+    record = tmp_path / "record"
+    record.mkdir()
+    interval_s = 2.0
+    proc = subprocess.run([sys.executable, "-m", "tests.ray.lost_node_trial_run",
+                           str(tmp_path / "storage"), str(record), str(interval_s)],
+                          cwd=REPO_ROOT, env=_env(), capture_output=True, text=True,
+                          timeout=420)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert seen["nodes_before"] == [2], seen  # the first launch spanned both nodes
+    assert seen["status"] == "TERMINATED" and seen["failures"] == 0, seen
+    assert seen["sizes"] == {"0": 3, "1": 3}, seen
+    assert seen["loss_to_first_step_s"] is not None, seen
+    assert_at_most_one_interval_repeated(records(record), EPOCHS, SIZE, interval_s,
+                                         SLEEP_S, BATCH, seen)

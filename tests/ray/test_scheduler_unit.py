@@ -545,11 +545,19 @@ def test_rejects_more_replicas_than_the_cluster_has():
     ({"stop_timeout_s": float("nan")}, "stop_timeout_s"),
     ({"stop_timeout_s": float("inf")}, "stop_timeout_s"),
     ({"collective_timeout_s": -1}, "collective_timeout_s"),
+    ({"checkpoint_interval_s": 0}, "checkpoint_interval_s"),
+    ({"checkpoint_interval_s": float("inf")}, "checkpoint_interval_s"),
     ({"name": ""}, "name"),
 ])
 def test_creator_rejects_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         AdaptDLTrainableCreator(train_fn, **kwargs)
+
+
+def test_creator_sets_the_in_place_checkpoint_interval():
+    assert AdaptDLTrainableCreator(train_fn).adaptdl_checkpoint_interval_s == 300.0
+    assert AdaptDLTrainableCreator(train_fn, checkpoint_interval_s=None
+                                   ).adaptdl_checkpoint_interval_s is None
 
 
 def test_creator_rejects_a_function_without_a_config_argument():

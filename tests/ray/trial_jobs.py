@@ -81,9 +81,11 @@ def counting_job(config: dict) -> None:
         # A restart at the very end of an epoch resumes with no batch left in it.
         loss = torch.tensor(float("nan"))
         for step, (idx, x, y) in enumerate(loader):
+            at = loader.current_index  # (its pass: an autoscaled epoch may take several)
             loss = _train_batch(model, opt, x, y, config)
             log.write(json.dumps({"event": "batch", "epoch": epoch, "idx": idx.tolist(),
-                                  "replicas": replicas, "restarts": restarts}) + "\n")
+                                  "replicas": replicas, "restarts": restarts,
+                                  "pass": at // config["size"]}) + "\n")
             if (step + 1) % config.get("report_every", 5) == 0:
                 tune.report({"epoch": epoch, "loss": loss.item(),
                              "report_key": f"{epoch}:{loader.current_index}"})
@@ -232,7 +234,8 @@ def validating_job(config: dict) -> None:
         for idx, x, y in loader:
             _train_batch(model, opt, x, y, config)
             log.write(json.dumps({"event": "batch", "epoch": epoch, "idx": idx.tolist(),
-                                  "replicas": replicas, "restarts": restarts}) + "\n")
+                                  "replicas": replicas, "restarts": restarts,
+                                  "pass": loader.current_index // config["size"]}) + "\n")
         model.eval()
         total, count = 0.0, 0
         with torch.no_grad():

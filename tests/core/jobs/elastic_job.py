@@ -149,7 +149,8 @@ def train_epochs(args, rank, model, opt, sched, train, valid, accum, emit, ask, 
             accum["train_loss"] += loss.item() * len(idx)
             accum["train_n"] += len(idx)
             emit(event="batch", epoch=epoch, idx=idx.tolist(), local_bsz=len(idx),
-                 index=train.current_index, batch_size=train.current_batch_size,
+                 index=train.current_index, **{"pass": train.current_index // args.size},
+                 batch_size=train.current_batch_size,
                  accum=train.accumulation_steps, gain=model.gain)
             batches += 1
             if batches == 1 and args.signal_file and rank == 0:
