@@ -29,6 +29,7 @@ a draining node (issue 27, items 1 and 2), over repeated runs.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import statistics
@@ -36,10 +37,10 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from _common import ROOT, machine_description  # noqa: F401  (puts the repository on sys.path)
 from adaptdl_ray.cluster.elastic_job import DEFAULT_CHECKPOINT_INTERVAL_S  # noqa: E402
-from tests.core.harness import read_events  # noqa: E402
 from tests.exactly_once import assert_exactly_once, samples_per_epoch  # noqa: E402
 
 
@@ -54,41 +55,36 @@ def _run(module: str, *args: str) -> tuple[dict | None, str]:
     return json.loads(proc.stdout.strip().splitlines()[-1]), ""
 
 
-def lost_run(interval_s: float) -> dict:
-    """One job whose node is removed without notice, in its own process (own cluster)."""
-    from tests.ray.lost_node_job_run import BATCH, SIZE, SLEEP_S
+def _loss_run(module: str, interval_s: float, ok: Any) -> dict:
+    """One scenario ``module`` (tests/ray/lost_node_*_run.py) whose worker node is removed
+    without notice, in its own process (own cluster): its summary, whether every sample
+    was trained, the samples trained twice and one interval's worth; ``ok(summary)`` says
+    whether it recovered."""
+    from tests.ray.interrupt_scenario import records
+    scenario = importlib.import_module(module)
     with tempfile.TemporaryDirectory(prefix="node-loss-") as d:
         record = Path(d) / "record"
         record.mkdir()
-        seen, problem = _run("tests.ray.lost_node_job_run", str(Path(d) / "storage"),
-                             str(record), str(interval_s))
-        if seen is None:
-            return {"ok": False, "problem": problem}
-        per_epoch = samples_per_epoch(read_events(record))
-    complete = all(set(c) == set(range(SIZE)) for c in per_epoch.values())
-    repeated = sum(n - 1 for c in per_epoch.values() for n in c.values())
-    return {"ok": seen["status"] == 0 and seen["loss_to_first_step_s"] is not None,
-            "complete": complete, "repeated": repeated,
-            "interval_samples": interval_s / SLEEP_S * BATCH, **seen}
-
-
-def trial_lost_run(interval_s: float) -> dict:
-    """One Tune trial whose worker node is removed without notice, in its own process."""
-    from tests.ray.interrupt_scenario import records
-    from tests.ray.lost_node_trial_run import BATCH, SIZE, SLEEP_S
-    with tempfile.TemporaryDirectory(prefix="trial-lost-") as d:
-        record = Path(d) / "record"
-        record.mkdir()
-        seen, problem = _run("tests.ray.lost_node_trial_run", str(Path(d) / "storage"),
-                             str(record), str(interval_s))
+        seen, problem = _run(module, str(Path(d) / "storage"), str(record), str(interval_s))
         if seen is None:
             return {"ok": False, "problem": problem}
         per_epoch = samples_per_epoch(records(record))
-    complete = all(set(c) == set(range(SIZE)) for c in per_epoch.values())
+    complete = all(set(c) == set(range(scenario.SIZE)) for c in per_epoch.values())
     repeated = sum(n - 1 for c in per_epoch.values() for n in c.values())
-    return {"ok": seen["status"] == "TERMINATED" and seen.get("loss_to_first_step_s")
-            is not None, "complete": complete, "repeated": repeated,
-            "interval_samples": interval_s / SLEEP_S * BATCH, **seen}
+    return {"ok": bool(ok(seen)), "complete": complete, "repeated": repeated,
+            "interval_samples": interval_s / scenario.SLEEP_S * scenario.BATCH, **seen}
+
+
+def lost_run(interval_s: float) -> dict:
+    """One job whose node is removed without notice."""
+    return _loss_run("tests.ray.lost_node_job_run", interval_s, lambda seen: seen[
+        "status"] == 0 and seen["loss_to_first_step_s"] is not None)
+
+
+def trial_lost_run(interval_s: float) -> dict:
+    """One Tune trial whose worker node is removed without notice."""
+    return _loss_run("tests.ray.lost_node_trial_run", interval_s, lambda seen: seen[
+        "status"] == "TERMINATED" and seen.get("loss_to_first_step_s") is not None)
 
 
 def trial_drain_run() -> dict:

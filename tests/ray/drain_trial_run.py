@@ -21,6 +21,7 @@ import threading
 import time
 
 from tests.ray.interrupt_scenario import records
+from tests.ray.two_nodes import two_nodes
 
 EPOCHS, SIZE = 3, 240
 
@@ -49,22 +50,15 @@ def launch_batches(record_dir: str, replicas: int) -> list[dict]:
 
 
 def main(storage: str, record_dir: str, deadline_s: float = 60.0) -> int:
-    import ray
     from ray import tune
-    from ray.cluster_utils import Cluster
 
     from adaptdl_ray.tune import AdaptDLScheduler, AdaptDLTrainableCreator
     from tests.ray.trial_jobs import counting_job
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     # The head holds one replica, the worker two: the 2-replica launch has one there.
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "include_dashboard": False, "object_store_memory": 100 * 2**20})
     seen: dict = {}
-    try:
-        worker = cluster.add_node(num_cpus=2, object_store_memory=100 * 2**20)
-        cluster.wait_for_nodes()
-        ray.init(address=cluster.address, log_to_driver=False)
+    with two_nodes(1, 2) as (cluster, worker):
 
         def drain_when_on_worker() -> None:
             until = time.time() + 180
@@ -110,9 +104,6 @@ def main(storage: str, record_dir: str, deadline_s: float = 60.0) -> int:
                     deadline_s=deadline_s)
         print(json.dumps(seen, default=str), flush=True)
         return 0
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ import threading
 import time
 
 from tests.ray.interrupt_scenario import records
+from tests.ray.two_nodes import two_nodes
 
 EPOCHS, SIZE, BATCH, SLEEP_S, REPLICAS = 3, 240, 12, 0.2, 3
 # Steps before the loss: longer than three checkpoint intervals, so that without in-place
@@ -41,20 +42,14 @@ class Placeholder:
 def main(storage: str, record_dir: str, interval_s: float = 2.0) -> int:
     import ray
     from ray import tune
-    from ray.cluster_utils import Cluster
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from adaptdl_ray.tune import AdaptDLScheduler, AdaptDLTrainableCreator
     from tests.ray.trial_jobs import counting_job
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 3, "include_dashboard": False, "object_store_memory": 100 * 2**20})
     seen: dict = {}
-    try:
-        worker = cluster.add_node(num_cpus=1, object_store_memory=100 * 2**20)
-        cluster.wait_for_nodes()
-        ray.init(address=cluster.address, log_to_driver=False)
+    with two_nodes(3, 1) as (cluster, worker):
         placeholder = ray.remote(num_cpus=1)(Placeholder).options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(cluster.head_node.node_id,
                                                                soft=False)).remote()
@@ -98,9 +93,6 @@ def main(storage: str, record_dir: str, interval_s: float = 2.0) -> int:
                     interval_s=interval_s)
         print(json.dumps(seen, default=str), flush=True)
         return 0
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
 
 
 if __name__ == "__main__":

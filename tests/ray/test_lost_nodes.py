@@ -16,6 +16,18 @@ pytest.importorskip("ray")
 from tests.ray.test_draining_nodes import REPO_ROOT, _env  # noqa: E402
 
 
+def run_scenario(module, tmp_path, interval_s):
+    """Run the scenario ``module`` in its own process; ``(process, its summary, the
+    record directory)``."""
+    record = tmp_path / "record"
+    record.mkdir()
+    proc = subprocess.run([sys.executable, "-m", module, str(tmp_path / "storage"),
+                           str(record), str(interval_s)], cwd=REPO_ROOT, env=_env(),
+                          capture_output=True, text=True, timeout=420)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc, json.loads(proc.stdout.strip().splitlines()[-1]), record
+
+
 def test_a_job_on_a_lost_node_continues_repeating_at_most_one_interval(tmp_path):
     """A 2-replica job on a worker of 2 CPUs (the head holds 1) checkpoints in place every
     2 s; after 30 batches (three intervals and more) the worker is removed abruptly: the
@@ -24,15 +36,8 @@ def test_a_job_on_a_lost_node_continues_repeating_at_most_one_interval(tmp_path)
     interval's batches (without in-place checkpoints they would be all 30)."""
     from tests.core.harness import read_events
     from tests.ray.lost_node_job_run import BATCH, EPOCHS, SIZE, SLEEP_S
-    record = tmp_path / "record"
-    record.mkdir()
     interval_s = 2.0
-    proc = subprocess.run([sys.executable, "-m", "tests.ray.lost_node_job_run",
-                           str(tmp_path / "storage"), str(record), str(interval_s)],
-                          cwd=REPO_ROOT, env=_env(), capture_output=True, text=True,
-                          timeout=420)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    proc, seen, record = run_scenario("tests.ray.lost_node_job_run", tmp_path, interval_s)
     assert seen["status"] == 0, proc.stderr[-3000:]
     assert seen["sizes"] == {"0": 2, "1": 1}, seen
     assert seen["loss_to_first_step_s"] is not None, seen
@@ -63,15 +68,8 @@ def test_a_trial_on_a_lost_node_continues_in_its_placement_group(tmp_path):
     sample at least once, the repeats at most one interval's batches."""
     from tests.ray.interrupt_scenario import records
     from tests.ray.lost_node_trial_run import BATCH, EPOCHS, SIZE, SLEEP_S
-    record = tmp_path / "record"
-    record.mkdir()
     interval_s = 2.0
-    proc = subprocess.run([sys.executable, "-m", "tests.ray.lost_node_trial_run",
-                           str(tmp_path / "storage"), str(record), str(interval_s)],
-                          cwd=REPO_ROOT, env=_env(), capture_output=True, text=True,
-                          timeout=420)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    _, seen, record = run_scenario("tests.ray.lost_node_trial_run", tmp_path, interval_s)
     assert seen["nodes_before"] == [2], seen  # the first launch spanned both nodes
     assert seen["status"] == "TERMINATED" and seen["failures"] == 0, seen
     assert seen["sizes"] == {"0": 3, "1": 3}, seen
