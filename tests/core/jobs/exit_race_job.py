@@ -42,6 +42,32 @@ def replica(port, rank, size, ops):
     os._exit(code)
 
 
+def store_ports(count):
+    """``count`` distinct ports free now, below the OS's ephemeral range where it can be
+    read: the replicas' own connections take their source ports from that range, so a port
+    picked there and released (``free_port``) could be in use by one of the other rounds'
+    connections when its store starts (seen once in CI: EADDRINUSE for 20 s)."""
+    import random
+    import socket
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return [free_port() for _ in range(count)]
+    ports = set()
+    for port in random.sample(range(10000, max(low, 10001 + count)), k=min(
+            max(low, 10001 + count) - 10000, 50 * count)):
+        if len(ports) == count:
+            break
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        ports.add(port)
+    return sorted(ports) if len(ports) == count else [free_port() for _ in range(count)]
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--rounds", type=int, default=16)
@@ -57,8 +83,7 @@ def main():
     # wall time stays that of one round even where a TCP connect now and then stalls for
     # seconds (seen in sandboxed test machines, with or without this fix).
     children = {}
-    for round_ in range(args.rounds):
-        port = free_port()
+    for round_, port in enumerate(store_ports(args.rounds)):
         for rank in range(args.replicas):
             sys.stdout.flush()
             sys.stderr.flush()
