@@ -33,6 +33,13 @@ and for AdaptDL the trial actor's launch, from ``adaptdl/launch_s``).
     python benchmarks/many_trials.py                # 100 trials per arm, four arms
     python benchmarks/many_trials.py --quick        # 20 trials per arm
     python benchmarks/many_trials.py --arms fifo-reuse,adaptdl --trials 40
+    python benchmarks/many_trials.py --arms fifo-reuse,adaptdl --repeats 5
+
+With ``--repeats N`` the arms run N times on the same Ray instance, in the given order and
+then reversed, alternately (the first arm of a run is at a small disadvantage: Ray's worker
+pool and the allocator start); each repetition's ratios are printed, and their median and
+range, since one run's ratio moves by more than the gaps being measured on a shared
+machine.
 """
 
 from __future__ import annotations
@@ -262,7 +269,35 @@ def summarize(arm: dict[str, Any]) -> dict[str, Any]:
 _PLAIN_OF = {"adaptdl": "fifo-reuse", "adaptdl-noreuse": "fifo"}
 
 
+def ratios(arms: list[dict[str, Any]]) -> dict[str, float]:
+    """AdaptDL arm -> its wall over the plain arm's of the same ``reuse_actors``, for the
+    pairs present in ``arms`` (one repetition)."""
+    walls = {a["arm"]: a["wall_s"] for a in arms}
+    return {arm: walls[arm] / walls[plain] for arm, plain in _PLAIN_OF.items()
+            if arm in walls and plain in walls}
+
+
+def repeats_report(data: dict[str, Any]) -> str:
+    """The ratio of each repetition, and their median and range."""
+    runs: dict[int, list] = {}
+    for arm in data["arms"]:
+        runs.setdefault(arm.get("repeat", 0), []).append(arm)
+    per = {i: ratios(arms) for i, arms in sorted(runs.items())}
+    pairs = sorted({k for r in per.values() for k in r})
+    rows = [[str(i + 1), " then ".join(a["arm"] for a in runs[i])] +
+            [f"{per[i][k]:.3f}x" if k in per[i] else "-" for k in pairs] for i in per]
+    rows.append(["median [min, max]", ""] + [
+        f"{statistics.median(v):.3f}x [{min(v):.3f}, {max(v):.3f}]"
+        for v in ([per[i][k] for i in per if k in per[i]] for k in pairs)])
+    return markdown_table(["repetition", "order"] + [f"{k} / {_PLAIN_OF[k]} wall"
+                                                      for k in pairs], rows)
+
+
 def report(data: dict[str, Any]) -> str:
+    if data.get("repeats", 1) > 1:
+        first = dict(data, arms=[a for a in data["arms"] if a.get("repeat", 0) == 0])
+        return report(dict(first, repeats=1)) + "\n\nOver the repetitions:\n\n" + \
+            repeats_report(data)
     sums = [summarize(a) for a in data["arms"]]
     by_arm = {s["arm"]: s for s in sums}
     reuse_of = {a["arm"]: a["reuse_actors"] for a in data["arms"]}
@@ -302,6 +337,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="comma-separated, run in this order: fifo, fifo-reuse, adaptdl, "
                         "adaptdl-noreuse (default adaptdl-noreuse,fifo,fifo-reuse,adaptdl)")
     p.add_argument("--cpus", type=int, default=8, help="Ray CPUs (default 8)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="run the arms this many times, alternating their order (default 1)")
     tc.add_output_arguments(p, "many_trials.json")
     args = p.parse_args(argv)
     if tc.start_cli(args, report):
@@ -309,17 +346,20 @@ def main(argv: list[str] | None = None) -> int:
     trials = 20 if args.quick else args.trials
     if trials < 1:
         raise SystemExit("--trials must be >= 1")
+    if args.repeats < 1:
+        raise SystemExit("--repeats must be >= 1")
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     import ray
     tc.init_ray(args.cpus)
     storage = tempfile.mkdtemp(prefix="many-trials-")
     data: dict[str, Any] = {"machine": machine_description(), "cpus": args.cpus,
-                            "trials": trials, "arms": []}
+                            "trials": trials, "arms": [], "repeats": args.repeats}
     LOG.info("warm-up (not measured): %.1f s", warm_up(args.cpus, storage))
-    for arm in arms:
-        LOG.info("arm %s: %d trials", arm, trials)
-        data["arms"].append(run_arm(arm, trials, storage))
-        LOG.info("arm %s: %.1f s", arm, data["arms"][-1]["wall_s"])
+    for repeat in range(args.repeats):
+        for arm in (arms if repeat % 2 == 0 else arms[::-1]):
+            LOG.info("arm %s: %d trials", arm, trials)
+            data["arms"].append(dict(run_arm(arm, trials, storage), repeat=repeat))
+            LOG.info("arm %s: %.1f s", arm, data["arms"][-1]["wall_s"])
     ray.shutdown()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -18,6 +18,20 @@ a draining node (issue 27, items 1 and 2), over repeated runs.
   without notice. Measured: from the removal to the first step of the relaunch in the same
   placement group, the samples trained twice against one interval's worth, and the
   failures Tune counted.
+* **trial-short**: the same trial (``min_replicas=2``, started on 3) when the head has no
+  room for the lost bundle: it continues on the 2 bundles Ray still holds, and when room
+  comes back it grows back to 3 from a fresh checkpoint
+  (``lost_node_trial_run.py ... short``). Measured: from the removal to the first step on
+  the bundles left, and from room coming back to the first step on all three. Ray's GCS
+  retries placing an unplaceable bundle busily (ray-project/ray#65147), which on a small
+  machine slows the short launch's start.
+* **trial-actor**: a one-replica trial (its replica runs in the trial actor) on the worker
+  (the head's one CPU held until the loss), checkpointing in place every ``--interval``
+  seconds, each checkpoint also kept on the run's storage; after 30 steps the worker is
+  removed without notice: Tune counts a failure and retries (``max_failures=1``) on the
+  head, from the kept checkpoint (``lost_node_trial_run.py ... actor``). Measured: from the
+  removal to the first step of the retry, the samples trained twice against one
+  interval's worth.
 * **trial-drain**: the scenario of ``tests/ray/test_draining_nodes.py``'s trial test
   (``tests/ray/drain_trial_run.py``): a 2-replica Tune trial under ``AdaptDLScheduler``
   on the worker, drained with a 60 s deadline. Measured: from ``ray drain-node``
@@ -55,7 +69,7 @@ def _run(module: str, *args: str) -> tuple[dict | None, str]:
     return json.loads(proc.stdout.strip().splitlines()[-1]), ""
 
 
-def _loss_run(module: str, interval_s: float, ok: Any) -> dict:
+def _loss_run(module: str, interval_s: float, ok: Any, *extra: str) -> dict:
     """One scenario ``module`` (tests/ray/lost_node_*_run.py) whose worker node is removed
     without notice, in its own process (own cluster): its summary, whether every sample
     was trained, the samples trained twice and one interval's worth; ``ok(summary)`` says
@@ -65,7 +79,8 @@ def _loss_run(module: str, interval_s: float, ok: Any) -> dict:
     with tempfile.TemporaryDirectory(prefix="node-loss-") as d:
         record = Path(d) / "record"
         record.mkdir()
-        seen, problem = _run(module, str(Path(d) / "storage"), str(record), str(interval_s))
+        seen, problem = _run(module, str(Path(d) / "storage"), str(record), str(interval_s),
+                             *extra)
         if seen is None:
             return {"ok": False, "problem": problem}
         per_epoch = samples_per_epoch(records(record))
@@ -85,6 +100,21 @@ def trial_lost_run(interval_s: float) -> dict:
     """One Tune trial whose worker node is removed without notice."""
     return _loss_run("tests.ray.lost_node_trial_run", interval_s, lambda seen: seen[
         "status"] == "TERMINATED" and seen.get("loss_to_first_step_s") is not None)
+
+
+def trial_short_run(interval_s: float) -> dict:
+    """One Tune trial whose lost node's bundle has no room: it continues on the bundles
+    left, then grows back once room comes."""
+    return _loss_run("tests.ray.lost_node_trial_run", interval_s, lambda seen: seen[
+        "status"] == "TERMINATED" and seen.get("room_to_first_step_s") is not None,
+        "short")
+
+
+def trial_actor_run(interval_s: float) -> dict:
+    """One one-replica Tune trial whose own node (the trial actor's) is removed."""
+    return _loss_run("tests.ray.lost_node_trial_run", interval_s, lambda seen: seen[
+        "status"] == "TERMINATED" and seen.get("loss_to_first_step_s") is not None,
+        "actor")
 
 
 def trial_drain_run() -> dict:
@@ -121,12 +151,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--interval", type=float, default=2.0,
                    help="the lost-node job's and trial's checkpoint interval in seconds "
                         "(default 2)")
-    p.add_argument("--only", choices=("lost", "trial-lost", "trial-drain"), default=None)
+    p.add_argument("--only", choices=("lost", "trial-lost", "trial-short", "trial-actor",
+                                      "trial-drain"), default=None)
     p.add_argument("--json", default=None, help="also write the raw rows here")
     args = p.parse_args(argv)
     if args.runs < 1:
         p.error(f"--runs must be at least 1, got {args.runs}")
-    rows: dict[str, list[dict]] = {"lost": [], "trial-lost": [], "trial-drain": []}
+    rows: dict[str, list[dict]] = {"lost": [], "trial-lost": [], "trial-short": [],
+                                   "trial-actor": [], "trial-drain": []}
     for i in range(args.runs):
         if args.only in (None, "lost"):
             row = lost_run(args.interval)
@@ -145,6 +177,26 @@ def main(argv: list[str] | None = None) -> int:
                 f"loss to first step {row['loss_to_first_step_s']:.1f} s, launches "
                 f"{row['sizes']}, failures {row['failures']}, {row['repeated']} samples "
                 f"repeated (one interval: {row['interval_samples']:.0f}), "
+                f"{'every sample trained' if row['complete'] else 'SAMPLES MISSING'}"
+                if row["ok"] else f"failed: {row.get('problem', row)}"), flush=True)
+        if args.only in (None, "trial-short"):
+            row = trial_short_run(args.interval)
+            rows["trial-short"].append(row)
+            loss = row.get("loss_to_first_step_s")
+            print(f"trial-short run {i + 1}: " + (
+                f"loss to first step on the bundles left "
+                f"{'n/a' if loss is None else f'{loss:.1f} s'}, room back to first step on "
+                f"all {row['room_to_first_step_s']:.1f} s, launches {row['sizes']}, failures "
+                f"{row['failures']}, {row['repeated']} samples repeated, "
+                f"{'every sample trained' if row['complete'] else 'SAMPLES MISSING'}"
+                if row["ok"] else f"failed: {row.get('problem', row)}"), flush=True)
+        if args.only in (None, "trial-actor"):
+            row = trial_actor_run(args.interval)
+            rows["trial-actor"].append(row)
+            print(f"trial-actor run {i + 1}: " + (
+                f"loss to first step of the retry {row['loss_to_first_step_s']:.1f} s, "
+                f"failures {row['failures']}, {row['repeated']} samples repeated (one "
+                f"interval: {row['interval_samples']:.0f}), "
                 f"{'every sample trained' if row['complete'] else 'SAMPLES MISSING'}"
                 if row["ok"] else f"failed: {row.get('problem', row)}"), flush=True)
         if args.only in (None, "trial-drain"):
@@ -179,6 +231,25 @@ def main(argv: list[str] | None = None) -> int:
               f"{_median([r['loss_to_first_step_s'] for r in trial_lost])}; repeated samples "
               f"median {statistics.median([r['repeated'] for r in trial_lost])}"
               if trial_lost else "trial on a lost node: no run continued")
+    short = [r for r in rows["trial-short"] if r["ok"]]
+    if rows["trial-short"]:
+        print(f"trial without room for a lost bundle: {len(short)} of "
+              f"{len(rows['trial-short'])} continued short and grew back, "
+              f"{sum(r['complete'] for r in short)} trained every sample, "
+              f"{sum(r['failures'] == 0 for r in short)} with no failure counted; loss to "
+              f"first step median "
+              f"{_median([r['loss_to_first_step_s'] for r in short if r.get('loss_to_first_step_s')])}"
+              f"; room back to first step median "
+              f"{_median([r['room_to_first_step_s'] for r in short])}"
+              if short else "trial without room for a lost bundle: no run continued")
+    actor = [r for r in rows["trial-actor"] if r["ok"]]
+    if rows["trial-actor"]:
+        print(f"trial whose own node was lost: {len(actor)} of {len(rows['trial-actor'])} "
+              f"resumed from the kept checkpoint, {sum(r['complete'] for r in actor)} "
+              f"trained every sample; loss to first step median "
+              f"{_median([r['loss_to_first_step_s'] for r in actor])}; repeated samples "
+              f"median {statistics.median([r['repeated'] for r in actor])}"
+              if actor else "trial whose own node was lost: no run resumed")
     drained = [r for r in rows["trial-drain"] if r["ok"]]
     if rows["trial-drain"]:
         print(f"trial drain: {len(drained)} of {len(rows['trial-drain'])} moved, "
@@ -187,7 +258,8 @@ def main(argv: list[str] | None = None) -> int:
               f"first step median {_median([r['drain_to_first_step_s'] for r in drained])}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1, default=str))
-    ok = all(r["ok"] and r["complete"] for r in rows["lost"] + rows["trial-lost"]) and \
+    ok = all(r["ok"] and r["complete"] for r in rows["lost"] + rows["trial-lost"] +
+             rows["trial-short"] + rows["trial-actor"]) and \
         all(r["ok"] and r["exact"] for r in rows["trial-drain"])
     return 0 if ok else 1
 

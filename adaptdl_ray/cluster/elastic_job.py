@@ -70,9 +70,6 @@ _DRAIN_CHECK_S = 2.0
 #: cost. A save stops the job at one batch boundary for as long as rank 0 takes to write
 #: its state (benchmarks/lost_node.py measures the share of time it costs).
 DEFAULT_CHECKPOINT_INTERVAL_S = 300.0
-# After a replica failed, how long to wait for Ray to declare a node dead when a replica
-# does not answer (Ray's health checks take some seconds to notice a lost node).
-_NODE_LOSS_WAIT_S = 45.0
 # How long the driver waits for the replicas' resources before giving up.
 _PLACEMENT_TIMEOUT_S = 600.0
 # How long a grow's new replicas may take to start (the job trains meanwhile) before their
@@ -186,7 +183,7 @@ class ElasticJob:
             :func:`~adaptdl_ray.tune._ray_private.draining_nodes`.
         nodes_fn: returns the usable cluster (node id -> NodeInfo, draining nodes left
             out), to size a move; default
-            :func:`~adaptdl_ray.tune.resources.cluster_nodes`.
+            :func:`~adaptdl_ray.cluster.nodes.cluster_nodes`.
         checkpoint_interval_s: seconds of training between in-place checkpoints (the
             most a node lost without notice costs); ``None``: none (a lost node then
             costs everything since the last resize or start).
@@ -519,7 +516,7 @@ class ElasticJob:
         except Exception as exc:  # noqa: BLE001 - keep training; say why once per check
             LOG.warning("job %s: could not ask which nodes are draining (%s)", self.name, exc)
             return None
-        from adaptdl_ray.tune.resources import draining_under
+        from adaptdl_ray.cluster.nodes import draining_under
         under = draining_under(launch.group.node_ids, draining)
         if under is None:
             return None
@@ -583,16 +580,16 @@ class ElasticJob:
 
     def _lost_nodes(self, launch: _Launch) -> list[str]:
         """The nodes under the launch's replicas that are gone (after a replica failed;
-        see :func:`~adaptdl_ray.tune.resources.lost_nodes_under`)."""
-        from adaptdl_ray.tune.resources import lost_nodes_under
+        see :func:`~adaptdl_ray.cluster.nodes.lost_nodes_under`)."""
+        from adaptdl_ray.cluster.nodes import lost_nodes_under
         return lost_nodes_under(launch.group.node_ids, launch.group.actors,
-                                lambda: self._nodes_fn().keys(), _NODE_LOSS_WAIT_S)
+                                lambda: self._nodes_fn().keys())
 
     def _room_elsewhere(self, launch: _Launch) -> int:
         """Replicas to continue with after losing a node or moving off a draining one (see
-        :func:`~adaptdl_ray.tune.resources.replicas_to_move`; the same size if the
+        :func:`~adaptdl_ray.cluster.nodes.replicas_to_move`; the same size if the
         cluster cannot be read: Ray then finds the room)."""
-        from adaptdl_ray.tune.resources import replicas_to_move
+        from adaptdl_ray.cluster.nodes import replicas_to_move
         try:
             return replicas_to_move(self.spec, launch.replicas, self._nodes_fn())
         except Exception as exc:  # noqa: BLE001 - ask for the same size; Ray finds room
@@ -647,7 +644,7 @@ def _ray_draining_nodes() -> dict[str, float | None]:
 
 
 def _ray_cluster_nodes() -> dict[str, Any]:
-    from adaptdl_ray.tune.resources import cluster_nodes
+    from adaptdl_ray.cluster.nodes import cluster_nodes
     return cluster_nodes()
 
 

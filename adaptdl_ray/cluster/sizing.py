@@ -51,7 +51,7 @@ class Sizer(Protocol):
 
 
 def _ray_nodes() -> dict[str, NodeInfo]:
-    from adaptdl_ray.tune.resources import cluster_nodes
+    from adaptdl_ray.cluster.nodes import cluster_nodes
     return cluster_nodes()
 
 

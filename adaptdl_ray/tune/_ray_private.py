@@ -21,9 +21,10 @@ Ray 2.60 has no public seam for four things AdaptDL needs:
   ``ray drain-node`` is about to take away, e.g. a spot node given its preemption
   notice): :func:`draining_nodes`. Ray's own libraries read it the same way.
 
-Everything here is checked at import: a Ray outside the tested range logs a warning, and a
-Ray whose internals moved raises :class:`ImportError` naming what is missing, rather than
-failing later inside a trial (:func:`check_ray`, tested in ``tests/ray/test_ray_private.py``);
+Everything here is checked at import, the Tune internals at the import of the Tune
+modules that use them: a Ray outside the tested range logs a warning, and a Ray whose
+internals moved raises :class:`ImportError` naming what is missing, rather than failing
+later inside a trial (:func:`check_ray`, tested in ``tests/ray/test_ray_private.py``);
 ``tests/ray/test_trial_files_unit.py`` exercises each seam.
 """
 
@@ -37,7 +38,7 @@ import ray
 
 LOG = logging.getLogger(__name__)
 
-__all__ = ["TESTED_RAY", "StorageInfo", "check_ray", "install_replica_session",
+__all__ = ["TESTED_RAY", "StorageInfo", "check_ray", "check_tune", "install_replica_session",
            "clear_replica_session", "trial_storage", "set_trainable_counters",
            "available_resources_per_node", "draining_nodes"]
 
@@ -53,9 +54,17 @@ def _version_tuple(version: str) -> tuple[int, int]:
         return (0, 0)
 
 
-def check_ray() -> None:
-    """Check the installed Ray (run at import): log a warning if its version is outside
-    :data:`TESTED_RAY`.
+def check_ray(*, tune: bool = True) -> None:
+    """Check the installed Ray: log a warning if its version is outside
+    :data:`TESTED_RAY`, and check that every internal used here is present.
+
+    Args:
+        tune: also check the Tune and Train internals (the replica's session, the
+            trainable's counters). That imports ``ray.tune`` and ``ray.train``, about a
+            second of CPU, which a process that only reads node state (the cluster
+            allocator's actor) does not otherwise pay: at import this module checks the
+            node-state internals only, and the Tune modules (:mod:`.trainable`,
+            :mod:`.scheduler`, :mod:`.worker`) call :func:`check_tune` at theirs.
 
     Raises:
         ImportError: an internal this module uses is gone (names each one and the Ray to
@@ -65,12 +74,7 @@ def check_ray() -> None:
     if not TESTED_RAY[0] <= found < TESTED_RAY[1]:
         LOG.warning("adaptdl_ray was tested with Ray %d.%d; this is Ray %s. If AdaptDL trials "
                     "misbehave, install ray[tune]==2.60.*", *TESTED_RAY[0], ray.__version__)
-    from ray.train._internal import session as train_session
-    from ray.tune.trainable import Trainable
-    missing = [name for name in ("_session", "get_session") if not hasattr(train_session, name)]
-    for name in ("_iteration", "_time_total", "_storage"):
-        if name not in Trainable.__init__.__code__.co_names:
-            missing.append(f"Trainable.{name}")
+    missing = _missing_tune_internals() if tune else []
     from ray._private import state as ray_state
     if not callable(getattr(ray_state, "available_resources_per_node", None)):
         missing.append("ray._private.state.available_resources_per_node")
@@ -83,7 +87,31 @@ def check_ray() -> None:
             f"({', '.join(missing)}); install a tested Ray: pip install 'ray[tune]==2.60.*'")
 
 
-check_ray()
+def _missing_tune_internals() -> list[str]:
+    from ray.train._internal import session as train_session
+    from ray.tune.trainable import Trainable
+    missing = [name for name in ("_session", "get_session") if not hasattr(train_session, name)]
+    for name in ("_iteration", "_time_total", "_storage"):
+        if name not in Trainable.__init__.__code__.co_names:
+            missing.append(f"Trainable.{name}")
+    return missing
+
+
+_TUNE_CHECKED = False
+
+
+def check_tune() -> None:
+    """:func:`check_ray` with the Tune and Train internals, once per process.
+
+    Raises:
+        ImportError: as :func:`check_ray`."""
+    global _TUNE_CHECKED
+    if not _TUNE_CHECKED:
+        check_ray(tune=True)
+        _TUNE_CHECKED = True
+
+
+check_ray(tune=False)
 
 
 # -- the replica's session ------------------------------------------------------------------
@@ -148,7 +176,11 @@ def _install_train_v2(session: ReplicaSession) -> None:
 
 def install_replica_session(session: ReplicaSession) -> None:
     """Make ``tune.report`` / ``tune.get_context()`` (and, under Train V2,
-    ``ray.train.report`` / ``ray.train.get_context()``) in this process use ``session``."""
+    ``ray.train.report`` / ``ray.train.get_context()``) in this process use ``session``.
+
+    Raises:
+        ImportError: as :func:`check_tune`."""
+    check_tune()
     from ray.train._internal import session as train_session
     train_session._session = session
     try:

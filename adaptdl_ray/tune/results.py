@@ -35,7 +35,8 @@ PROGRESS_COLUMNS = {METRIC_PREFIX + "epochs_done": "epochs",
 
 
 def result_row(metrics: Mapping[str, Any], status: Mapping[str, Any], *, launch_s: float,
-               resize_s: float, phases: Mapping[str, float] | None) -> dict[str, Any]:
+               resize_s: float, phases: Mapping[str, float] | None,
+               unplaced: int = 0) -> dict[str, Any]:
     """One result: the user's ``metrics``, then every ``adaptdl/`` key.
 
     Args:
@@ -46,6 +47,9 @@ def result_row(metrics: Mapping[str, Any], status: Mapping[str, Any], *, launch_
         resize_s: seconds the trial's latest relaunch cost (0 before any).
         phases: that relaunch's phases in the first result after it; ``None`` elsewhere
             (the keys are still present, as 0.0).
+        unplaced: bundles of the trial's placement group that run no replica because Ray
+            has no room to place them again after a lost node (``adaptdl/unplaced``; the
+            scheduler then relaunches the trial on the replicas it runs).
     """
     row = dict(metrics)
     for key in STATUS_KEYS:
@@ -55,6 +59,7 @@ def result_row(metrics: Mapping[str, Any], status: Mapping[str, Any], *, launch_
     for phase in RESIZE_PHASES:
         row.setdefault(f"{METRIC_PREFIX}resize/{phase}",
                        float((phases or {}).get(phase, 0.0)))
+    row.setdefault(METRIC_PREFIX + "unplaced", int(unplaced))
     return row
 
 

@@ -233,6 +233,12 @@ class AdaptDLScheduler(TrialScheduler):
         self._restored = False
         self._last_check = float("-inf")
         self._queue: list[str] = []  # paused (resized) trial ids waiting to run, in order
+        # Relaunch sizes a move decided (off a draining node, onto the bundles a lost node
+        # left), which the policy's next solve must not change before the relaunch.
+        self._move_to: dict[str, int] = {}
+        # Each trial's trainable class: Tune's Trial.get_trainable_cls() asks Ray's GCS and
+        # unpickles the class on every call (milliseconds, on every result).
+        self._trainables: dict[str, Any] = {}
         self._metric: str | None = None
         self._mode: str | None = None
         self._control: Any = None
@@ -258,7 +264,15 @@ class AdaptDLScheduler(TrialScheduler):
         # (the driver leaves its worker thread behind itself). Nor does an interrupt: a restored run starts uninterrupted.
         state["_relay"], state["_interrupt"], state["_interrupt_done"] = \
             InterruptRelay(), None, False
+        state["_trainables"] = {}
         return state
+
+    def _trainable(self, trial: Trial) -> Any:
+        """``trial.get_trainable_cls()``, asked of Tune once per trial."""
+        cls = self._trainables.get(trial.trial_id)
+        if cls is None:
+            cls = self._trainables[trial.trial_id] = trial.get_trainable_cls()
+        return cls
 
     # -- configuration --------------------------------------------------------------
     def set_search_properties(self, metric: str | None, mode: str | None, **spec: Any) -> bool:
@@ -304,7 +318,7 @@ class AdaptDLScheduler(TrialScheduler):
         Raises:
             TypeError: the trainable was not made by AdaptDLTrainableCreator.
             ValueError: the cluster cannot hold the trial's min_replicas at all."""
-        spec = replica_spec_of(trial.get_trainable_cls())
+        spec = replica_spec_of(self._trainable(trial))
         group = self._profile_group(trial)
         if group is not None:
             spec = dataclasses.replace(spec, profile_group=group)
@@ -342,7 +356,7 @@ class AdaptDLScheduler(TrialScheduler):
             raise ValueError(f"trial {trial.trial_id} reported no {self._metric!r} (the metric "
                              f"given to tune.run/TuneConfig); it reported {shown}. Report it "
                              "with tune.report({...}) from the training function")
-        spec = replica_spec_of(trial.get_trainable_cls())
+        spec = replica_spec_of(self._trainable(trial))
         trap = self._traps.result(trial.trial_id, result, resizable=spec.max_replicas is None
                                   or spec.max_replicas > spec.min_replicas)
         if trap:
@@ -365,6 +379,9 @@ class AdaptDLScheduler(TrialScheduler):
             return decision  # interrupted: the trial saves where it is, no resize begins
         if trial.trial_id in self._queue:
             return decision  # already pausing (moving off a draining node)
+        unplaced = int(result.get(METRIC_PREFIX + "unplaced") or 0)
+        if 0 < unplaced < current:
+            return self._shrink_to_placed(trial, current, current - unplaced)
         self._maybe_decide(tune_controller)
         verdict = self._core.decision_for(trial.trial_id)
         # A trial is never preempted to zero here: Tune admits trials itself.
@@ -380,6 +397,22 @@ class AdaptDLScheduler(TrialScheduler):
                  "one line follows once its cost is measured", trial.trial_id, current,
                  verdict.replicas, verdict.reason, record.resize_log[-1]["cost_s"])
         self._enqueue(trial.trial_id)
+        self._driver.save()
+        self._traps.forget(trial.trial_id)
+        self._announce_pause(trial)
+        return TrialScheduler.PAUSE
+
+    def _shrink_to_placed(self, trial: Trial, current: int, placed: int) -> str:
+        """Pause a trial that runs on ``placed`` of its ``current`` bundles (a lost node's
+        bundles Ray has no room for) to relaunch it on ``placed``: Ray's GCS keeps trying
+        to place the rest, busily, for as long as the group asks for them
+        (ray-project/ray#65147); the allocation grows it again when there is room."""
+        reason = f"runs on {placed} of its {current} replicas: no room for the rest after a " \
+                 "lost node"
+        self._core.begin_resize(trial.trial_id, to=placed, reason=reason)
+        RESIZE_LOG.warning("trial %s: %s; pausing at its next batch boundary to relaunch "
+                           "with %d replica(s)", trial.trial_id, reason, placed)
+        self._enqueue(trial.trial_id, move_to=placed)
         self._driver.save()
         self._traps.forget(trial.trial_id)
         self._announce_pause(trial)
@@ -477,7 +510,7 @@ class AdaptDLScheduler(TrialScheduler):
                 continue
             trial = running[trial_id]
             current = num_replicas_of(trial.placement_group_factory)
-            target = replicas_to_move(replica_spec_of(trial.get_trainable_cls()), current,
+            target = replicas_to_move(replica_spec_of(self._trainable(trial)), current,
                                       nodes)
             hit, when = under
             reason = f"node(s) {', '.join(n[:12] for n in hit)} draining ({when})"
@@ -486,7 +519,7 @@ class AdaptDLScheduler(TrialScheduler):
             RESIZE_LOG.warning("trial %s: %s: pausing at its next batch boundary to relaunch "
                                "on the other nodes with %d replica(s)", trial_id, reason,
                                target)
-            self._enqueue(trial_id)
+            self._enqueue(trial_id, move_to=target)
             self._traps.forget(trial_id)
             self._announce_pause(trial)
             tune_controller.pause_trial(trial)
@@ -502,16 +535,18 @@ class AdaptDLScheduler(TrialScheduler):
             trial = trials.get(trial_id)
             if trial is None or trial.status in (Trial.TERMINATED, Trial.ERROR):
                 self._queue.remove(trial_id)
+                self._move_to.pop(trial_id, None)
                 continue
             if trial.status != Trial.PAUSED:
                 continue  # still saving before its pause
             record = self._core.state.jobs[trial_id]
-            spec = replica_spec_of(trial.get_trainable_cls())
-            target = record.target or spec.min_replicas
+            spec = replica_spec_of(self._trainable(trial))
+            target = self._move_to.get(trial_id) or record.target or spec.min_replicas
             if not self._fits(free, trial, target):
                 continue
             self._set_resources(trial, spec, target)
             self._queue.remove(trial_id)
+            self._move_to.pop(trial_id, None)
             return trial
         return None
 
@@ -595,6 +630,8 @@ class AdaptDLScheduler(TrialScheduler):
         self._core.remove(trial.trial_id)
         if trial.trial_id in self._queue:
             self._queue.remove(trial.trial_id)
+        self._move_to.pop(trial.trial_id, None)
+        self._trainables.pop(trial.trial_id, None)
         if self._control is not None:
             self._control.forget.remote(trial.trial_id)
         self._driver.save_soon()
@@ -628,9 +665,11 @@ class AdaptDLScheduler(TrialScheduler):
         key = share(config)
         return None if key is None else f"key={key!r}"
 
-    def _enqueue(self, trial_id: str) -> None:
+    def _enqueue(self, trial_id: str, move_to: int | None = None) -> None:
         if trial_id not in self._queue:
             self._queue.append(trial_id)
+        if move_to is not None:
+            self._move_to[trial_id] = move_to
 
     def _set_resources(self, trial: Trial, spec: Any, replicas: int) -> None:
         if num_replicas_of(trial.placement_group_factory) != replicas:
@@ -724,13 +763,12 @@ class AdaptDLScheduler(TrialScheduler):
                 return {}
         return self._ray_free_cache[1]
 
-    @staticmethod
-    def _fits(free: dict[str, float], trial: Trial, replicas: int) -> bool:
+    def _fits(self, free: dict[str, float], trial: Trial, replicas: int) -> bool:
         """Whether ``trial`` could hold ``replicas`` replicas given ``free`` (from
         :meth:`_free`; what the trial holds itself counts as available to it)."""
         own = trial.placement_group_factory.required_resources \
             if trial.status in (Trial.RUNNING, Trial.PENDING) else {}
-        spec = replica_spec_of(trial.get_trainable_cls())
+        spec = replica_spec_of(self._trainable(trial))
         return all(free.get(k, 0.0) + own.get(k, 0.0) + 1e-9 >= v * replicas
                    for k, v in spec.resources.items())
 
@@ -744,7 +782,7 @@ class AdaptDLScheduler(TrialScheduler):
         if self._interrupt is None:
             live = [t for t in trials if t.status in (Trial.RUNNING, Trial.PENDING)
                     or t.is_saving]
-            timeouts = [stop_timeout_of(t.get_trainable_cls()) for t in live]
+            timeouts = [stop_timeout_of(self._trainable(t)) for t in live]
             self._interrupt = {"deadline": time.monotonic() + max(timeouts, default=0.0)
                                + _INTERRUPT_MARGIN_S}
             if self._control is not None:

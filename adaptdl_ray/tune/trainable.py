@@ -20,7 +20,14 @@ replica runs that replica in the trial actor itself (no second process; see
   node under them is lost, the trial starts its replicas again from that newest checkpoint
   in the same placement group, whose lost bundles Ray places on the nodes left (the work
   since the checkpoint is repeated, nothing counts against ``max_failures``). If the
-  cluster has no room for them, the wait ends in an ordinary failure.
+  nodes left have no room for the lost bundles, the trial continues on the bundles Ray
+  still holds (at least ``min_replicas``) and grows back onto all of them, from a fresh
+  checkpoint, once Ray places the rest again (a node joins, other work ends); with fewer
+  than ``min_replicas`` placed, the start waits for room and then fails as usual. The
+  trial actor itself runs on the node of the group's first bundle: the loss of that node
+  (or of a one-replica trial's node, whose replica runs in the trial actor) is a Tune
+  failure, but each in-place checkpoint is also kept on the run's storage, so that Tune's
+  retry (``FailureConfig(max_failures=...)``) or a ``Tuner.restore`` resumes from it.
 * **Interrupts** of the driver reach the trial through the experiment's control actor
   (:mod:`.control`): it stops its replicas at the next batch boundary and saves their state
   into its trial directory, which a ``Tuner.restore`` picks up (newest state wins).
@@ -53,9 +60,10 @@ from adaptdl_ray.tune.results import order_like, result_row
 from adaptdl_ray.tune.traps import warn_unscheduled
 from adaptdl_ray.tune.trial_progress import PendingReport, TrialProgress
 from adaptdl_ray.tune.worker_group import (InProcessReplica, WorkerFailed, WorkerGroup,
-                                           first_line_of)
+                                           first_line_of, new_workers)
 
 LOG = logging.getLogger(__name__)
+_ray_private.check_tune()  # fail at import, not inside a trial, on a Ray without them
 
 __all__ = ["AdaptDLTrainableCreator", "AdaptDLTrainable", "is_adaptdl_trainable",
            "replica_spec_of", "stop_timeout_of", "resize_phases", "WorkerFailed"]
@@ -67,9 +75,12 @@ _POLL_S = 1.0
 _FINISH_GRACE_S = 0.3
 # After saving on an interrupt, how long to wait for Tune to stop the trial.
 _INTERRUPTED_WAIT_S = 120.0
-# After a replica failed, how long to wait for Ray to declare a node dead when a replica
-# does not answer (Ray's health checks take some seconds to notice a lost node).
-_NODE_LOSS_WAIT_S = 45.0
+# After a lost node, how long to wait for Ray to place its bundles on the nodes left before
+# continuing on the bundles that are placed (Ray re-places them at once where there is room).
+_REPLACE_WAIT_S = 10.0
+# While a trial runs short of its placement group's bundles, how often to look whether Ray
+# has placed them again.
+_REGROW_CHECK_S = 5.0
 #: Seconds of training between a multi-process trial's in-place checkpoints: what a node
 #: lost without notice can cost (benchmarks/node_loss.py measures what a save costs).
 DEFAULT_CHECKPOINT_INTERVAL_S = 300.0
@@ -147,6 +158,8 @@ class AdaptDLTrainable(tune.Trainable):
         self._launch_at = time.time()
         self._launch_s = 0.0  # this launch's start to first step, once seen
         self._next_save: float | None = None  # time.monotonic() of the next in-place save
+        self._short_since: float | None = None  # running on fewer bundles than the group's
+        self._next_regrow_check = 0.0
 
     def load_checkpoint(self, checkpoint_dir: str) -> None:
         """Take the job state, the user's files and the unreturned reports of a checkpoint
@@ -170,6 +183,7 @@ class AdaptDLTrainable(tune.Trainable):
             if self._error is None:
                 try:
                     self._save_in_place_if_due()
+                    self._regrow_if_placed()
                     if not self._ended:
                         # Block on the next report or the end. With one report queued,
                         # wait only briefly: if the function ends right after it, that
@@ -208,16 +222,18 @@ class AdaptDLTrainable(tune.Trainable):
             return self._next_final()
 
     def _save_in_place_if_due(self) -> None:
-        """Every ``checkpoint_interval_s`` of a launch with replica processes: checkpoint
-        at the next batch boundary while the replicas train on, and keep that state as
-        the one a lost node continues from (an in-process replica is lost with the trial
-        actor itself: Tune's retry is all that helps there).
+        """Every ``checkpoint_interval_s`` of a launch: checkpoint at the next batch
+        boundary while the replicas train on, keep that state as the one a lost replica
+        node continues from, and write it to the trial's directory on the run's storage
+        (as the state of an interrupted run: the newest state wins), so that when the
+        trial actor itself is lost (its node, or an in-process replica with it), Tune's
+        retry under ``FailureConfig(max_failures=...)`` or a ``Tuner.restore`` resumes
+        there rather than at Tune's last checkpoint.
 
         Raises:
             WorkerFailed: a replica failed before the checkpoint."""
         interval, group = self.adaptdl_checkpoint_interval_s, self._group
-        if interval is None or not isinstance(group, WorkerGroup) or not group.started \
-                or self._ended:
+        if interval is None or group is None or not group.started or self._ended:
             return
         now = time.monotonic()
         if self._next_save is None:
@@ -230,20 +246,36 @@ class AdaptDLTrainable(tune.Trainable):
         except TimeoutError as exc:
             LOG.warning("trial %s: in-place checkpoint skipped: %s", self.trial_id, exc)
             return
-        if answer["taken"]:
-            self._archive = group.checkpoint_archive(answer["path"]) or self._archive
+        if not answer["taken"]:
+            return
+        self._archive = group.checkpoint_archive(answer["path"]) or self._archive
+        if self._storage_info is None:
+            return
+        self._fetch(0.0)
+        self._progress.seq += 1
+        self._progress.pause = None
+        # The reports made before the checkpoint and not yet returned: a resumption from
+        # it returns them first (the later ones the function makes again).
+        self._progress.pending = [r for r in self._queue if r.tag < answer["index"]]
+        try:
+            checkpoint_files.write_interrupted(self._storage_info, self._progress,
+                                               self._archive, self._user_files)
+        except (OSError, ValueError) as exc:
+            LOG.warning("trial %s: could not keep its in-place checkpoint on the run's "
+                        "storage (%s)", self.trial_id, exc)
+        finally:
+            self._progress.pending = []
 
     def _continue_after_lost_node(self, exc: BaseException) -> bool:
         """After a replica failed: if a node under the replicas is gone, start them again
         from the newest checkpoint in the same placement group (Ray places its lost
         bundles on the nodes left, or the start times out into an ordinary failure) and
         return True; False if no node was lost (the failure is the trial's)."""
-        from adaptdl_ray.tune.resources import cluster_nodes, lost_nodes_under
+        from adaptdl_ray.cluster.nodes import cluster_nodes, lost_nodes_under
         group = self._group
         if not isinstance(group, WorkerGroup):
             return False
-        lost = lost_nodes_under(group.node_ids, group.actors, lambda: cluster_nodes().keys(),
-                                _NODE_LOSS_WAIT_S)
+        lost = lost_nodes_under(group.node_ids, group.actors, lambda: cluster_nodes().keys())
         if not lost:
             return False
         self._fetch_quietly()
@@ -254,8 +286,53 @@ class AdaptDLTrainable(tune.Trainable):
         group.shutdown()
         self._group = None
         self._ended = False
-        self._ensure_started()
+        self._ensure_started(self._bundles_left())
         return True
+
+    def _bundles_left(self) -> list[int] | None:
+        """After a lost node: the placement group's bundles to continue on. All of them
+        (``None``) once Ray has placed the lost ones on the nodes left; if it has no room
+        for them within ``_REPLACE_WAIT_S``, the bundles it holds, when they are at least
+        ``min_replicas`` (the trial grows back when the rest are placed again,
+        :meth:`_regrow_if_placed`); else all of them, whose start waits for room."""
+        from adaptdl_ray.cluster.nodes import wait_for_bundles
+        self._short_since = None
+        pg = ray.util.get_current_placement_group()
+        wanted = self._replicas_wanted()
+        if pg is None:
+            return None
+        placed = wait_for_bundles(pg, wanted, _REPLACE_WAIT_S)
+        if len(placed) >= wanted or len(placed) < max(self.adaptdl_replica_spec.min_replicas, 1):
+            return None
+        LOG.warning("trial %s: no room for %d of its %d replicas on the nodes left; "
+                    "continuing on %d until Ray places them again", self.trial_id,
+                    wanted - len(placed), wanted, len(placed))
+        self._short_since = time.monotonic()
+        return placed
+
+    def _regrow_if_placed(self) -> None:
+        """While the trial runs short of its bundles (after a lost node): once Ray has
+        placed them all again, checkpoint at the next batch boundary and continue on all
+        of them (a restart, counted like any relaunch)."""
+        if self._short_since is None or self._ended or time.monotonic() < self._next_regrow_check:
+            return
+        from adaptdl_ray.cluster.nodes import placed_bundles
+        self._next_regrow_check = time.monotonic() + _REGROW_CHECK_S
+        pg = ray.util.get_current_placement_group()
+        if pg is None or len(placed_bundles(pg)) < self._replicas_wanted():
+            return
+        LOG.info("trial %s: Ray placed its lost bundles again after %.0f s; continuing on "
+                 "all %d replicas", self.trial_id, time.monotonic() - self._short_since,
+                 self._replicas_wanted())
+        outcomes = self._group.stop(self.adaptdl_stop_timeout_s)
+        self._fetch(0.0)
+        if not any(o["status"] == "checkpointed" for o in outcomes):
+            return  # the function ended first: step() finishes the trial as usual
+        self._archive = self._group.checkpoint_archive() or self._archive
+        self._group.shutdown()
+        self._group = None
+        self._short_since = None
+        self._ensure_started()
 
     def save_checkpoint(self, checkpoint_dir: str) -> None:
         """Write the user's latest files and the job's state, taken at the next batch
@@ -367,19 +444,27 @@ class AdaptDLTrainable(tune.Trainable):
         return self.adaptdl_single_replica_in_process and only_cpu and \
             not InProcessReplica.busy()
 
-    def _new_group(self) -> WorkerGroup | InProcessReplica:
+    def _new_group(self, bundles: list[int] | None = None) -> WorkerGroup | InProcessReplica:
+        """Replicas on every bundle of the trial's placement group, or on ``bundles``."""
         n = self._replicas_wanted()
+        pg = ray.util.get_current_placement_group()
+        if bundles is not None:
+            info = self._replica_trial_info()
+            actors = new_workers(self.adaptdl_replica_spec.resources, info,
+                                 [(pg, i) for i in bundles])
+            return WorkerGroup(len(bundles), self.adaptdl_replica_spec.resources, pg, info,
+                               actors=actors)
         if n == 1 and self._in_process_allowed():
             return InProcessReplica(self.adaptdl_replica_spec.resources,
                                     self._replica_trial_info())
-        return WorkerGroup(n, self.adaptdl_replica_spec.resources,
-                           ray.util.get_current_placement_group(), self._replica_trial_info())
+        return WorkerGroup(n, self.adaptdl_replica_spec.resources, pg,
+                           self._replica_trial_info())
 
-    def _ensure_started(self) -> None:
+    def _ensure_started(self, bundles: list[int] | None = None) -> None:
         if self._group is None:
             self._progress.restarts += 1
             self._launch_at, self._launch_s = time.time(), 0.0
-            self._group = self._new_group()
+            self._group = self._new_group(bundles)
         if not self._group.started:
             self._ended = False
             self._next_save = None
@@ -457,8 +542,11 @@ class AdaptDLTrainable(tune.Trainable):
                     phases = resize_phases(self._measure_from, self._launch_at, timeline)
                     self._progress.resize_s = phases.pop("total_s")
                     self._measure_from = None
+            unplaced = 0 if self._short_since is None else \
+                self._replicas_wanted() - self._group.num_replicas
             row = result_row(item["metrics"], item["status"], launch_s=self._launch_s,
-                             resize_s=self._progress.resize_s, phases=phases)
+                             resize_s=self._progress.resize_s, phases=phases,
+                             unplaced=unplaced)
             row[TIME_THIS_ITER_S] = float(item["time_this_iter_s"])
             self._queue.append(PendingReport(row, item["tag"], item["user_checkpoint"]))
 
@@ -685,11 +773,13 @@ def AdaptDLTrainableCreator(train_fn: Callable[..., Any], *,  # noqa: N802 (Adap
             only CPUs. The function then runs in a thread of the trial actor: set False if
             it must have a process of its own (e.g. it changes process-wide settings that
             must not outlive the trial, or may kill its process on purpose).
-        checkpoint_interval_s: seconds of training between in-place checkpoints of a
-            launch with replica processes (the replicas train on while rank 0 writes): the
-            most a node lost without notice costs, since the trial continues from the
-            newest one in its own placement group; ``None``: none (a lost node then costs
-            everything since the launch began).
+        checkpoint_interval_s: seconds of training between in-place checkpoints (the
+            replicas train on while rank 0 writes; each is also written to the trial's
+            directory on the run's storage): the most a node lost without notice costs,
+            since the trial continues from the newest one in its own placement group, and
+            a retry or restore after the trial actor's own node was lost resumes from it;
+            ``None``: none (a lost node then costs everything since the launch began, or
+            since Tune's last checkpoint).
         name: the trainable's name in Tune (trial names start with it); default
             ``AdaptDL_<function name>``.
 

@@ -16,13 +16,13 @@ pytest.importorskip("ray")
 from tests.ray.test_draining_nodes import REPO_ROOT, _env  # noqa: E402
 
 
-def run_scenario(module, tmp_path, interval_s):
+def run_scenario(module, tmp_path, interval_s, *args):
     """Run the scenario ``module`` in its own process; ``(process, its summary, the
     record directory)``."""
     record = tmp_path / "record"
     record.mkdir()
     proc = subprocess.run([sys.executable, "-m", module, str(tmp_path / "storage"),
-                           str(record), str(interval_s)], cwd=REPO_ROOT, env=_env(),
+                           str(record), str(interval_s), *args], cwd=REPO_ROOT, env=_env(),
                           capture_output=True, text=True, timeout=420)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc, json.loads(proc.stdout.strip().splitlines()[-1]), record
@@ -73,6 +73,24 @@ def test_a_trial_on_a_lost_node_continues_in_its_placement_group(tmp_path):
     assert seen["nodes_before"] == [2], seen  # the first launch spanned both nodes
     assert seen["status"] == "TERMINATED" and seen["failures"] == 0, seen
     assert seen["sizes"] == {"0": 3, "1": 3}, seen
+    assert seen["loss_to_first_step_s"] is not None, seen
+    assert_at_most_one_interval_repeated(records(record), EPOCHS, SIZE, interval_s,
+                                         SLEEP_S, BATCH, seen)
+
+
+def test_a_trial_whose_own_node_is_lost_resumes_from_its_kept_in_place_checkpoint(tmp_path):
+    """A one-replica trial runs its replica in the trial actor, on the worker (the head's
+    CPU is held); it checkpoints in place every 2 s, and each checkpoint is also kept on
+    the run's storage. The worker is removed without notice after 30 steps: Tune counts the
+    failure and retries (max_failures=1) on the head, where the trial resumes from the kept
+    checkpoint, not from the start: every sample at least once, the repeats at most one
+    interval's (from the start they would be all 30 steps')."""
+    from tests.ray.interrupt_scenario import records
+    from tests.ray.lost_node_trial_run import BATCH, EPOCHS, SIZE, SLEEP_S
+    interval_s = 2.0
+    _, seen, record = run_scenario("tests.ray.lost_node_trial_run", tmp_path, interval_s,
+                                   "actor")
+    assert seen["status"] == "TERMINATED" and seen["failures"] == 1, seen
     assert seen["loss_to_first_step_s"] is not None, seen
     assert_at_most_one_interval_repeated(records(record), EPOCHS, SIZE, interval_s,
                                          SLEEP_S, BATCH, seen)

@@ -17,6 +17,7 @@ from adaptdl_core.decision import CoreState, JobSpec, job_info, speedup_from_hin
 from adaptdl_ray.tune.resources import (num_replicas_of,  # noqa: E402
                                         placement_group_factory)
 from adaptdl_ray.tune.scheduler_state import STATE_FILE  # noqa: E402
+from adaptdl_ray.tune.trainable import replica_spec_of  # noqa: E402
 
 
 def train_fn(config):
@@ -763,3 +764,28 @@ def test_a_new_trial_grows_in_one_resize_to_what_the_shared_profile_supports(clo
         assert action == TrialScheduler.PAUSE and target == 8
     else:
         assert action == TrialScheduler.CONTINUE and target == 1
+
+
+def test_a_trial_running_short_of_its_bundles_is_relaunched_on_what_it_runs(clock):
+    """A trial that lost a node Ray has no room to replace runs on the bundles left and
+    says how many it lacks (``adaptdl/unplaced``): the scheduler pauses it and relaunches
+    it on the replicas it runs, so that its placement group stops asking for the rest."""
+    hints = Hints()
+    sched = AdaptDLScheduler(solve_wait_s=None, nodes_fn=cluster(4), allocation_interval_s=30,
+                             hints_fn=hints)
+    tc = StubController()
+    trial = StubTrial("a", trainable=AdaptDLTrainableCreator(train_fn, min_replicas=1,
+                                                             max_replicas=3))
+    trial.placement_group_factory = placement_group_factory(
+        replica_spec_of(trial.get_trainable_cls()), 3)
+    tc.add(sched, trial)
+    tc.start_pending(sched)
+    assert trial.replicas == 3
+    assert sched.on_trial_result(tc, trial, dict(LONG, **{"adaptdl/unplaced": 1})) == \
+        TrialScheduler.PAUSE
+    assert sched.state.jobs["a"].resize_log[-1]["to"] == 2
+    assert "no room for the rest" in sched.state.jobs["a"].resize_log[-1]["reason"]
+    trial.status = Trial.PAUSED
+    sched._last_check = float("-inf")
+    assert sched.choose_trial_to_run(tc) is trial
+    assert trial.replicas == 2
