@@ -56,6 +56,7 @@ from typing import Any
 from _common import ROOT, machine_description  # noqa: F401  (puts the repository on sys.path)
 from adaptdl_ray.cluster.elastic_job import DEFAULT_CHECKPOINT_INTERVAL_S  # noqa: E402
 from tests.exactly_once import assert_exactly_once, samples_per_epoch  # noqa: E402
+from tests.ray.two_nodes import summary_of  # noqa: E402
 
 
 def _run(module: str, *args: str) -> tuple[dict | None, str]:
@@ -66,7 +67,7 @@ def _run(module: str, *args: str) -> tuple[dict | None, str]:
                           capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
         return None, proc.stderr[-2000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1]), ""
+    return summary_of(proc.stdout), ""
 
 
 def _loss_run(module: str, interval_s: float, ok: Any, *extra: str) -> dict:

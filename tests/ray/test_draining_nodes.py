@@ -6,13 +6,13 @@ cluster of its own, in a subprocess: :mod:`tests.ray.drain_run`,
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from tests.ray.two_nodes import summary_of  # noqa: E402
 
 pytest.importorskip("ray")
 
@@ -30,7 +30,7 @@ def test_a_draining_node_is_left_out_with_its_deadline():
     proc = subprocess.run([sys.executable, "-m", "tests.ray.drain_run"], cwd=REPO_ROOT,
                           env=_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    seen = summary_of(proc.stdout)
     worker, head = seen["worker"], seen["head"]
     assert seen["on_worker"]
     assert seen["before"] == {"draining": {}, "nodes": sorted([head, worker])}
@@ -56,7 +56,7 @@ def test_a_job_on_a_draining_node_moves_before_the_deadline_exactly_once(tmp_pat
                            str(tmp_path / "storage"), str(record), "60"], cwd=REPO_ROOT,
                           env=_env(), capture_output=True, text=True, timeout=420)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    seen = summary_of(proc.stdout)
     assert seen["drain_rc"] == 0, seen["drain_err"]
     assert seen["status"] == 0, proc.stderr[-3000:]
     assert seen["sizes"] == {"0": 2, "1": 1}, seen
@@ -82,7 +82,7 @@ def test_a_trial_on_a_draining_node_moves_before_the_deadline_exactly_once(tmp_p
                            str(tmp_path / "storage"), str(record), "60"], cwd=REPO_ROOT,
                           env=_env(), capture_output=True, text=True, timeout=420)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    seen = summary_of(proc.stdout)
     assert seen["drain_rc"] == 0, seen["drain_err"]
     assert seen["status"] == "TERMINATED" and seen["failures"] == 0, seen
     assert seen["sizes"] == {"0": 1, "1": 2, "2": 1}, seen

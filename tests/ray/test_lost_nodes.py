@@ -5,7 +5,6 @@ with no failure (each on a two-node cluster of its own, in a subprocess:
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 
@@ -14,6 +13,7 @@ import pytest
 pytest.importorskip("ray")
 
 from tests.ray.test_draining_nodes import REPO_ROOT, _env  # noqa: E402
+from tests.ray.two_nodes import summary_of  # noqa: E402
 
 
 def run_scenario(module, tmp_path, interval_s, *args):
@@ -25,7 +25,7 @@ def run_scenario(module, tmp_path, interval_s, *args):
                            str(record), str(interval_s), *args], cwd=REPO_ROOT, env=_env(),
                           capture_output=True, text=True, timeout=420)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc, json.loads(proc.stdout.strip().splitlines()[-1]), record
+    return proc, summary_of(proc.stdout), record
 
 
 def test_a_job_on_a_lost_node_continues_repeating_at_most_one_interval(tmp_path):

@@ -27,3 +27,16 @@ def two_nodes(head_cpus: int, worker_cpus: int) -> Iterator[tuple[Any, Any]]:
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+def summary_of(stdout: str) -> dict:
+    """The JSON summary a scenario prints: its last line that is a JSON object (Ray may
+    print a removed node's last log lines after it).
+
+    Raises:
+        ValueError: no line of ``stdout`` is a JSON object."""
+    import json
+    for line in reversed(stdout.strip().splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    raise ValueError(f"no JSON summary in the scenario's output: {stdout[-500:]!r}")
