@@ -138,13 +138,58 @@ def trial_drain_run() -> dict:
             is not None, "exact": exact, **seen}
 
 
+def _trained(row: dict) -> str:
+    return "every sample trained" if row["complete"] else "SAMPLES MISSING"
+
+
+def _lost_line(row: dict) -> str:
+    saves = max(row["checkpoints"] or 1, 1)
+    return (f"loss to first step {row['loss_to_first_step_s']:.1f} s, launches "
+            f"{row['sizes']}, {row['repeated']} samples repeated (one interval: "
+            f"{row['interval_samples']:.0f}), {row['checkpoints']} in-place checkpoints of "
+            f"{row['checkpoint_s'] / saves:.2f} s each, {_trained(row)}")
+
+
+def _trial_lost_line(row: dict) -> str:
+    return (f"loss to first step {row['loss_to_first_step_s']:.1f} s, launches "
+            f"{row['sizes']}, failures {row['failures']}, {row['repeated']} samples "
+            f"repeated (one interval: {row['interval_samples']:.0f}), {_trained(row)}")
+
+
+def _trial_short_line(row: dict) -> str:
+    loss = row.get("loss_to_first_step_s")
+    return (f"loss to first step on the bundles left "
+            f"{'n/a' if loss is None else f'{loss:.1f} s'}, room back to first step on all "
+            f"{row['room_to_first_step_s']:.1f} s, launches {row['sizes']}, failures "
+            f"{row['failures']}, {row['repeated']} samples repeated, {_trained(row)}")
+
+
+def _trial_actor_line(row: dict) -> str:
+    return (f"loss to first step of the retry {row['loss_to_first_step_s']:.1f} s, "
+            f"failures {row['failures']}, {row['repeated']} samples repeated (one "
+            f"interval: {row['interval_samples']:.0f}), {_trained(row)}")
+
+
+def _trial_drain_line(row: dict) -> str:
+    return (f"drain to first step {row['drain_to_first_step_s']:.1f} s, launches "
+            f"{row['sizes']}, failures {row['failures']}, "
+            f"{'exactly once' if row['exact'] else 'NOT exactly once'}")
+
+
+#: scenario name -> (one run, its line in the output)
+SCENARIOS = {"lost": (lost_run, _lost_line), "trial-lost": (trial_lost_run, _trial_lost_line),
+             "trial-short": (trial_short_run, _trial_short_line),
+             "trial-actor": (trial_actor_run, _trial_actor_line),
+             "trial-drain": (trial_drain_run, _trial_drain_line)}
+
+
 def _median(values: list[float]) -> str:
     return f"{statistics.median(values):.1f} s ({min(values):.1f}-{max(values):.1f})" \
         if values else "n/a"
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run both scenarios ``--runs`` times, print each run and the medians; exit 1 unless
+    """Run the scenarios (all, or ``--only`` one) ``--runs`` times, print each run and the medians; exit 1 unless
     every run recovered (and trained every sample: at least once after a loss, exactly
     once after a drain)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -152,62 +197,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--interval", type=float, default=2.0,
                    help="the lost-node job's and trial's checkpoint interval in seconds "
                         "(default 2)")
-    p.add_argument("--only", choices=("lost", "trial-lost", "trial-short", "trial-actor",
-                                      "trial-drain"), default=None)
+    p.add_argument("--only", choices=tuple(SCENARIOS), default=None)
     p.add_argument("--json", default=None, help="also write the raw rows here")
     args = p.parse_args(argv)
     if args.runs < 1:
         p.error(f"--runs must be at least 1, got {args.runs}")
-    rows: dict[str, list[dict]] = {"lost": [], "trial-lost": [], "trial-short": [],
-                                   "trial-actor": [], "trial-drain": []}
+    rows: dict[str, list[dict]] = {name: [] for name in SCENARIOS}
     for i in range(args.runs):
-        if args.only in (None, "lost"):
-            row = lost_run(args.interval)
-            rows["lost"].append(row)
-            print(f"lost run {i + 1}: " + (
-                f"loss to first step {row['loss_to_first_step_s']:.1f} s, launches "
-                f"{row['sizes']}, {row['repeated']} samples repeated (one interval: "
-                f"{row['interval_samples']:.0f}), {row['checkpoints']} in-place checkpoints "
-                f"of {row['checkpoint_s'] / max(row['checkpoints'] or 1, 1):.2f} s each, "
-                f"{'every sample trained' if row['complete'] else 'SAMPLES MISSING'}"
-                if row["ok"] else f"failed: {row.get('problem', row)}"), flush=True)
-        if args.only in (None, "trial-lost"):
-            row = trial_lost_run(args.interval)
-            rows["trial-lost"].append(row)
-            print(f"trial-lost run {i + 1}: " + (
-                f"loss to first step {row['loss_to_first_step_s']:.1f} s, launches "
-                f"{row['sizes']}, failures {row['failures']}, {row['repeated']} samples "
-                f"repeated (one interval: {row['interval_samples']:.0f}), "
-                f"{'every sample trained' if row['complete'] else 'SAMPLES MISSING'}"
-                if row["ok"] else f"failed: {row.get('problem', row)}"), flush=True)
-        if args.only in (None, "trial-short"):
-            row = trial_short_run(args.interval)
-            rows["trial-short"].append(row)
-            loss = row.get("loss_to_first_step_s")
-            print(f"trial-short run {i + 1}: " + (
-                f"loss to first step on the bundles left "
-                f"{'n/a' if loss is None else f'{loss:.1f} s'}, room back to first step on "
-                f"all {row['room_to_first_step_s']:.1f} s, launches {row['sizes']}, failures "
-                f"{row['failures']}, {row['repeated']} samples repeated, "
-                f"{'every sample trained' if row['complete'] else 'SAMPLES MISSING'}"
-                if row["ok"] else f"failed: {row.get('problem', row)}"), flush=True)
-        if args.only in (None, "trial-actor"):
-            row = trial_actor_run(args.interval)
-            rows["trial-actor"].append(row)
-            print(f"trial-actor run {i + 1}: " + (
-                f"loss to first step of the retry {row['loss_to_first_step_s']:.1f} s, "
-                f"failures {row['failures']}, {row['repeated']} samples repeated (one "
-                f"interval: {row['interval_samples']:.0f}), "
-                f"{'every sample trained' if row['complete'] else 'SAMPLES MISSING'}"
-                if row["ok"] else f"failed: {row.get('problem', row)}"), flush=True)
-        if args.only in (None, "trial-drain"):
-            row = trial_drain_run()
-            rows["trial-drain"].append(row)
-            print(f"trial-drain run {i + 1}: " + (
-                f"drain to first step {row['drain_to_first_step_s']:.1f} s, launches "
-                f"{row['sizes']}, failures {row['failures']}, "
-                f"{'exactly once' if row['exact'] else 'NOT exactly once'}"
-                if row["ok"] else f"failed: {row.get('problem', row)}"), flush=True)
+        for name, (run, line) in SCENARIOS.items():
+            if args.only not in (None, name):
+                continue
+            row = run() if name == "trial-drain" else run(args.interval)
+            rows[name].append(row)
+            print(f"{name} run {i + 1}: " + (
+                line(row) if row["ok"] else f"failed: {row.get('problem', row)}"),
+                flush=True)
     print(f"Machine: {machine_description()}")
     lost = [r for r in rows["lost"] if r["ok"]]
     if rows["lost"]:
