@@ -188,10 +188,25 @@ def _median(values: list[float]) -> str:
         if values else "n/a"
 
 
+def _trial_summary(title: str, verb: str, rows: list[dict]) -> str:
+    """One line over a lost-node trial scenario's runs."""
+    ok = [r for r in rows if r["ok"]]
+    if not ok:
+        return f"{title}: no run {verb}"
+    losses = [r["loss_to_first_step_s"] for r in ok if r.get("loss_to_first_step_s")]
+    rooms = [r["room_to_first_step_s"] for r in ok if r.get("room_to_first_step_s")]
+    return (f"{title}: {len(ok)} of {len(rows)} {verb}, "
+            f"{sum(r['complete'] for r in ok)} trained every sample, "
+            f"{sum(r['failures'] == 0 for r in ok)} with no failure counted; loss to first "
+            f"step median {_median(losses)}; repeated samples median "
+            f"{statistics.median([r['repeated'] for r in ok])}" +
+            (f"; room back to first step median {_median(rooms)}" if rooms else ""))
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run the scenarios (all, or ``--only`` one) ``--runs`` times, print each run and the medians; exit 1 unless
-    every run recovered (and trained every sample: at least once after a loss, exactly
-    once after a drain)."""
+    """Run the scenarios (all, or ``--only`` one) ``--runs`` times, print each run and the
+    medians; exit 1 unless every run recovered (and trained every sample: at least once
+    after a loss, exactly once after a drain)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--runs", type=int, default=5, help="runs of each scenario (default 5)")
     p.add_argument("--interval", type=float, default=2.0,
@@ -227,34 +242,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"in-place checkpoint: mean {statistics.mean(per_save):.2f} s; at the default "
                   f"interval of {DEFAULT_CHECKPOINT_INTERVAL_S:g} s that is "
                   f"{100 * share:.2f}% of the time")
-    trial_lost = [r for r in rows["trial-lost"] if r["ok"]]
-    if rows["trial-lost"]:
-        print(f"trial on a lost node: {len(trial_lost)} of {len(rows['trial-lost'])} "
-              f"continued, {sum(r['complete'] for r in trial_lost)} trained every sample, "
-              f"{sum(r['failures'] == 0 for r in trial_lost)} with no failure counted; loss "
-              f"to first step median "
-              f"{_median([r['loss_to_first_step_s'] for r in trial_lost])}; repeated samples "
-              f"median {statistics.median([r['repeated'] for r in trial_lost])}"
-              if trial_lost else "trial on a lost node: no run continued")
-    short = [r for r in rows["trial-short"] if r["ok"]]
-    if rows["trial-short"]:
-        print(f"trial without room for a lost bundle: {len(short)} of "
-              f"{len(rows['trial-short'])} continued short and grew back, "
-              f"{sum(r['complete'] for r in short)} trained every sample, "
-              f"{sum(r['failures'] == 0 for r in short)} with no failure counted; loss to "
-              f"first step median "
-              f"{_median([r['loss_to_first_step_s'] for r in short if r.get('loss_to_first_step_s')])}"
-              f"; room back to first step median "
-              f"{_median([r['room_to_first_step_s'] for r in short])}"
-              if short else "trial without room for a lost bundle: no run continued")
-    actor = [r for r in rows["trial-actor"] if r["ok"]]
-    if rows["trial-actor"]:
-        print(f"trial whose own node was lost: {len(actor)} of {len(rows['trial-actor'])} "
-              f"resumed from the kept checkpoint, {sum(r['complete'] for r in actor)} "
-              f"trained every sample; loss to first step median "
-              f"{_median([r['loss_to_first_step_s'] for r in actor])}; repeated samples "
-              f"median {statistics.median([r['repeated'] for r in actor])}"
-              if actor else "trial whose own node was lost: no run resumed")
+    for name, title, verb in (("trial-lost", "trial on a lost node", "continued"),
+                              ("trial-short", "trial without room for a lost bundle",
+                               "continued short and grew back"),
+                              ("trial-actor", "trial whose own node was lost",
+                               "resumed from the kept checkpoint")):
+        if rows[name]:
+            print(_trial_summary(title, verb, rows[name]))
     drained = [r for r in rows["trial-drain"] if r["ok"]]
     if rows["trial-drain"]:
         print(f"trial drain: {len(drained)} of {len(rows['trial-drain'])} moved, "
