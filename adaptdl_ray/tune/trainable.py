@@ -502,20 +502,21 @@ class AdaptDLTrainable(tune.Trainable):
         self._measure_from = progress.pause
 
     def _adopt_interrupted_state(self) -> None:
-        """Resume from the state an interrupted run saved, if it is newer than the
-        checkpoint Tune restored (or there was none)."""
+        """Resume from the state kept in the trial's directory (saved on an interrupt of
+        the driver, or the newest in-place checkpoint), if it is newer than the checkpoint
+        Tune restored (or there was none)."""
         if self._storage_info is None:
             return
         try:
             saved = checkpoint_files.read_interrupted(self._storage_info)
         except (OSError, ValueError) as exc:
-            LOG.warning("trial %s: ignoring the state saved on an interrupt: %s",
+            LOG.warning("trial %s: ignoring the state kept in its directory: %s",
                         self.trial_id, exc)
             return
         if saved is None or saved[0].seq <= self._progress.seq:
             return
         progress = saved[0]
-        LOG.info("trial %s resumes where the interrupted run stopped (iteration %d)",
+        LOG.info("trial %s resumes from the newest state it kept (iteration %d)",
                  self.trial_id, progress.iteration)
         _ray_private.set_trainable_counters(self, iteration=progress.iteration,
                                             time_total_s=progress.time_total_s)
