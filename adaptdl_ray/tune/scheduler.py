@@ -396,7 +396,13 @@ class AdaptDLScheduler(TrialScheduler):
         LOG.info("trial %s: pausing to resize %d -> %d replicas (%s; predicted cost %.1f s); "
                  "one line follows once its cost is measured", trial.trial_id, current,
                  verdict.replicas, verdict.reason, record.resize_log[-1]["cost_s"])
-        self._enqueue(trial.trial_id)
+        return self._begin_pause(trial)
+
+    def _begin_pause(self, trial: Trial, move_to: int | None = None) -> str:
+        """Queue ``trial`` to relaunch (at ``move_to`` replicas if a move fixed the size,
+        else at the core's target), keep the state, and announce the pause so that its
+        replicas stop at the checkpoint; returns PAUSE."""
+        self._enqueue(trial.trial_id, move_to=move_to)
         self._driver.save()
         self._traps.forget(trial.trial_id)
         self._announce_pause(trial)
@@ -412,11 +418,7 @@ class AdaptDLScheduler(TrialScheduler):
         self._core.begin_resize(trial.trial_id, to=placed, reason=reason)
         RESIZE_LOG.warning("trial %s: %s; pausing at its next batch boundary to relaunch "
                            "with %d replica(s)", trial.trial_id, reason, placed)
-        self._enqueue(trial.trial_id, move_to=placed)
-        self._driver.save()
-        self._traps.forget(trial.trial_id)
-        self._announce_pause(trial)
-        return TrialScheduler.PAUSE
+        return self._begin_pause(trial, move_to=placed)
 
     def on_trial_complete(self, tune_controller: Any, trial: Trial, result: dict) -> None:
         """Free the finished trial's replicas (re-divided at the next check). Its last
@@ -519,11 +521,8 @@ class AdaptDLScheduler(TrialScheduler):
             RESIZE_LOG.warning("trial %s: %s: pausing at its next batch boundary to relaunch "
                                "on the other nodes with %d replica(s)", trial_id, reason,
                                target)
-            self._enqueue(trial_id, move_to=target)
-            self._traps.forget(trial_id)
-            self._announce_pause(trial)
+            self._begin_pause(trial, move_to=target)
             tune_controller.pause_trial(trial)
-            self._driver.save()
 
     def _next_resized_trial(self, tune_controller: Any) -> Trial | None:
         """The first paused trial (first come, first served) whose new size fits."""

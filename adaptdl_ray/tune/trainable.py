@@ -60,7 +60,7 @@ from adaptdl_ray.tune.results import order_like, result_row
 from adaptdl_ray.tune.traps import warn_unscheduled
 from adaptdl_ray.tune.trial_progress import PendingReport, TrialProgress
 from adaptdl_ray.tune.worker_group import (InProcessReplica, WorkerFailed, WorkerGroup,
-                                           first_line_of, new_workers)
+                                           first_line_of)
 
 LOG = logging.getLogger(__name__)
 _ray_private.check_tune()  # fail at import, not inside a trial, on a Ray without them
@@ -252,17 +252,24 @@ class AdaptDLTrainable(tune.Trainable):
         if self._storage_info is None:
             return
         self._fetch(0.0)
-        self._progress.seq += 1
-        self._progress.pause = None
-        # The reports made before the checkpoint and not yet returned: a resumption from
-        # it returns them first (the later ones the function makes again).
-        self._progress.pending = [r for r in self._queue if r.tag < answer["index"]]
         try:
-            checkpoint_files.write_interrupted(self._storage_info, self._progress,
-                                               self._archive, self._user_files)
+            # The reports made before the checkpoint and not yet returned: a resumption
+            # from it returns them first (the later ones the function makes again).
+            self._keep_state([r for r in self._queue if r.tag < answer["index"]])
         except (OSError, ValueError) as exc:
             LOG.warning("trial %s: could not keep its in-place checkpoint on the run's "
                         "storage (%s)", self.trial_id, exc)
+
+    def _keep_state(self, pending: list[PendingReport]) -> str:
+        """Write the trial's record (with ``pending``, its reports not yet returned), its
+        newest job state and the user's files to its directory on the run's storage, as
+        the newest AdaptDL state (``seq`` + 1); returns the path written."""
+        self._progress.seq += 1
+        self._progress.pause = None
+        self._progress.pending = pending
+        try:
+            return checkpoint_files.write_interrupted(self._storage_info, self._progress,
+                                                      self._archive, self._user_files)
         finally:
             self._progress.pending = []
 
@@ -446,19 +453,13 @@ class AdaptDLTrainable(tune.Trainable):
 
     def _new_group(self, bundles: list[int] | None = None) -> WorkerGroup | InProcessReplica:
         """Replicas on every bundle of the trial's placement group, or on ``bundles``."""
-        n = self._replicas_wanted()
-        pg = ray.util.get_current_placement_group()
-        if bundles is not None:
-            info = self._replica_trial_info()
-            actors = new_workers(self.adaptdl_replica_spec.resources, info,
-                                 [(pg, i) for i in bundles])
-            return WorkerGroup(len(bundles), self.adaptdl_replica_spec.resources, pg, info,
-                               actors=actors)
-        if n == 1 and self._in_process_allowed():
+        n = self._replicas_wanted() if bundles is None else len(bundles)
+        if n == 1 and bundles is None and self._in_process_allowed():
             return InProcessReplica(self.adaptdl_replica_spec.resources,
                                     self._replica_trial_info())
-        return WorkerGroup(n, self.adaptdl_replica_spec.resources, pg,
-                           self._replica_trial_info())
+        return WorkerGroup(n, self.adaptdl_replica_spec.resources,
+                           ray.util.get_current_placement_group(), self._replica_trial_info(),
+                           bundles=bundles)
 
     def _ensure_started(self, bundles: list[int] | None = None) -> None:
         if self._group is None:
@@ -616,14 +617,7 @@ class AdaptDLTrainable(tune.Trainable):
         self._fetch(0.0)
         self._archive = self._group.checkpoint_archive() or self._archive
         self._progress.finished = all(o["status"] == "finished" for o in outcomes)
-        self._progress.seq += 1
-        self._progress.pause = None
-        self._progress.pending = list(self._queue)
-        try:
-            path = checkpoint_files.write_interrupted(self._storage_info, self._progress,
-                                                      self._archive, self._user_files)
-        finally:
-            self._progress.pending = []
+        path = self._keep_state(list(self._queue))
         LOG.info("trial %s: state saved to %s", self.trial_id, path)
 
 

@@ -150,21 +150,27 @@ class WorkerGroup:
             :func:`new_workers`, or survivors of an earlier group made idle by
             :func:`recycle_workers`); ``placement_group`` is then unused. The first keeps
             rank 0.
+        bundles: the placement group's bundle indices to start the replicas in (default
+            ``0 .. num_replicas - 1``; fewer than the group's after a lost node whose
+            bundles have no room).
 
     Raises:
         TimeoutError: if the actors are not up within ``timeout_s`` (names the ranks).
-        ValueError: ``actors`` does not hold ``num_replicas`` actors.
+        ValueError: ``actors`` (or ``bundles``) does not hold ``num_replicas`` entries.
     """
 
     def __init__(self, num_replicas: int, resources_per_replica: Mapping[str, float],
                  placement_group: Any, trial_info: dict[str, Any],
-                 timeout_s: float = 300.0, *, actors: Sequence[Any] | None = None) -> None:
+                 timeout_s: float = 300.0, *, actors: Sequence[Any] | None = None,
+                 bundles: Sequence[int] | None = None) -> None:
         self.created_at = time.time()
         self.num_replicas = num_replicas
         self.resources_per_replica = dict(resources_per_replica)
+        if bundles is not None and len(bundles) != num_replicas:
+            raise ValueError(f"bundles: {len(bundles)} given for {num_replicas} replicas")
         if actors is None:
             placements = [(placement_group, i) if placement_group is not None else None
-                          for i in range(num_replicas)]
+                          for i in (range(num_replicas) if bundles is None else bundles)]
             actors = new_workers(self.resources_per_replica, trial_info, placements)
         elif len(actors) != num_replicas:
             raise ValueError(f"actors: {len(actors)} given for {num_replicas} replicas")
