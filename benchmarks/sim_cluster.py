@@ -153,8 +153,25 @@ def summary(results, loads) -> list:
                 "decision_p99_ms": float(1e3 * max(r["decision_s"].get(
                     "p99", r["decision_s"]["max"]) for r in sel)),
                 "avg_jct": float(ours.mean()), "p99_jct": float(np.percentile(ours, 99)),
+                "by_application": _by_application(sel, pub),
+                "restarts": int(sum(r["restarts"] for r in sel)),
+                "gpu_hours": float(sum(r["gpu_hours"] for r in sel)),
             })
     return rows
+
+
+def _by_application(runs, pub) -> dict:
+    """Application -> its jobs' summed JCT in ``runs`` over the same jobs' in the published
+    runs ``pub`` (a job is named ``<application>-<index>``): where a policy gains or loses."""
+    ours: dict = {}
+    theirs: dict = {}
+    for r in runs:
+        published_jcts = pub["jcts"][r["workload"].split("/")[-1]]
+        for name, jct in r["jcts"].items():
+            app = name.rsplit("-", 1)[0]
+            ours[app] = ours.get(app, 0.0) + jct
+            theirs[app] = theirs.get(app, 0.0) + published_jcts[name]
+    return {app: ours[app] / theirs[app] for app in sorted(ours)}
 
 
 def _print_summary(rows) -> None:
@@ -167,6 +184,9 @@ def _print_summary(rows) -> None:
               f"median "
               f"{row['decision_median_ms']:.1f} ms p99 {row['decision_p99_ms']:.0f} ms, "
               f"{row['completed']}/{row['num_jobs']} jobs")
+        print(" " * 41 + "by application: " + ", ".join(
+            f"{app} x{ratio:.3f}" for app, ratio in row["by_application"].items())
+            + f"; {row['restarts']} restarts, {row['gpu_hours']:.0f} GPU-h")
 
 
 def main(argv=None) -> int:

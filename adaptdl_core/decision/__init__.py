@@ -12,12 +12,13 @@ from adaptdl_core.policy import NodeInfo
 from .core import ACTIONS, Action, Decision, DecisionCore, JobProgress, SolveRequest
 from .driver import CoreDriver
 from .estimate import estimate_remaining_s
-from .jobs import (JobSpec, cluster_capacity, exploration_cap, group_hints, job_info,
-                   pack_guess, profiled_extent, replicas_fitting, speedup_from_hints)
+from .jobs import (EXPLORATION_FACTOR, JobSpec, cluster_capacity, exploration_cap,
+                   group_hints, job_info, pack_guess, profiled_extent, replicas_fitting,
+                   speedup_from_hints)
 from .shared import SharedSolve, capacity_left
 from .state import CoreState, JobRecord, StateWriter, write_atomic
 
-__all__ = ["ACTIONS", "Action", "CoreDriver", "CoreState", "Decision", "DecisionCore",
+__all__ = ["ACTIONS", "EXPLORATION_FACTOR", "Action", "CoreDriver", "CoreState", "Decision", "DecisionCore",
            "JobProgress", "JobRecord", "JobSpec", "NodeInfo", "SharedSolve", "SolveRequest",
            "StateWriter", "capacity_left", "cluster_capacity", "estimate_remaining_s",
            "exploration_cap", "group_hints", "job_info", "pack_guess", "profiled_extent",

@@ -52,7 +52,8 @@ from adaptdl_core import validation
 from adaptdl_core.policy import (DEFAULT_RESTART_COST_S, MIN_COST_MULTIPLES, AllocationResult,
                                  NodeInfo, ResizeVerdict, resize_verdict)
 
-from .jobs import (JobSpec, allocation_policy, check_profile_group, checked_nodes,
+from .jobs import (EXPLORATION_FACTOR, JobSpec, allocation_policy, check_profile_group,
+                   checked_nodes,
                    cluster_capacity, group_hints, job_info, pack_guess, profiled_extent,
                    speedup_from_hints)
 from .resize_cost import CostSample, ResizeCostEstimate, estimate_resize_cost
@@ -940,7 +941,9 @@ class SolveRequest:
                     restarts=e.restarts, restart_cost_s=e.cost_s,
                     current_replicas=e.current,
                     speedup_fn=self._speedup_for(e.job_id, e.hints),
-                    remaining_s=e.remaining_s)
+                    remaining_s=e.remaining_s,
+                    exploration_factor=getattr(self.policy, "exploration_factor",
+                                               EXPLORATION_FACTOR))
             except ValueError as exc:
                 self.unfit[e.job_id] = str(exc)
                 continue

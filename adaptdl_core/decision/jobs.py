@@ -24,8 +24,8 @@ from adaptdl_core.sched_hints import SchedHints
 LOG = logging.getLogger(__name__)
 
 __all__ = ["JobSpec", "replicas_fitting", "cluster_capacity", "pack_guess",
-           "speedup_from_hints", "exploration_cap", "job_info", "profiled_extent",
-           "group_hints", "check_profile_group"]
+           "speedup_from_hints", "EXPLORATION_FACTOR", "exploration_cap", "job_info",
+           "profiled_extent", "group_hints", "check_profile_group"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,17 +230,31 @@ def group_hints(own: Mapping[str, Any] | None,
     return merged
 
 
-def exploration_cap(hints: Mapping[str, Any] | None) -> int:
-    """Most replicas a job may get next: twice the largest count it was profiled at, and
-    1 for a job not profiled yet (it grows once its first measurements say it pays);
-    the same bound as the linear prior's cap."""
-    return LinearSpeedup(max(int((hints or {}).get("max_profiled_replicas") or 0), 0)).cap
+#: Pollux's bounded exploration: a job may get up to this many times the largest replica
+#: count it was profiled at (a policy may set its own, see :func:`exploration_cap`).
+EXPLORATION_FACTOR = 2
+
+
+def exploration_cap(hints: Mapping[str, Any] | None,
+                    factor: int = EXPLORATION_FACTOR) -> int:
+    """Most replicas a job may get next: ``factor`` times the largest count it was
+    profiled at, and 1 for a job not profiled yet (it grows once its first measurements
+    say it pays). With the default factor 2 this is Pollux's bound and the linear prior's
+    cap; a policy object with an ``exploration_factor`` attribute sets its own (the
+    decision core reads it).
+
+    Raises:
+        ValueError: ``factor`` is not an integer >= 2."""
+    factor = validation.integer("exploration_factor", factor, 2)
+    profiled = max(int((hints or {}).get("max_profiled_replicas") or 0), 0)
+    return max(factor * profiled, 1)
 
 
 def job_info(spec: JobSpec, nodes: Mapping[Hashable, NodeInfo], *, created: float,
              hints: Mapping[str, Any] | None, restarts: int = 0,
              restart_cost_s: float | None = None, current_replicas: int = 0,
-             speedup_fn: Any = None, remaining_s: float | None = None) -> JobInfo:
+             speedup_fn: Any = None, remaining_s: float | None = None,
+             exploration_factor: int = EXPLORATION_FACTOR) -> JobInfo:
     """One job as a policy job.
 
     Args:
@@ -254,6 +268,7 @@ def job_info(spec: JobSpec, nodes: Mapping[Hashable, NodeInfo], *, created: floa
             ``None`` to build it with :func:`speedup_from_hints`.
         remaining_s: the front-end's estimate of the seconds of training left (``None``:
             unknown), for policies that weigh remaining work.
+        exploration_factor: see :func:`exploration_cap`.
 
     Raises:
         ValueError: if the cluster cannot hold ``spec.min_replicas`` replicas at all (the
@@ -265,7 +280,8 @@ def job_info(spec: JobSpec, nodes: Mapping[Hashable, NodeInfo], *, created: floa
             f"the job needs at least min_replicas={spec.min_replicas} replicas of "
             f"{dict(spec.resources)} but the whole cluster holds {capacity}: lower "
             "min_replicas or the resources per worker, or add nodes")
-    upper = max(exploration_cap(hints), current_replicas, spec.min_replicas)
+    upper = max(exploration_cap(hints, exploration_factor), current_replicas,
+                spec.min_replicas)
     upper = min(upper, capacity)
     if spec.max_replicas is not None:
         upper = min(upper, spec.max_replicas)

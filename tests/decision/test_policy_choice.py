@@ -67,3 +67,38 @@ def test_adaptdl_through_the_core_favours_the_job_nearly_done():
     d = core.decide()
     assert d["near"].replicas > d["far"].replicas >= 1
     assert d["near"].replicas + d["far"].replicas == 8
+
+
+class Exploring(Recording):
+    """A policy that asks for a wider exploration bound than Pollux's."""
+
+    exploration_factor = 4
+
+
+@pytest.mark.parametrize("policy, cap", [(Recording(), 2), (Exploring(), 4),
+                                         (RemainingWorkPolicy(), 4),
+                                         (RemainingWorkPolicy(exploration_factor=8), 8)])
+def test_the_policys_exploration_factor_bounds_a_profiled_jobs_growth(policy, cap):
+    # Profiled at one replica on a 16-GPU node: Pollux's bound is 2, the policy's own
+    # factor widens it; the job's current size and the cluster still bound it.
+    core = DecisionCore(policy=policy, clock=lambda: 0.0)
+    core.set_nodes({"n0": NodeInfo({"GPU": 16})})
+    core.add_job("a", GPU)
+    core.update("a", hints={"init_batch_size": 32, "max_profiled_replicas": 1,
+                            "max_profiled_nodes": 1})
+    request = core.begin_solve()
+    assert request.job_infos()["a"].max_replicas == cap
+
+
+def test_exploration_cap_checks_its_factor():
+    from adaptdl_core.decision import EXPLORATION_FACTOR, exploration_cap
+    hints = {"max_profiled_replicas": 3}
+    assert EXPLORATION_FACTOR == 2
+    assert exploration_cap(hints) == 6 and exploration_cap(hints, 4) == 12
+    assert exploration_cap(None, 4) == 1 and exploration_cap({}, 8) == 1
+    for bad in (1, 0, 2.5, "4", True):
+        with pytest.raises(ValueError, match="exploration_factor"):
+            exploration_cap(hints, bad)
+    with pytest.raises(ValueError, match="exploration_factor"):
+        RemainingWorkPolicy(exploration_factor=1)
+    assert RemainingWorkPolicy(exploration_factor=4.0).exploration_factor == 4
