@@ -23,9 +23,9 @@ starves long jobs. :class:`RemainingWorkPolicy` keeps Pollux's fair objective an
 * **Exploration** (``exploration_factor``, default 4): a job may be grown to four times
   the largest replica count it has been profiled at, where Pollux allows twice. Pollux's
   bound makes a job that scales climb 1, 2, 4, 8, 16 replicas over five or more rounds
-  (each a restart) while GPUs stand idle; measured in the simulator, most of this
-  policy's gain over Pollux comes from the shorter climb, and it restarts jobs less often
-  (``benchmarks/README.md``). A job that does not scale is shrunk back at the next round
+  (each a restart) while GPUs stand idle. Measured in the simulator, the shorter climb
+  gives most of this policy's gain at half load and the weights most at full load, and
+  jobs restart less often than under Pollux (``benchmarks/README.md``). A job that does not scale is shrunk back at the next round
   once its profile at the larger count says so. The decision core reads the attribute
   (:func:`adaptdl_core.decision.exploration_cap`).
 * **Admission** (:func:`admission_order`, pure): when the jobs' minimum sizes do not all
