@@ -23,7 +23,10 @@ import time
 from tests.ray.interrupt_scenario import records
 from tests.ray.two_nodes import two_nodes
 
-EPOCHS, SIZE = 3, 240
+# Enough epochs that the trial is still training when the drain lands: starting the
+# `ray drain-node` command takes seconds on a busy 2-core machine, and with 3 epochs a
+# CI run once saw the trial finish on its 2 replicas before the move.
+EPOCHS, SIZE = 5, 240
 
 
 class GrowToTwo:
