@@ -45,8 +45,9 @@ def _published_makespan(load: str, workload: str, jcts: dict) -> float:
     return max(sub[k] + v for k, v in jcts.items()) - min(sub.values())
 
 
-def _parse_options(text: str) -> dict:
-    """``"alpha=1,max_weight=4"`` -> ``{"alpha": 1.0, "max_weight": 4.0}``."""
+def parse_options(text: str, flag: str = "--adaptdl-options") -> dict:
+    """``"alpha=1,max_weight=4"`` -> ``{"alpha": 1.0, "max_weight": 4.0}``; a malformed
+    item exits with a message naming ``flag``."""
     out = {}
     for item in filter(None, text.split(",")):
         key, sep, value = item.partition("=")
@@ -55,7 +56,7 @@ def _parse_options(text: str) -> dict:
                 raise ValueError
             out[key.strip()] = float(value)
         except ValueError:
-            raise SystemExit(f"--adaptdl-options: {item!r} is not KEY=NUMBER "
+            raise SystemExit(f"{flag}: {item!r} is not KEY=NUMBER "
                              "(e.g. alpha=1,max_weight=4)") from None
     return out
 
@@ -216,7 +217,7 @@ def main(argv=None) -> int:
         return 0
     if args.jobs < 1:
         ap.error(f"--jobs must be >= 1, got {args.jobs}")
-    variants = [_parse_options(t) for t in (args.adaptdl_options or [""])]
+    variants = [parse_options(t) for t in (args.adaptdl_options or [""])]
 
     runs = []
     for policy in args.policies:

@@ -23,6 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from adaptdl_core.sim.cluster import POLICIES, load_workload, simulate  # noqa: E402
+from benchmarks.sim_cluster import parse_options  # noqa: E402
 
 
 def changes(timeline, show, start=0.0, end=math.inf) -> list:
@@ -37,20 +38,6 @@ def changes(timeline, show, start=0.0, end=math.inf) -> list:
         if row != last:
             out.append((entry["t"], row[0], list(row[1])))
             last = row
-    return out
-
-
-def _options(items) -> dict:
-    out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        try:
-            if not sep:
-                raise ValueError
-            out[key.strip()] = float(value)
-        except ValueError:
-            raise SystemExit(f"--policy-option {item!r}: give KEY=NUMBER, e.g. alpha=1") \
-                from None
     return out
 
 
@@ -71,7 +58,8 @@ def main(argv=None) -> int:
         ap.error(f"--show: no job {', '.join(unknown)} in {args.workload} (e.g. "
                  f"{', '.join(list(rows)[:3])})")
     result = simulate(args.workload, args.policy, timeline=True,
-                      policy_options=_options(args.policy_option) or None)
+                      policy_options=parse_options(",".join(args.policy_option),
+                                                   "--policy-option") or None)
     print(f"{args.policy} {args.workload}: t (s), cluster GPUs, " + ", ".join(args.show))
     for t, total, held in changes(result["timeline"], args.show, args.start, args.end):
         print(f"{t:8.0f} {total:4d}  " + "  ".join(f"{g:3d}" for g in held))
