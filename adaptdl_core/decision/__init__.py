@@ -18,8 +18,8 @@ from .jobs import (EXPLORATION_FACTOR, JobSpec, cluster_capacity, exploration_ca
 from .shared import SharedSolve, capacity_left
 from .state import CoreState, JobRecord, StateWriter, write_atomic
 
-__all__ = ["ACTIONS", "EXPLORATION_FACTOR", "Action", "CoreDriver", "CoreState", "Decision", "DecisionCore",
-           "JobProgress", "JobRecord", "JobSpec", "NodeInfo", "SharedSolve", "SolveRequest",
-           "StateWriter", "capacity_left", "cluster_capacity", "estimate_remaining_s",
+__all__ = ["ACTIONS", "EXPLORATION_FACTOR", "Action", "CoreDriver", "CoreState", "Decision",
+           "DecisionCore", "JobProgress", "JobRecord", "JobSpec", "NodeInfo", "SharedSolve",
+           "SolveRequest", "StateWriter", "capacity_left", "cluster_capacity", "estimate_remaining_s",
            "exploration_cap", "group_hints", "job_info", "pack_guess", "profiled_extent",
            "replicas_fitting", "speedup_from_hints", "write_atomic"]

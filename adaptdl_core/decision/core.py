@@ -53,9 +53,8 @@ from adaptdl_core.policy import (DEFAULT_RESTART_COST_S, MIN_COST_MULTIPLES, All
                                  NodeInfo, ResizeVerdict, resize_verdict)
 
 from .jobs import (EXPLORATION_FACTOR, JobSpec, allocation_policy, check_profile_group,
-                   checked_nodes,
-                   cluster_capacity, group_hints, job_info, pack_guess, profiled_extent,
-                   speedup_from_hints)
+                   checked_nodes, cluster_capacity, group_hints, job_info, pack_guess,
+                   profiled_extent, speedup_from_hints)
 from .resize_cost import CostSample, ResizeCostEstimate, estimate_resize_cost
 from .state import CoreState, JobRecord
 
@@ -934,6 +933,8 @@ class SolveRequest:
         that cannot fit at all is left out and its reason kept in :attr:`unfit`."""
         nodes = self.nodes if nodes is None else nodes
         jobs: dict[Hashable, Any] = {}
+        # How far beyond its profile a job may grow: the policy's own bound, else Pollux's.
+        factor = getattr(self.policy, "exploration_factor", EXPLORATION_FACTOR)
         for e in self.entries:
             try:
                 jobs[e.job_id] = job_info(
@@ -941,9 +942,7 @@ class SolveRequest:
                     restarts=e.restarts, restart_cost_s=e.cost_s,
                     current_replicas=e.current,
                     speedup_fn=self._speedup_for(e.job_id, e.hints),
-                    remaining_s=e.remaining_s,
-                    exploration_factor=getattr(self.policy, "exploration_factor",
-                                               EXPLORATION_FACTOR))
+                    remaining_s=e.remaining_s, exploration_factor=factor)
             except ValueError as exc:
                 self.unfit[e.job_id] = str(exc)
                 continue

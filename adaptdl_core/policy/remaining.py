@@ -25,9 +25,12 @@ starves long jobs. :class:`RemainingWorkPolicy` keeps Pollux's fair objective an
   bound makes a job that scales climb 1, 2, 4, 8, 16 replicas over five or more rounds
   (each a restart) while GPUs stand idle. Measured in the simulator, the shorter climb
   gives most of this policy's gain at half load and the weights most at full load, and
-  jobs restart less often than under Pollux (``benchmarks/README.md``). A job that does not scale is shrunk back at the next round
-  once its profile at the larger count says so. The decision core reads the attribute
-  (:func:`adaptdl_core.decision.exploration_cap`).
+  jobs restart less often than under Pollux (``benchmarks/README.md``). A job that does
+  not scale is shrunk back at a later round once its profile at the larger count says so.
+  The decision core reads the attribute (:func:`adaptdl_core.decision.exploration_cap`).
+  It widens the bound of jobs with a fitted throughput model; a job without one keeps
+  the linear prior, whose speedup is flat beyond twice its profiled count, so it still
+  doubles. (The simulator's autoscaler sizes the cluster with Pollux's bound.)
 * **Admission** (:func:`admission_order`, pure): when the jobs' minimum sizes do not all
   fit, Pollux's lexicographic objective would idle the job with the largest power term,
   which is the *heaviest*; here the jobs that run are chosen in order of weight instead
