@@ -45,7 +45,7 @@ from adaptdl_core import context, env
 
 __all__ = ["State", "save_state", "load_state", "save_all_states", "latest_checkpoint_dir",
            "state_names", "verify_checkpoint", "register_content_check", "CheckpointError",
-           "check_checkpoint_root"]
+           "check_checkpoint_root", "find_checkpoint", "EMBEDDED_ROOTS"]
 
 LOG = logging.getLogger(__name__)
 
@@ -327,6 +327,45 @@ def latest_checkpoint_dir(root: str | os.PathLike | None = None) -> str | None:
                               + ". Remove the damaged checkpoint directories to start from "
                               "scratch.")
     return None
+
+
+#: Where a folder that is not itself a checkpoint root may hold one: a Ray Tune trial's
+#: checkpoint keeps its AdaptDL state in ``.adaptdl/state``, a command-line job's storage
+#: directory in ``checkpoint``.
+EMBEDDED_ROOTS = (os.path.join(".adaptdl", "state"), "checkpoint")
+
+
+def find_checkpoint(path: str | os.PathLike) -> str:
+    """The newest intact checkpoint that ``path`` names or holds, whatever kind of folder
+    a user has: one checkpoint (``checkpoint-<n>``, as ``adaptdl-ray cp`` copies it out),
+    a checkpoint path (``ADAPTDL_CHECKPOINT_PATH``, holding ``checkpoint-<n>`` folders), or
+    a folder that holds one of those in a place of :data:`EMBEDDED_ROOTS` (a Ray Tune
+    trial's checkpoint, a command-line job's storage directory).
+
+    Raises:
+        TypeError: ``path`` is not a path.
+        FileNotFoundError: ``path`` does not exist or is not a directory.
+        ValueError: it holds no checkpoint (the message says where it looked).
+        CheckpointError: it holds checkpoints, all of them damaged.
+    """
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"find_checkpoint(path={path!r}): pass a directory path")
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"{path} is not a directory: pass a checkpoint folder (a "
+                                "checkpoint-<n> folder, a checkpoint path, a Tune trial's "
+                                "checkpoint or a job's storage directory)")
+    if os.path.isfile(os.path.join(path, _MANIFEST)):
+        verify_checkpoint(path)
+        return path
+    looked = [path] + [os.path.join(path, sub) for sub in EMBEDDED_ROOTS]
+    for root in looked:
+        if os.path.isdir(root):
+            found = latest_checkpoint_dir(root)
+            if found is not None:
+                return found
+    raise ValueError(f"{path} holds no AdaptDL checkpoint: it has no {_MANIFEST} and no "
+                     f"{_CKPT_PREFIX}<n> folder in any of {looked}")
 
 
 def _restore_dir() -> str | None:

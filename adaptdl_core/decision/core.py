@@ -52,6 +52,7 @@ from adaptdl_core import validation
 from adaptdl_core.policy import (DEFAULT_RESTART_COST_S, MIN_COST_MULTIPLES, AllocationResult,
                                  NodeInfo, ResizeVerdict, resize_verdict)
 
+from .held import held_reasons
 from .jobs import (EXPLORATION_FACTOR, JobSpec, allocation_policy, check_profile_group,
                    checked_nodes, cluster_capacity, group_hints, job_info, pack_guess,
                    profiled_extent, speedup_from_hints)
@@ -257,6 +258,8 @@ class DecisionCore:
         # (job id, target) -> its estimate, until the next measurement anywhere (rare):
         # a solve asks for every job's cost several times.
         self._cost_cache: dict[tuple, ResizeCostEstimate] = {}
+        # Job id -> {"name", "outcome"} of the jobs removed since the last solve began.
+        self._ended: dict[Hashable, dict] = {}
         #: Seconds each policy solve took (most recent last; at most 1000 kept).
         self.solve_times_s: list[float] = []
         if state is not None:
@@ -327,7 +330,7 @@ class DecisionCore:
             self._dirty = True
 
     def add_job(self, job_id: Hashable, spec: JobSpec, *, replicas: int | None = None,
-                submitted: float | None = None) -> None:
+                submitted: float | None = None, name: str | None = None) -> None:
         """A job arrived (or was added again after a failure or a restore: its record,
         creation time and measurements are kept).
 
@@ -341,6 +344,7 @@ class DecisionCore:
                 front-end knows it; a job's age (its restart penalty and its rank among
                 jobs) counts from then. ``None``: from now. It must not be in the future;
                 a job added again keeps its first creation time.
+            name: how people know the job, if not by its id (a Tune trial's name).
 
         Raises:
             TypeError: ``spec`` is not a JobSpec.
@@ -366,6 +370,9 @@ class DecisionCore:
             record = self._state.jobs[job_id] = JobRecord(
                 created=now if submitted is None else submitted)
         record.spec = spec.to_dict()
+        if name is not None:
+            record.name = str(name)
+        self._ended.pop(job_id, None)
         self._group_costs.pop(spec.profile_group, None)
         self._cost_cache.clear()
         record.live = True
@@ -409,20 +416,23 @@ class DecisionCore:
             raise ValueError(f"progress must be a JobProgress, got {progress!r}")
         before = (record.restarts, record.resize_s)
         restarts = progress.restarts
+        cost = _check_number("progress.resize_cost_s", progress.resize_cost_s, minimum=0.0)
         if restarts is not None:
             validation.integer("progress.restarts", restarts, 0)
             if int(restarts) != record.restarts:
                 record.restarts = int(restarts)
-                cost = _check_number("progress.resize_cost_s", progress.resize_cost_s,
-                                     minimum=0.0)
-                if record.resize_pending and cost is not None and cost > 0:
-                    # The first report after a resize this core saw begun: what it cost.
-                    record.resize_s = cost
-                    if record.resize_log:
-                        record.resize_log[-1]["measured_s"] = cost
-                    self._group_costs.pop(self._group_of(job_id, record), None)
-                    self._cost_cache.clear()
+                # The relaunch of a resize this core saw begun: its cost is the first one
+                # reported from now on (a front-end may see the relaunch before its first
+                # step, and must not send an older resize's cost with it).
+                record.cost_pending = record.resize_pending
                 record.resize_pending = False
+        if record.cost_pending and cost is not None and cost > 0:
+            record.cost_pending = False
+            record.resize_s = cost
+            if record.resize_log:
+                record.resize_log[-1]["measured_s"] = cost
+            self._group_costs.pop(self._group_of(job_id, record), None)
+            self._cost_cache.clear()
         launch = _check_number("progress.launch_s", progress.launch_s, minimum=0.0)
         if launch is not None and launch > 0:
             if launch != record.launch_s:
@@ -466,23 +476,35 @@ class DecisionCore:
             record.placed_known = False
             record.placed = self._guess_placement(job_id, record, count)
 
-    def remove(self, job_id: Hashable) -> None:
+    def remove(self, job_id: Hashable, outcome: str | None = None) -> None:
         """The job finished, failed or was removed: its replicas are free at the next
-        solve. Its record stays (not live) for the history; unknown ids are ignored."""
+        solve. Its record stays (not live) for the history; unknown ids are ignored.
+
+        Args:
+            outcome: how it ended, in a word (``finished``, ``failed``, ``stopped``...),
+                passed on with the next solve (a shared cluster lists ended jobs)."""
         record = self._state.jobs.get(job_id)
         if record is None:
             return
+        if record.live:
+            self._ended[job_id] = {"name": record.name, "outcome": outcome or "ended"}
         if record.target:
             record.history.append([float(self.clock()), 0])
         record.target, record.nodes, record.current = 0, [], 0
         record.placed, record.placed_known = [], False
-        record.resize_pending = False
+        record.resize_pending = record.cost_pending = False
+        record.held = None
         if record.live:
             record.live = False
             self._dirty = True
         self._speedups.pop(job_id, None)
         self._effective.pop(job_id, None)
         self._unfit.discard(job_id)
+
+    def pending_outcomes(self) -> dict[Hashable, str]:
+        """How each job removed since the latest solve began ended (job id -> outcome):
+        what a front-end that leaves a shared cluster now still owes it."""
+        return {job_id: entry["outcome"] for job_id, entry in self._ended.items()}
 
     def begin_resize(self, job_id: Hashable, decision: Decision | None = None, *,
                      to: int | None = None, reason: str | None = None) -> None:
@@ -502,6 +524,7 @@ class DecisionCore:
                 "resized by the front-end"
         record.resizes += 1
         record.resize_pending = True
+        record.cost_pending = False  # (a new resize: an older one's cost is no longer due)
         record.last_veto = None
         cost = self.resize_cost_estimate(job_id, target)
         record.resize_log.append({"time": float(self.clock()), "from": record.current,
@@ -640,10 +663,12 @@ class DecisionCore:
                                   self.resize_cost(job_id),
                                   record.current,
                                   bool(record.current) and self.finishing(job_id),
-                                  record.remaining_s))
+                                  record.remaining_s, record.name))
         base = self._bases(live)
-        return SolveRequest(now, dict(self._nodes), entries, base, self.policy,
-                            self._speedup_for)
+        request = SolveRequest(now, dict(self._nodes), entries, base, self.policy,
+                               self._speedup_for)
+        request.ended, self._ended = self._ended, {}
+        return request
 
     def finish_solve(self, request: "SolveRequest") -> None:
         """Apply a solved request: the new target of every job in it that is still live
@@ -669,6 +694,7 @@ class DecisionCore:
             if entry.job_id not in request.unfit:
                 self._unfit.discard(entry.job_id)
             placement = list(allocations.get(entry.job_id, []))
+            record.held = request.reasons.get(entry.job_id)
             if len(placement) != record.target:
                 changes.append(f"{entry.job_id}: {record.target}->{len(placement)}")
                 record.history.append([request.now, len(placement)])
@@ -793,8 +819,8 @@ class DecisionCore:
                 else "no room for it now"
             return Decision(job_id, Action.WAIT, 0, (), reason, None, None, 0)
         if target == current:
-            return Decision(job_id, Action.KEEP, current, tuple(record.placed), "no change",
-                            None, None, target)
+            return Decision(job_id, Action.KEEP, current, tuple(record.placed),
+                            record.held or "no change", None, None, target)
         verdict = self._verdict(job_id, record)
         cost = self.resize_cost(job_id, target)
         if verdict.pays:
@@ -819,7 +845,7 @@ class DecisionCore:
                                             f"{cost:.1f} s")
             return ResizeVerdict(True, "preempted for other jobs")
         speedups = None
-        if target > current and record.remaining_s is not None:
+        if record.remaining_s is not None:
             fn = self._speedup_fn(job_id, record)
             nodes_now = max(len(set(record.placed)), 1) if record.placed else 1
             nodes_new = max(len(set(record.nodes)), 1)
@@ -843,6 +869,7 @@ class _Entry:
     current: int
     pinned: bool
     remaining_s: float | None = None
+    name: str | None = None
 
 
 class SolveRequest:
@@ -855,15 +882,24 @@ class SolveRequest:
         entries: the live jobs then.
         result: the policy's :class:`~adaptdl_core.policy.AllocationResult` once run
             (``None`` before, or when no job can run).
-        unfit: job id -> why the cluster cannot hold it at all.
+        unfit: job id -> why the cluster cannot hold it at all (judged on
+            :attr:`totals`).
+        totals: the whole cluster, other work's share included (``None``: ``nodes``): a job
+            that fits there but not in ``nodes`` waits instead of being unfit.
         error: the exception the run raised, if any (re-raised by ``finish_solve``).
         seconds: wall-clock seconds the run took (models built and policy solved).
+        reasons: job id -> why the solve kept it below its maximum while the cluster had
+            room for more of it (see :mod:`adaptdl_core.decision.held`).
+        ended: job id -> ``{"name", "outcome"}`` of the jobs the front-end removed since
+            its previous solve (a shared cluster keeps listing them for a while).
     """
 
     def __init__(self, now: float, nodes: dict, entries: list, base: dict, policy: Any,
-                 speedup_for: Callable[[Hashable, Any], Any]) -> None:
+                 speedup_for: Callable[[Hashable, Any], Any],
+                 totals: Mapping[Hashable, NodeInfo] | None = None) -> None:
         self.now = now
         self.nodes = nodes
+        self.totals = totals
         self.entries = entries
         self.base = base
         self.policy = policy
@@ -872,29 +908,35 @@ class SolveRequest:
         self.unfit: dict = {}
         self.error: BaseException | None = None
         self.seconds = 0.0
+        self.reasons: dict = {}
+        self.ended: dict = {}
 
     # -- the request as plain data (a solve run in another process) ------------------
     def to_plain(self) -> dict[str, Any]:
         """The request's jobs as JSON-compatible data, for a solver in another process
         (the cluster allocator): ``{"now", "jobs": {job id: {...}}}``, each job with its
         spec (``JobSpec.to_dict()``), creation time, hints, restarts, resize cost,
-        current replicas, whether it is pinned, its remaining seconds and its current
-        placement (``base``). Job ids must be strings."""
+        current replicas, whether it is pinned, its remaining seconds, its current
+        placement (``base``) and its name; and ``"ended"``, the jobs removed since the
+        front-end's previous solve (see :attr:`ended`). Job ids must be strings."""
         jobs = {}
         for e in self.entries:
             jobs[str(e.job_id)] = {
                 "spec": e.spec.to_dict(), "created": e.created, "hints": e.hints,
                 "restarts": e.restarts, "cost_s": e.cost_s, "current": e.current,
                 "pinned": e.pinned, "remaining_s": e.remaining_s,
-                "base": list(self.base.get(e.job_id, []))}
-        return {"now": self.now, "jobs": jobs}
+                "base": list(self.base.get(e.job_id, [])), "name": e.name}
+        return {"now": self.now, "jobs": jobs,
+                "ended": {str(k): dict(v) for k, v in self.ended.items()}}
 
     @classmethod
     def from_plain(cls, now: float, nodes: Mapping[Hashable, NodeInfo],
                    jobs: Mapping[Hashable, Mapping[str, Any]], policy: Any,
-                   speedup_for: Callable[[Hashable, Any], Any]) -> "SolveRequest":
+                   speedup_for: Callable[[Hashable, Any], Any],
+                   totals: Mapping[Hashable, NodeInfo] | None = None) -> "SolveRequest":
         """A request over ``jobs`` (job id -> one job of :meth:`to_plain`'s ``"jobs"``,
-        possibly gathered from several front-ends) on ``nodes``, solved by ``policy``.
+        possibly gathered from several front-ends) on ``nodes``, solved by ``policy``
+        (``totals``: see :attr:`totals`).
 
         Raises:
             ValueError: a job entry that lacks a field or has a malformed spec (named)."""
@@ -905,22 +947,25 @@ class SolveRequest:
                                       float(job["created"]), job.get("hints"),
                                       int(job["restarts"]), float(job["cost_s"]),
                                       int(job["current"]), bool(job["pinned"]),
-                                      job.get("remaining_s")))
+                                      job.get("remaining_s"), job.get("name")))
             except (KeyError, TypeError) as exc:
                 raise ValueError(f"job {job_id!r}: malformed solve entry ({exc!r})") from None
             if job.get("base"):
                 base[job_id] = list(job["base"])
-        return cls(float(now), dict(nodes), entries, base, policy, speedup_for)
+        return cls(float(now), dict(nodes), entries, base, policy, speedup_for, totals)
 
     def accept(self, allocations: Mapping[Hashable, Sequence[Hashable]],
                unfit: Mapping[Hashable, str] | None = None, *,
-               solve_time_s: float = 0.0, seconds: float | None = None) -> None:
+               solve_time_s: float = 0.0, seconds: float | None = None,
+               reasons: Mapping[Hashable, str] | None = None) -> None:
         """Fill the request in with an allocation solved elsewhere (instead of
         :meth:`run`): job id -> node ids, one per replica; ``unfit``: job id -> why the
-        cluster cannot hold it; ``seconds``: the whole round trip."""
+        cluster cannot hold it; ``seconds``: the whole round trip; ``reasons``: job id ->
+        why it was kept below its maximum (see :attr:`reasons`)."""
         self.result = AllocationResult({k: list(v) for k, v in allocations.items()}, {},
                                        math.nan, 0, False, math.nan, float(solve_time_s))
         self.unfit = dict(unfit or {})
+        self.reasons = dict(reasons or {})
         self.error = None
         if seconds is not None:
             self.seconds = float(seconds)
@@ -944,7 +989,12 @@ class SolveRequest:
                     speedup_fn=self._speedup_for(e.job_id, e.hints),
                     remaining_s=e.remaining_s, exploration_factor=factor)
             except ValueError as exc:
-                self.unfit[e.job_id] = str(exc)
+                # Only a job the whole cluster cannot hold is unfit: one that other work
+                # (or a trial's own reservation, not reported yet) leaves no room for now
+                # waits, unannounced.
+                if self.totals is None or \
+                        cluster_capacity(e.spec, self.totals) < e.spec.min_replicas:
+                    self.unfit[e.job_id] = str(exc)
                 continue
             if e.pinned:
                 # It would spend most of its remaining time on a resize: keep it.
@@ -960,6 +1010,12 @@ class SolveRequest:
             _unpin_conflicts(jobs, base, self.nodes)
             if jobs:
                 self.result = self.policy.allocate(jobs, self.nodes, base, now=self.now)
+                self.reasons = held_reasons(
+                    jobs, self.nodes, self.result.allocations, self.now,
+                    allowed={e.job_id: e.spec.max_replicas for e in self.entries},
+                    profiled={e.job_id: profiled_extent(e.hints) for e in self.entries},
+                    exploration_factor=getattr(self.policy, "exploration_factor",
+                                               EXPLORATION_FACTOR))
         except Exception as exc:  # handed to finish_solve, in the core's thread
             self.error = exc
         finally:

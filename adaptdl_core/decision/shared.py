@@ -24,6 +24,8 @@ The rules, each in one place:
 * **State**: every member's latest jobs, the standing shares and each job's history are
   plain JSON (:meth:`SharedSolve.to_json`), so a restarted allocator continues with every
   job's place, age and history.
+* **Ended jobs** stay listed (:meth:`SharedSolve.rows`) with how they ended, the most
+  recent ``ENDED_KEPT`` of them: a finished trial does not vanish from ``adaptdl-ray ls``.
 
 No Ray here: the Ray actor that hosts this object is :mod:`adaptdl_ray.cluster.allocator`.
 """
@@ -46,12 +48,14 @@ from .jobs import allocation_policy, checked_nodes, speedup_from_hints
 LOG = logging.getLogger(__name__)
 
 __all__ = ["SharedSolve", "MemberRecord", "capacity_left", "job_key", "MIN_LEASE_S",
-           "LEASE_INTERVALS"]
+           "LEASE_INTERVALS", "ENDED_KEPT"]
 
 #: A member that has not synced for this many of its intervals has expired.
 LEASE_INTERVALS = 3.0
 #: ... but never sooner than this (seconds): a driver busy saving must not lose its jobs.
 MIN_LEASE_S = 120.0
+#: How many ended jobs the listing keeps (the most recent).
+ENDED_KEPT = 200
 # Between a job key's member and job parts (member names may hold "/", job ids rarely "\x1f").
 _SEP = "\x1f"
 
@@ -100,6 +104,7 @@ class MemberRecord:
         lease_s: seconds without a sync after which it expires.
         jobs: job id -> its latest entry (:meth:`SolveRequest.to_plain`'s ``"jobs"``).
         kind: what kind of front-end it is (``"tune"``, ``"job"``, ...), for listings.
+        owner: who runs it (``user@host``), for listings.
     """
 
     label: str
@@ -107,6 +112,7 @@ class MemberRecord:
     lease_s: float
     jobs: dict = dataclasses.field(default_factory=dict)
     kind: str = "tune"
+    owner: str | None = None
 
 
 class SharedSolve:
@@ -149,6 +155,10 @@ class SharedSolve:
         self.history: dict[str, list] = {}
         #: Job key -> why the cluster cannot hold it.
         self.unfit: dict[str, str] = {}
+        #: Job key -> why the latest solve kept it below its maximum with room left.
+        self.reasons: dict[str, str] = {}
+        #: Rows (see :meth:`rows`) of the most recently ended jobs, oldest first.
+        self.ended: list[dict[str, Any]] = []
         self.num_solves = 0
         self.last_solve = -math.inf
         #: Seconds each solve took (most recent last, at most 1000 kept).
@@ -202,7 +212,8 @@ class SharedSolve:
         return self._nodes
 
     def sync(self, member: str, request: Mapping[str, Any], *, label: str | None = None,
-             interval_s: float | None = None, kind: str = "tune") -> dict[str, Any]:
+             interval_s: float | None = None, kind: str = "tune",
+             owner: str | None = None) -> dict[str, Any]:
         """A member's solve: record its jobs (``request``: :meth:`SolveRequest.to_plain`
         output, its complete list of live jobs), re-divide the cluster if due, and
         answer its jobs' shares.
@@ -212,11 +223,12 @@ class SharedSolve:
             label: its name for people (default: ``member``).
             interval_s: the member's own solve interval (its lease follows from it).
             kind: what kind of front-end it is (for listings).
+            owner: who runs it (``user@host``, for listings).
 
         Returns:
             ``{"allocations": {job id: [node ids]}, "unfit": {job id: reason},
-            "solve_s": seconds of the policy's solve, "solved": whether this call
-            re-divided the cluster}``.
+            "reasons": {job id: why it is kept below its maximum}, "solve_s": seconds of
+            the policy's solve, "solved": whether this call re-divided the cluster}``.
 
         Raises:
             ValueError: a malformed request (named)."""
@@ -236,8 +248,13 @@ class SharedSolve:
         record.seen, record.lease_s, record.kind = now, lease, kind
         if label:
             record.label = label
+        if owner:
+            record.owner = owner
         if set(record.jobs) != set(jobs):
             self._dirty = True
+        outcomes = request.get("ended") or {}
+        self._end_rows(member, {j: job for j, job in record.jobs.items() if j not in jobs},
+                       {str(k): (v or {}).get("outcome") for k, v in outcomes.items()})
         for job_id, job in jobs.items():
             old = record.jobs.get(job_id)
             if old is not None and old.get("hints") == job.get("hints"):
@@ -262,15 +279,22 @@ class SharedSolve:
         allocations = {j: list(self.shares.get(job_key(member, j), [])) for j in jobs}
         unfit = {j: self.unfit[job_key(member, j)] for j in jobs
                  if job_key(member, j) in self.unfit}
-        return {"allocations": allocations, "unfit": unfit, "solved": solved,
+        reasons = {j: self.reasons[job_key(member, j)] for j in jobs
+                   if job_key(member, j) in self.reasons}
+        return {"allocations": allocations, "unfit": unfit, "reasons": reasons,
+                "solved": solved,
                 "solve_s": self.solve_times_s[-1] if self.solve_times_s else 0.0}
 
-    def leave(self, member: str) -> bool:
+    def leave(self, member: str, outcomes: Mapping[str, str] | None = None,
+              outcome: str = "ended") -> bool:
         """The member ended (its experiment finished): its jobs' share is freed at the
-        next solve. Returns whether it was known."""
-        record = self.members.pop(member, None)
+        next solve; its jobs are listed as ended, each with its ``outcomes`` entry (job id
+        -> a word), else ``outcome``. Returns whether it was known."""
+        record = self.members.get(member)
         if record is None:
             return False
+        self._end_rows(member, record.jobs, dict(outcomes or {}), outcome)
+        del self.members[member]
         self._forget_jobs(member, record.jobs)
         self._dirty = True
         return True
@@ -283,8 +307,24 @@ class SharedSolve:
             LOG.warning("%s %r sent nothing for %.0f s: its jobs' share of the cluster is "
                         "freed", self.members[member].kind, self.members[member].label,
                         now - self.members[member].seen)
-            self.leave(member)
+            self.leave(member, outcome="lost")
         return gone
+
+    def _end_rows(self, member: str, jobs: Mapping[str, Any],
+                  outcomes: Mapping[str, str | None], outcome: str = "ended") -> None:
+        """List ``jobs`` of ``member`` as ended (their last rows, with ``status`` how they
+        ended), keeping the most recent :data:`ENDED_KEPT`."""
+        if not jobs:
+            return
+        now = float(self.clock())
+        rows = {r["name_key"]: r for r in self._rows(member, jobs)}
+        for job_id in jobs:
+            row = rows[job_key(member, job_id)]
+            del row["name_key"]
+            row.update(status=outcomes.get(job_id) or outcome, replicas=0, target=0,
+                       reason=None, ended=now)
+            self.ended.append(row)
+        del self.ended[:-ENDED_KEPT]
 
     def _forget_jobs(self, member: str, jobs: Mapping[str, Any]) -> None:
         now = float(self.clock())
@@ -302,8 +342,10 @@ class SharedSolve:
         now = float(self.clock())
         jobs = self._all_jobs()
         try:
+            totals = None if self._usage is None else \
+                {k: NodeInfo(v) for k, v in self._usage[0].items()}
             request = SolveRequest.from_plain(now, self._nodes, jobs, self.policy,
-                                              self._speedup_for)
+                                              self._speedup_for, totals)
         except ValueError as exc:
             LOG.warning("a member sent a malformed job (%s); the shares stay", exc)
             return
@@ -318,6 +360,7 @@ class SharedSolve:
         self.num_solves += 1
         allocations = request.result.allocations if request.result is not None else {}
         self.unfit = dict(request.unfit)
+        self.reasons = dict(request.reasons)
         for key in jobs:
             share = list(allocations.get(key, []))
             if len(share) != len(self.shares.get(key, [])) or key not in self.shares:
@@ -376,27 +419,42 @@ class SharedSolve:
         return out
 
     def rows(self) -> list[dict[str, Any]]:
-        """One dict per job on the cluster, for listings and metrics: ``name``,
-        ``experiment`` (its member's label), ``kind``, ``status`` (``running``,
-        ``waiting``), ``replicas`` (now), ``target`` (its share), ``nodes`` (distinct
-        nodes it runs on), ``batch_size`` and ``goodput`` (samples/s) predicted at its
-        size from its hints (``None`` before its model is fitted), ``restarts``,
-        ``age_s`` and ``member``."""
+        """One dict per job on the cluster, for listings and metrics: ``name`` (as people
+        know it), ``experiment`` (its member's label), ``kind``, ``owner``, ``status``
+        (``running``, ``waiting``; for the ended jobs kept, how they ended), ``replicas``
+        (now), ``target`` (its share), ``max_replicas``, ``nodes`` (distinct nodes it runs
+        on), ``batch_size`` and ``goodput`` (samples/s) predicted at its size from its
+        hints (``None`` before its model is fitted), ``restarts``, ``age_s``, ``reason``
+        (why it runs below its maximum with room left, else ``None``) and ``member``."""
+        live = [row for member, record in self.members.items()
+                for row in self._rows(member, record.jobs)]
+        for row in live:
+            del row["name_key"]
+        # (An ended job's age is how long it lived.)
+        ended = [dict(row, age_s=max(0.0, row["ended"] - row["created"])) for row in self.ended]
+        return live + ended
+
+    def _rows(self, member: str, jobs: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """The rows of some of ``member``'s jobs, as :meth:`rows` describes them (with
+        ``name_key``, their job key, and ``created``)."""
         now = float(self.clock())
+        record = self.members[member]
         out = []
-        for member, record in self.members.items():
-            for job_id, job in record.jobs.items():
-                current = int(job.get("current") or 0)
-                base = job.get("base") or []
-                batch, goodput = _predicted(job.get("hints"), len(set(base)) or 1, current)
-                out.append({"name": job_id, "experiment": record.label, "kind": record.kind,
-                            "status": "running" if current else "waiting",
-                            "replicas": current,
-                            "target": len(self.shares.get(job_key(member, job_id), [])),
-                            "nodes": len(set(base)), "batch_size": batch, "goodput": goodput,
-                            "restarts": int(job.get("restarts") or 0),
-                            "age_s": max(0.0, now - float(job.get("created") or now)),
-                            "member": member})
+        for job_id, job in jobs.items():
+            current = int(job.get("current") or 0)
+            base = job.get("base") or []
+            batch, goodput = _predicted(job.get("hints"), len(set(base)) or 1, current)
+            key = job_key(member, job_id)
+            created = float(job.get("created") or now)
+            out.append({"name": job.get("name") or job_id, "experiment": record.label,
+                        "kind": record.kind, "owner": record.owner,
+                        "status": "running" if current else "waiting",
+                        "replicas": current, "target": len(self.shares.get(key, [])),
+                        "max_replicas": (job.get("spec") or {}).get("max_replicas"),
+                        "nodes": len(set(base)), "batch_size": batch, "goodput": goodput,
+                        "restarts": int(job.get("restarts") or 0),
+                        "age_s": max(0.0, now - created), "created": created,
+                        "reason": self.reasons.get(key), "member": member, "name_key": key})
         return out
 
     def status(self) -> dict[str, Any]:
@@ -412,8 +470,8 @@ class SharedSolve:
         """Everything a restarted allocator needs (strict JSON)."""
         return json.dumps({"members": {m: vars(r) for m, r in self.members.items()},
                            "shares": self.shares, "history": self.history,
-                           "num_solves": self.num_solves}, allow_nan=False,
-                          separators=(",", ":"))
+                           "num_solves": self.num_solves, "ended": self.ended},
+                          allow_nan=False, separators=(",", ":"))
 
     def restore(self, text: str) -> None:
         """Continue from :meth:`to_json` output: members (each with a fresh lease from
@@ -429,13 +487,15 @@ class SharedSolve:
             shares = {k: list(v) for k, v in data.get("shares", {}).items()}
             history = {k: list(v) for k, v in data.get("history", {}).items()}
             num_solves = int(data.get("num_solves", 0))
-        except (TypeError, AttributeError, json.JSONDecodeError) as exc:
+            ended = [dict(r) for r in data.get("ended", [])]
+        except (TypeError, AttributeError, ValueError) as exc:
             raise ValueError(f"malformed shared-solve state: {exc}") from exc
         now = float(self.clock())
         for record in members.values():
             record.seen = now
         self.members, self.shares, self.history = members, shares, history
         self.num_solves = num_solves
+        self.ended = ended[-ENDED_KEPT:]
         self._speedups.clear()
         self._dirty = True
 

@@ -62,11 +62,16 @@ class JobRecord:
             core's guess when only the count is known).
         resizes: how many times it was resized.
         resize_pending: a resize was begun and the progress after it has not arrived.
+        cost_pending: the relaunch of a resize began (its restarts grew) and its measured
+            cost has not arrived yet (a front-end may see the relaunch before its first
+            step).
         resize_log: one dict per resize: ``time``, ``from``, ``to`` (replicas),
             ``reason`` (why it pays), ``saved_s`` (predicted seconds saved, growths),
             ``cost_s`` (its predicted cost), ``cost_basis`` (what the prediction rests
             on) and, once known, ``measured_s`` (its measured cost).
         last_veto: why the latest proposed resize was not made (logged once).
+        held: why the latest solve kept it below its maximum while the cluster had room
+            for more of it (see :mod:`adaptdl_core.decision.held`), else ``None``.
         history: ``[time, replicas]`` pairs, each time its target changed.
         remaining_s: estimated seconds of training left, if known.
         spec: the job's :class:`~adaptdl_core.decision.JobSpec` as a dict (``None`` in
@@ -75,6 +80,7 @@ class JobRecord:
         placed_known: ``placed`` came from the front-end (else it is a guess).
         live: the job is added and not removed (restored records stay not live until
             the front-end adds them again).
+        name: how people know the job (a Tune trial's name; ``None``: its id).
     """
 
     created: float
@@ -87,14 +93,17 @@ class JobRecord:
     placed: list = dataclasses.field(default_factory=list)
     resizes: int = 0
     resize_pending: bool = False
+    cost_pending: bool = False
     resize_log: list = dataclasses.field(default_factory=list)
     last_veto: str | None = None
+    held: str | None = None
     history: list = dataclasses.field(default_factory=list)
     remaining_s: float | None = None
     spec: dict | None = None
     current: int = 0
     placed_known: bool = False
     live: bool = False
+    name: str | None = None
 
 
 @dataclasses.dataclass

@@ -13,7 +13,8 @@ every resize a policy proposes:
 * a job is *grown* only when the time the growth saves over its remaining training,
   ``remaining_s * (1 - speedup_now / speedup_new)``, exceeds the resize cost.
 
-A shrink serves other jobs, so only the first rule applies to it.
+A shrink serves other jobs (or, when the job's own model predicts fewer replicas as fast,
+the job itself: its reason then says so), so only the first rule applies to it.
 """
 
 from __future__ import annotations
@@ -87,11 +88,13 @@ def resize_verdict(*, current: int, target: int, remaining_s: float | None, cost
         return ResizeVerdict(False, "no change")
     if remaining_s is None and target > current:
         # Whether a growth pays cannot be told, and a short job would spend its life
-        # restarting (issue 25: a 2-epoch trial was grown "not known yet"); it is known once
-        # the job has finished an epoch of a known number. A shrink serves other jobs: a
-        # newly arrived job must not wait a whole epoch of the others for its share.
-        return ResizeVerdict(False, "remaining training not known yet (known after its "
-                                    "first epoch of remaining_epochs_until(N))")
+        # restarting (a 2-epoch trial grown blind spent most of it relaunching); it is known
+        # once the job has finished an epoch of a known number. A shrink serves other jobs:
+        # a newly arrived job must not wait a whole epoch of the others for its share.
+        return ResizeVerdict(False, "remaining training not known: it is known once the "
+                                    "script has finished an epoch of `for epoch in "
+                                    "adl.remaining_epochs_until(N)` (a script without that "
+                                    "loop is never grown)")
     if remaining_s is None:
         return ResizeVerdict(True, "shrink for other jobs (remaining training not known "
                                    "yet)")
@@ -99,6 +102,11 @@ def resize_verdict(*, current: int, target: int, remaining_s: float | None, cost
         return ResizeVerdict(False, f"{remaining_s:.1f} s of training left, under "
                                     f"{min_cost_multiples:g} resize costs of {cost_s:.1f} s")
     if target < current:
+        if speedup_now and speedup_new is not None and speedup_new >= speedup_now:
+            return ResizeVerdict(True, f"fewer replicas are predicted as fast: "
+                                       f"x{speedup_new / speedup_now:.2f} at {target} "
+                                       f"({remaining_s:.1f} s left, resize cost "
+                                       f"{cost_s:.1f} s)")
         return ResizeVerdict(True, f"shrink for other jobs ({remaining_s:.1f} s left, "
                                    f"resize cost {cost_s:.1f} s)")
     if speedup_now is None or speedup_new is None:

@@ -27,13 +27,14 @@ from adaptdl_core.torch.data import AdaptiveDataLoader, ElasticSampler, current_
 from adaptdl_core.torch.elastic_loop import ElasticLoop
 from adaptdl_core.torch.epoch import (DataProgress, current_epoch, data_progress,
                                       finished_epochs, job_finished, remaining_epochs_until)
-from adaptdl_core.torch.parallel import AdaptiveDataParallel
+from adaptdl_core.torch.parallel import AdaptiveDataParallel, model_state_dict
 from adaptdl_core.torch.process_group import init_process_group
 from adaptdl_core.torch.whole_set import drop_padding
 
 __all__ = [
     "init_process_group",
     "AdaptiveDataParallel",
+    "model_state_dict",
     "AdaptiveDataLoader",
     "ElasticSampler",
     "ElasticLoop",

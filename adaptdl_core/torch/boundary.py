@@ -11,6 +11,15 @@ it rides on the model's side values (:func:`post_side_values`, a small all-reduc
 few optimizer steps); otherwise (a validation loop, plain DDP) the requests go through the
 job's store every ``STORE_STOP_CHECK_EVERY`` boundaries. This module also holds the job's
 loop bookkeeping (:class:`Loops`, in the job context).
+
+**Nothing stops between an epoch's training and its end.** Inside
+``remaining_epochs_until``, once the training loader's loop of an epoch has ended (its last
+boundary included), the requests the replicas agree on wait for the next boundary of a
+training loop, the next epoch's first: code after the training loop (a validation loop, a
+report of the last loss) always runs to the epoch's end with the values the loop set, and
+a resumption starts the next epoch instead of an epoch whose training is spent. A stop
+then waits at most for the rest of that epoch's code; the last epoch's final checkpoint
+settles in-place requests still waiting (see :func:`~adaptdl_core.torch.epoch.remaining_epochs_until`).
 """
 
 from __future__ import annotations
@@ -26,7 +35,7 @@ from adaptdl_core.torch import _interrupt
 from adaptdl_core.torch.epoch import current_epoch
 
 __all__ = ["Loops", "loops", "current_dataloader", "training_loader", "agree",
-           "post_side_values", "side_values_owed", "STORE_STOP_CHECK_EVERY"]
+           "post_side_values", "side_values_owed", "training_ended", "STORE_STOP_CHECK_EVERY"]
 
 LOG = logging.getLogger(__name__)
 
@@ -61,6 +70,17 @@ class Loops:
         # (from its side values, summed every few steps; see _gradient_probe): (the
         # requests of any replica, replica 0's batch size choice or None).
         self.side_channel: tuple[_interrupt.Requests, tuple[int, int] | None] | None = None
+        # The epoch (as its loop-position key) whose training loop has ended, and the
+        # requests agreed since then, which wait for the next training boundary.
+        self.trained_epoch: str | None = None
+        self.deferred = _interrupt.Requests()
+
+    def waiting_for_next_epoch(self) -> bool:
+        """Whether requests agreed now wait: the current epoch's training loop has ended
+        and no loop of the training loader is running."""
+        epoch = current_epoch()
+        return epoch is not None and self.trained_epoch == str(epoch) and \
+            (self.training is None or self.active is not self.training)
 
 
 def loops() -> Loops:
@@ -126,15 +146,32 @@ def _checkpoint_in_place(replicas: int) -> None:
              time.perf_counter() - start, len(requests))
 
 
-def _honour(agreed: _interrupt.Requests, replicas: int) -> None:
-    """Act on the requests the replicas agreed on at this boundary (the same on all)."""
+def training_ended(epoch: int | None) -> None:
+    """The training loader's loop of ``epoch`` has ended (or was skipped as ended before
+    a restart): until the next epoch, agreed requests wait (see the module docstring)."""
+    if epoch is not None:
+        loops().trained_epoch = str(epoch)
+
+
+def _honour(agreed: _interrupt.Requests, replicas: int, defer: bool = False) -> None:
+    """Act on the requests the replicas agreed on at this boundary (the same on all), or,
+    after the epoch's training loop (``defer`` or the book says so), keep them for the
+    next training boundary."""
+    book = loops()
+    if defer or book.waiting_for_next_epoch():
+        book.deferred = book.deferred | agreed
+        return
+    if book.deferred.exit or book.deferred.save:
+        # (Merged into the next agreement honoured, never honoured alone: an agreement
+        # started through the store while it waited may carry the same request.)
+        agreed, book.deferred = agreed | book.deferred, _interrupt.Requests()
     if agreed.exit:
         _checkpoint_and_exit()
     elif agreed.save:
         _checkpoint_in_place(replicas)
 
 
-def agree(replicas: int) -> tuple[int, int] | None:
+def agree(replicas: int, *, defer: bool = False) -> tuple[int, int] | None:
     """Checkpoint here, on every replica at once, if any replica asked for a checkpoint,
     and stop if any replica asked to stop.
 
@@ -148,6 +185,9 @@ def agree(replicas: int) -> tuple[int, int] | None:
     boundaries: the reduction started at one such boundary is read at the next, so no
     boundary waits on the network. All replicas run the same sequence of boundaries and
     steps, so every replica sees the same answer at the same boundary.
+
+    ``defer``: this is the training loop's last boundary: what is agreed here waits for
+    the next epoch's first (as at every boundary after an epoch's training loop).
     """
     book = loops()
     side, book.side_channel = book.side_channel, None
@@ -157,19 +197,19 @@ def agree(replicas: int) -> tuple[int, int] | None:
         if book.pending_requests is not None:  # started at an earlier store-path boundary
             agreed = agreed | book.pending_requests.result()
             book.pending_requests = None
-        _honour(agreed, replicas)
+        _honour(agreed, replicas, defer)
         return choice
     if replicas == 1 or not collective.is_initialized():
         # (Two flag reads, no allocation: this runs at every boundary of one replica.)
         requests = book.requests
         if requests.exit_requested() or requests.has_pending():
-            _honour(_interrupt.local_requests(), 1)
+            _honour(_interrupt.local_requests(), 1, defer)
         return None
     book.store_boundaries += 1
     if book.store_boundaries % STORE_STOP_CHECK_EVERY == 1:
         if book.pending_requests is not None:
             agreed, book.pending_requests = book.pending_requests.result(), None
-            _honour(agreed, replicas)
+            _honour(agreed, replicas, defer)
         book.pending_requests = collective.allreduce_async(_interrupt.local_requests(),
                                                             _interrupt.Requests.__or__)
     return None

@@ -108,6 +108,8 @@ def loop_scope(owner: Any, state: LoopState, adaptive_loader: bool = False
                            "(or elastic loop) is still being iterated")
     if position <= state.last_position.get(key, -1):
         LOG.info("skipping loop %d of epoch %s: it finished before the restart", position, epoch)
+        if adaptive_loader and owner is book.training:
+            boundary.training_ended(epoch)
         yield LoopEntry(epoch, True)
         return
     book.active = owner
@@ -122,6 +124,8 @@ def loop_scope(owner: Any, state: LoopState, adaptive_loader: bool = False
     finally:
         book.active = book.current = None
         if not interrupted:
+            if adaptive_loader and owner is book.training:
+                boundary.training_ended(epoch)
             state.current_index = 0
             state.loop_start_progress = None
             # Only the current epoch's entries can matter for a replay.

@@ -15,7 +15,11 @@ loop and just before each data loader loop.** Keep those places idempotent::
         lr_scheduler.step()   # right: nothing can restart between here and the epoch end
 
 A finished epoch is never repeated, and a data loader loop that finished before the
-restart is skipped when the program replays the epoch.
+restart is skipped when the program replays the epoch. A stop or checkpoint request that
+comes after an epoch's training loop (during a validation loop, a report) waits for the
+next epoch, so the code after the training loop always runs to the epoch's end with the
+values the loop set (the last ``loss`` of the quickstart's report), and a restart never
+replays an epoch whose training is spent.
 
 **A finished job.** When an epoch loop runs to its bound, the job saves one more
 checkpoint (if ``ADAPTDL_CHECKPOINT_PATH`` is set), the end of training, marked finished
@@ -192,7 +196,18 @@ def _finish(state: _EpochState, save: bool) -> None:
         LOG.info("training finished (%d epochs); no checkpoint path, nothing saved",
                  state.finished_epochs)
         return
-    checkpoint.save_all_states()  # (logs the checkpoint's path, on replica 0)
+    # In-place requests that waited for the epoch's end (see boundary) are settled by
+    # this checkpoint: no boundary follows in this loop.
+    from adaptdl_core.torch import _interrupt, boundary
+    requests = _interrupt.take_checkpoint_requests()
+    book = boundary.loops()
+    book.deferred = book.deferred._replace(save=False)
+    try:
+        path = checkpoint.save_all_states()  # (logs the checkpoint's path, on replica 0)
+    except BaseException:
+        _interrupt.resolve_checkpoint_requests(requests, False)
+        raise
+    _interrupt.resolve_checkpoint_requests(requests, True, path)
     LOG.info("training finished (%d epochs); the newest checkpoint is its final state",
              state.finished_epochs)
 

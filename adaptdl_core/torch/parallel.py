@@ -30,7 +30,7 @@ from adaptdl_core.torch.scaling_rules import (LR_SCHED_MARK, ScalingRuleBase,
                                               default_rule_for, rescale_adam_state)
 from adaptdl_core.torch.step_cycle import StepCycle
 
-__all__ = ["AdaptiveDataParallel"]
+__all__ = ["AdaptiveDataParallel", "model_state_dict"]
 
 LOG = logging.getLogger(__name__)
 
@@ -349,26 +349,44 @@ class _TrainingState(checkpoint.State):
         self.load = load  # type: ignore[method-assign]
 
 
-def load_model_state_dict(checkpoint_dir: str, name: str = "adaptdl-dataparallel",
-                          map_location: Any = "cpu") -> dict:
-    """The model weights an :class:`AdaptiveDataParallel` saved into a checkpoint directory
-    (``checkpoint.latest_checkpoint_dir()``), without building the model first.
+def model_state_dict(checkpoint: Any, name: str = "adaptdl-dataparallel",
+                     map_location: Any = "cpu") -> dict:
+    """The weights an :class:`AdaptiveDataParallel` saved, from any AdaptDL checkpoint,
+    without building the model or starting Ray: ``model.load_state_dict(
+    model_state_dict(where))``.
 
     Args:
-        checkpoint_dir: one checkpoint directory (``.../checkpoint-<n>``).
+        checkpoint: a folder (see :func:`adaptdl_core.checkpoint.find_checkpoint`: one
+            checkpoint as ``adaptdl-ray cp`` copies it out, a standalone job's
+            ``--checkpoint-path``, a command-line job's storage directory, a Ray Tune
+            trial's checkpoint folder), or a ``ray.tune.Checkpoint`` such as
+            ``result.checkpoint`` (anything with ``as_directory()``).
         name: the ``name=`` given to ``AdaptiveDataParallel`` (its default if not given).
-        map_location: as for ``torch.load``.
+        map_location: as for ``torch.load`` (default: CPU).
 
     Returns:
         the wrapped module's ``state_dict`` (no ``module.`` prefixes).
 
     Raises:
-        ValueError: the checkpoint holds no model state called ``name`` (the message lists
-            the states it holds).
+        ValueError: ``checkpoint`` is ``None`` (a Tune result without a checkpoint),
+            holds no AdaptDL checkpoint, or the checkpoint holds no model called ``name``
+            (the message lists the states it holds).
+        FileNotFoundError: the folder does not exist.
     """
+    if checkpoint is None:
+        raise ValueError("model_state_dict(None): no checkpoint was given (a Tune result "
+                         "has one when the trial reported one with tune.report(..., "
+                         "checkpoint=...) or with tune.CheckpointConfig(checkpoint_at_end="
+                         "True))")
+    as_directory = getattr(checkpoint, "as_directory", None)
+    if as_directory is not None:  # a ray.tune.Checkpoint (which refuses os.fspath)
+        with as_directory() as directory:
+            return model_state_dict(directory, name, map_location)
+    from adaptdl_core.checkpoint import find_checkpoint
+    checkpoint_dir = find_checkpoint(checkpoint)
     path = os.path.join(checkpoint_dir, name)
     if not os.path.isfile(path):
-        held = sorted(os.listdir(checkpoint_dir)) if os.path.isdir(checkpoint_dir) else []
+        held = sorted(n for n in os.listdir(checkpoint_dir) if n != "MANIFEST.json")
         raise ValueError(f"{checkpoint_dir} holds no AdaptiveDataParallel state named "
                          f"{name!r} (it holds {held}); pass the name= given to "
                          "AdaptiveDataParallel")

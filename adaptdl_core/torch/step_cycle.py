@@ -214,7 +214,9 @@ class StepCycle:
                 self.micro_index = 0
                 self.pair_first = False
                 self.step_samples = 0
-                choice = boundary.agree(self.world[1])
+                # The training loop's last boundary: requests agreed here wait for the
+                # next epoch's first (the epoch's remaining code runs to its end).
+                choice = boundary.agree(self.world[1], defer=self.training and epoch is not None)
                 if choice is not None:
                     self.state.local_bsz, self.state.accum_steps = choice
             finally:

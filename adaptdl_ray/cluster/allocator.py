@@ -75,6 +75,7 @@ class ClusterAllocator:
                  nodes_fn: Any = None, request_fn: Any = None,
                  autoscale_interval_s: float = 30.0) -> None:
         self.state_dir = state_dir
+        self.policy_name = policy
         self._shared = SharedSolve(policy, interval_s=interval_s)
         self._nodes_fn = nodes_fn or _ray_capacity
         self._nodes_read = -float("inf")
@@ -109,19 +110,21 @@ class ClusterAllocator:
 
     # -- called by front-ends -------------------------------------------------------
     def sync(self, member: str, request: Mapping[str, Any], label: str | None = None,
-             interval_s: float | None = None, kind: str = "tune") -> dict[str, Any]:
+             interval_s: float | None = None, kind: str = "tune",
+             owner: str | None = None) -> dict[str, Any]:
         """A front-end's solve (see :meth:`SharedSolve.sync`): its jobs' shares."""
         self._refresh_nodes()
         reply = self._shared.sync(member, request, label=label, interval_s=interval_s,
-                                  kind=kind)
+                                  kind=kind, owner=owner)
         self._after_change(force=reply["solved"])
         if reply["solved"]:
             self._size_cluster()
         return reply
 
-    def leave(self, member: str) -> bool:
-        """A front-end ended: its jobs' share is freed."""
-        known = self._shared.leave(member)
+    def leave(self, member: str, outcomes: Mapping[str, str] | None = None) -> bool:
+        """A front-end ended: its jobs' share is freed (``outcomes``: job id -> how it
+        ended, for listings)."""
+        known = self._shared.leave(member, outcomes)
         self._after_change(force=True)
         return known
 
@@ -132,8 +135,8 @@ class ClusterAllocator:
         return self._shared.rows()
 
     def status(self) -> dict[str, Any]:
-        """The allocator's counters, where it keeps its state, since when it runs, and
-        its autoscaling (``None`` when off; else its options, the nodes the standing
+        """The allocator's counters, its policy, where it keeps its state, since when it
+        runs, and its autoscaling (``None`` when off; else its options, the nodes the standing
         request asks for and the rule's last decision)."""
         self._refresh_nodes()
         autoscale = None
@@ -142,7 +145,8 @@ class ClusterAllocator:
                              standing_nodes=self._autoscale.requester.standing_nodes,
                              last=self._autoscale.last)
         return dict(self._shared.status(), alive=True, state_dir=self.state_dir,
-                    started=self.started, pid=os.getpid(), autoscale=autoscale)
+                    started=self.started, pid=os.getpid(), autoscale=autoscale,
+                    policy=self.policy_name)
 
     def set_autoscale(self, options: Mapping[str, Any] | None) -> dict[str, Any] | None:
         """Turn autoscaling on with ``options``, or off with ``None`` (the standing
@@ -256,6 +260,8 @@ class ClusterAllocator:
                                           "a job's checkpoint-restarts", tag_keys=tags)}
         seen = set()
         for row in self._shared.rows():
+            if row.get("ended") is not None:
+                continue  # (listed, not measured)
             tags = {"job": str(row["name"]), "experiment": str(row["experiment"])}
             seen.add((tags["job"], tags["experiment"]))
             for key, gauge in self._gauges.items():

@@ -80,8 +80,8 @@ class _AllocatorActor:
     def sync(self, *args: Any, **kwargs: Any) -> dict:
         return self._allocator.sync(*args, **kwargs)
 
-    def leave(self, member: str) -> bool:
-        return self._allocator.leave(member)
+    def leave(self, member: str, outcomes: Any = None) -> bool:
+        return self._allocator.leave(member, outcomes)
 
     def jobs(self) -> list:
         return self._allocator.jobs()
@@ -182,13 +182,17 @@ class AllocatorSolver:
         timeout_s: seconds to wait for an answer before solving alone.
         policy: the allocator's policy if this solver starts it (see
             :func:`start_allocator`).
+        owner: who runs the front-end (``user@host``; default: this process's), shown by
+            ``adaptdl-ray ls``.
     """
 
     def __init__(self, member: str, label: str, *, interval_s: float, kind: str = "tune",
                  namespace_name: str | None = None, timeout_s: float = _CALL_TIMEOUT_S,
-                 policy: str = "pollux") -> None:
+                 policy: str = "pollux", owner: str | None = None) -> None:
+        from adaptdl_ray.cluster.owner import current_owner
         self.member = member
         self.label = label
+        self.owner = owner or current_owner()
         self.interval_s = float(interval_s)
         self.kind = kind
         self.namespace = namespace(namespace_name)
@@ -225,10 +229,11 @@ class AllocatorSolver:
                     return
             reply = ray.get(self._handle.sync.remote(
                 self.member, request.to_plain(), label=self.label,
-                interval_s=self.interval_s, kind=self.kind), timeout=self.timeout_s)
+                interval_s=self.interval_s, kind=self.kind, owner=self.owner),
+                timeout=self.timeout_s)
             request.accept(reply["allocations"], reply.get("unfit"),
                            solve_time_s=float(reply.get("solve_s") or 0.0),
-                           seconds=time.perf_counter() - t0)
+                           seconds=time.perf_counter() - t0, reasons=reply.get("reasons"))
         except Exception as exc:  # noqa: BLE001 - any failure: decide alone, say it once
             self._handle = None
             self._retry_at = time.monotonic() + _RETRY_S
@@ -245,12 +250,13 @@ class AllocatorSolver:
                         self.kind, self.label)
         self.alone = False
 
-    def leave(self, timeout_s: float = 5.0) -> None:
-        """Tell the allocator this front-end ended (its jobs' share is freed at once);
-        failures are ignored (its lease runs out instead)."""
+    def leave(self, outcomes: Mapping[str, str] | None = None, timeout_s: float = 5.0) -> None:
+        """Tell the allocator this front-end ended (its jobs' share is freed at once;
+        ``outcomes``: job id -> how it ended, for listings); failures are ignored (its
+        lease runs out instead)."""
         if self._handle is None:
             return
         try:
-            ray.get(self._handle.leave.remote(self.member), timeout=timeout_s)
+            ray.get(self._handle.leave.remote(self.member, outcomes), timeout=timeout_s)
         except Exception as exc:  # noqa: BLE001 - the lease frees it later
             LOG.debug("could not tell the allocator that %s ended: %s", self.member, exc)

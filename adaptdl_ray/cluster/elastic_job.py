@@ -52,7 +52,7 @@ from adaptdl_core.launch import restarts_for
 
 from adaptdl_ray.cluster.job_files import JobFiles, check_name
 from adaptdl_ray.cluster.replicas import ReplicaPool, Reservation
-from adaptdl_ray.cluster.sizing import Sizer, default_sizer
+from adaptdl_ray.cluster.sizing import DEFAULT_INTERVAL_S, Sizer, default_sizer
 
 LOG = logging.getLogger(__name__)
 
@@ -128,6 +128,10 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--storage-path", default=None, metavar="P",
                         help="where the job keeps its checkpoint and records (default "
                              "$ADAPTDL_STORAGE_PATH, else ~/adaptdl_jobs)")
+    parser.add_argument("--allocation-interval", type=float, default=DEFAULT_INTERVAL_S,
+                        metavar="S", help="seconds between re-decisions of the job's size "
+                                          f"(default {DEFAULT_INTERVAL_S:g}); a change on "
+                                          "the cluster reaches it within one")
 
 
 def job_spec(opts: argparse.Namespace) -> JobSpec:
@@ -150,6 +154,9 @@ def job_spec(opts: argparse.Namespace) -> JobSpec:
     if opts.cpus_per_replica == 0 and opts.gpus_per_replica == 0:
         raise ValueError("--cpus-per-replica and --gpus-per-replica are both 0: each replica "
                          "needs some CPU or GPU")
+    if not math.isfinite(opts.allocation_interval) or opts.allocation_interval <= 0:
+        raise ValueError(f"--allocation-interval {opts.allocation_interval:g}: must be a "
+                         "number of seconds > 0")
     if not math.isfinite(opts.checkpoint_interval) or opts.checkpoint_interval < 0:
         raise ValueError(f"--checkpoint-interval {opts.checkpoint_interval:g}: must be a "
                          "number of seconds > 0, or 0 for no in-place checkpoints")
@@ -190,6 +197,9 @@ class ElasticJob:
         pool: the replicas' actors and resources (default: a
             :class:`~adaptdl_ray.cluster.replicas.ReplicaPool` of the job's own; tests
             pass a fake).
+        owner: who submitted it (``user@host``; default: this process's user and host).
+        allocation_interval_s: seconds between re-decisions of its size (for the default
+            sizer).
 
     Raises:
         ValueError: ``checkpoint_interval_s`` is not ``None`` or a finite number > 0.
@@ -201,20 +211,25 @@ class ElasticJob:
                  draining_fn: Callable[[], Mapping[str, float | None]] | None = None,
                  nodes_fn: Callable[[], Mapping[Any, Any]] | None = None,
                  checkpoint_interval_s: float | None = DEFAULT_CHECKPOINT_INTERVAL_S,
-                 pool: ReplicaPool | None = None) -> None:
+                 pool: ReplicaPool | None = None, owner: str | None = None,
+                 allocation_interval_s: float = DEFAULT_INTERVAL_S) -> None:
         if checkpoint_interval_s is not None and (
                 isinstance(checkpoint_interval_s, bool)
                 or not isinstance(checkpoint_interval_s, (int, float))
                 or not math.isfinite(checkpoint_interval_s) or checkpoint_interval_s <= 0):
             raise ValueError(f"checkpoint_interval_s must be a number of seconds > 0 or None "
                              f"(no in-place checkpoints), got {checkpoint_interval_s!r}")
+        from adaptdl_ray.cluster.owner import current_owner
         self.checkpoint_interval_s = checkpoint_interval_s
+        self.owner = owner or current_owner()
         self.files = files
         self.name = files.name
         self.script = script
         self.args = list(args)
         self.spec = spec
-        self.sizer = sizer or default_sizer(files.name, spec, str(files.root))
+        self.sizer = sizer or default_sizer(files.name, spec, str(files.root),
+                                            owner=self.owner,
+                                            interval_s=allocation_interval_s)
         self.stop_timeout_s = stop_timeout_s
         self.status_every_s = status_every_s
         self._stop_signal: int | None = None
@@ -259,6 +274,7 @@ class ElasticJob:
         submitted = previous.get("submitted") or time.time()
         previous.pop("error", None)
         self._record = {**previous, "name": self.name, "experiment": None,
+                        "owner": self.owner, "max_replicas": self.spec.max_replicas,
                         "submitted": submitted, "script": self.script, "args": self.args,
                         "restarts": point.restarts if point else 0,
                         "epochs_done": point.finished_epochs if point else 0}
@@ -277,7 +293,7 @@ class ElasticJob:
             if launch is None:  # stopped while waiting for room
                 self._teardown()
                 self._write_status("stopped", replicas=0)
-                self.sizer.end()
+                self.sizer.end("stopped")
                 return 0
             try:
                 outcome = self._watch(launch)
@@ -302,7 +318,7 @@ class ElasticJob:
                 self._keep_checkpoint(launch)
                 self._teardown()
                 self._write_status("failed", replicas=0, error=str(exc).splitlines()[0])
-                self.sizer.end()
+                self.sizer.end("failed")
                 return 1
             self._trained_s += time.time() - (launch.first_step or launch.started)
             archive = self._keep_checkpoint(launch) or archive
@@ -313,7 +329,7 @@ class ElasticJob:
             if kind in ("finished", "stopped"):
                 self._teardown()
                 self._write_status(kind, replicas=0)
-                self.sizer.end()
+                self.sizer.end(kind)
                 LOG.info("job %s %s (%d restarts); checkpoint in %s", self.name, kind,
                          restarts, self.files.checkpoint_path)
                 return 0
@@ -340,6 +356,7 @@ class ElasticJob:
         from adaptdl_ray.tune.worker_group import WorkerGroup
 
         started = time.time()
+        self._resize_s = None  # (measured anew for this launch: an older one is not sent)
         self._write_status("pending", replicas=0, target=replicas)
         need = replicas - len(keep)
         reservation = self._take_grow(need)
@@ -436,6 +453,7 @@ class ElasticJob:
                 self._observe(launch)
             decision = self.sizer.decision()
             target = decision.replicas
+            self._explain(launch, decision)
             if decision.action != "resize" or target == launch.replicas or \
                     target < self.spec.min_replicas:
                 self._cancel_grow()
@@ -448,6 +466,22 @@ class ElasticJob:
             self.sizer.begin_resize(decision)
             self._resize_from = time.time()
             return self._checkpoint_and_end(launch, "resizing", "resize", target)
+
+    def _explain(self, launch: _Launch, decision: Any) -> None:
+        """Say once, in the log and in status.json (``adaptdl-ray ls``), why the job runs
+        below its maximum when its decision says why (the cluster has room, but the
+        policy or the resize rule keeps it where it is)."""
+        below = self.spec.max_replicas is None or launch.replicas < self.spec.max_replicas
+        reason = decision.reason if below and decision.action in ("keep", "hold") and \
+            decision.reason != "no change" else None
+        if reason == self._record.get("reason"):
+            return
+        self._record["reason"] = reason
+        if reason is not None:
+            LOG.info("job %s: on %d replica(s)%s: %s", self.name, launch.replicas,
+                     f" of up to {self.spec.max_replicas}" if self.spec.max_replicas else "",
+                     reason)
+        self._write_status("running", replicas=launch.replicas)
 
     def _checkpoint_and_end(self, launch: _Launch, status: str, kind: str, target: int
                             ) -> tuple[str, int]:
@@ -658,6 +692,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_job_arguments(parser)
     parser.add_argument("--stop-timeout", type=float, default=DEFAULT_STOP_TIMEOUT_S,
                         metavar="S", help="seconds a stop or resize waits for a batch boundary")
+    parser.add_argument("--owner", default=None, metavar="USER@HOST",
+                        help="who submitted the job (adaptdl-ray submit passes it; default: "
+                             "this process's user and host)")
     parser.add_argument("script", help="the training script")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments")
     opts = parser.parse_args(argv)
@@ -674,7 +711,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     files = JobFiles(opts.name, opts.storage_path)
     files.root.mkdir(parents=True, exist_ok=True)
     job = ElasticJob(files, opts.script, opts.args, spec, stop_timeout_s=opts.stop_timeout,
-                     checkpoint_interval_s=opts.checkpoint_interval or None)
+                     checkpoint_interval_s=opts.checkpoint_interval or None, owner=opts.owner,
+                     allocation_interval_s=opts.allocation_interval)
     job.install_signal_handlers()
     return job.run()
 

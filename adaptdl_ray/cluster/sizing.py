@@ -26,8 +26,14 @@ __all__ = ["Sizer", "CoreSizer", "LocalSizer", "default_sizer"]
 
 # How long the cluster's node list is reused before ray.nodes() is asked again.
 _NODES_TTL_S = 10.0
-# Seconds between periodic re-decisions of a submitted job's size.
+#: Seconds between periodic re-decisions of a submitted job's size.
 DEFAULT_INTERVAL_S = 30.0
+#: Seconds a submitted job's resize is assumed to cost before one is measured (raised to
+#: its measured start-up). A submitted job keeps the replicas that stay and starts new
+#: ones while it trains, so a resize costs a checkpoint, a rendezvous and a first step
+#: (benchmarks/resize_cost.py measures it), far below Pollux's 30-s prior for relaunched
+#: jobs; that prior kept young jobs from growing for minutes.
+JOB_RESIZE_COST_PRIOR_S = 5.0
 
 
 class Sizer(Protocol):
@@ -46,8 +52,9 @@ class Sizer(Protocol):
     def begin_resize(self, decision: Decision) -> None:
         """The job is carrying out ``decision`` (a resize) now."""
 
-    def end(self) -> None:
-        """The job finished, failed or stopped: its replicas are free."""
+    def end(self, outcome: str = "ended") -> None:
+        """The job ended (``outcome``: ``finished``, ``failed``, ``stopped``...): its
+        replicas are free."""
 
 
 def _ray_nodes() -> dict[str, NodeInfo]:
@@ -72,13 +79,16 @@ class CoreSizer:
             is not subtracted: a grow is carried out only once its replicas' resources are
             free, see ``ElasticJob``); an
             :class:`~adaptdl_ray.cluster.client.AllocatorSolver` shares the cluster.
+        resize_cost_prior_s: seconds a resize is assumed to cost before one is measured
+            (see :data:`JOB_RESIZE_COST_PRIOR_S`).
     """
 
     def __init__(self, job_id: str, spec: JobSpec, *, state_dir: str | None = None,
                  interval_s: float = DEFAULT_INTERVAL_S,
                  nodes_fn: Callable[[], Mapping[Any, NodeInfo]] | None = None,
                  clock: Callable[[], float] = time.time,
-                 solver: Callable[[SolveRequest], None] | None = None) -> None:
+                 solver: Callable[[SolveRequest], None] | None = None,
+                 resize_cost_prior_s: float = JOB_RESIZE_COST_PRIOR_S) -> None:
         self.job_id = job_id
         self.spec = spec
         self._nodes_fn = nodes_fn or _ray_nodes
@@ -89,7 +99,8 @@ class CoreSizer:
                 state = CoreState.load(state_dir)
             except (OSError, ValueError) as exc:
                 LOG.warning("ignoring the job's decision record in %s: %s", state_dir, exc)
-        self.core = DecisionCore(clock=clock, interval_s=interval_s, state=state)
+        self.core = DecisionCore(clock=clock, interval_s=interval_s, state=state,
+                                 resize_cost_prior_s=resize_cost_prior_s)
         self.driver = CoreDriver(self.core, solve_wait_s=None, solver=solver,
                                  state_dir=state_dir)
 
@@ -134,26 +145,28 @@ class CoreSizer:
         self.core.begin_resize(self.job_id, decision)
         self.driver.save()
 
-    def end(self) -> None:
+    def end(self, outcome: str = "ended") -> None:
         """Remove the job from the core (its record stays for a later submission) and
-        free its share of a shared cluster."""
-        self.core.remove(self.job_id)
+        free its share of a shared cluster, saying how it ended (``outcome``)."""
+        self.core.remove(self.job_id, outcome)
         self.driver.save()
         leave = getattr(self.driver.solver, "leave", None)
         if callable(leave):
-            leave()
+            leave({str(k): v for k, v in self.core.pending_outcomes().items()})
 
 
 #: The name of :class:`CoreSizer` without a solver (it plans over the cluster alone).
 LocalSizer = CoreSizer
 
 
-def default_sizer(job_id: str, spec: JobSpec, state_dir: str | None) -> Sizer:
+def default_sizer(job_id: str, spec: JobSpec, state_dir: str | None, *,
+                  owner: str | None = None, interval_s: float = DEFAULT_INTERVAL_S) -> Sizer:
     """The sizer a submitted job uses: a :class:`CoreSizer` whose solves go to the cluster
     allocator (started on first use), sharing the cluster with every other AdaptDL job and
-    experiment on it."""
+    experiment on it (``owner``: who submitted it, for listings; ``interval_s``: seconds
+    between re-decisions of its size)."""
     from adaptdl_ray.cluster.client import AllocatorSolver, new_member_id
-    solver = AllocatorSolver(new_member_id("job"), job_id, interval_s=DEFAULT_INTERVAL_S,
-                             kind="job")
-    return CoreSizer(job_id, spec, state_dir=state_dir, interval_s=DEFAULT_INTERVAL_S,
+    solver = AllocatorSolver(new_member_id("job"), job_id, interval_s=interval_s,
+                             kind="job", owner=owner)
+    return CoreSizer(job_id, spec, state_dir=state_dir, interval_s=interval_s,
                      solver=solver)

@@ -22,7 +22,8 @@ _EXPORTS = {
     "AdaptDLTrainable": "adaptdl_ray.tune.trainable",
     "WorkerFailed": "adaptdl_ray.tune.trainable",
     "is_adaptdl_trainable": "adaptdl_ray.tune.trainable",
-    "model_state_dict": "adaptdl_ray.tune.checkpoint_files",
+    # (adaptdl_core's, which needs no Ray: the same function from either package)
+    "model_state_dict": "adaptdl_core.torch.parallel",
     "METRIC_PREFIX": "adaptdl_ray.tune.results",
     "PROGRESS_COLUMNS": "adaptdl_ray.tune.results",
 }

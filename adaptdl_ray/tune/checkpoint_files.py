@@ -29,12 +29,13 @@ from adaptdl_ray.tune import transfer
 from adaptdl_ray.tune.trial_progress import TrialProgress
 
 __all__ = ["RESERVED_DIR", "INTERRUPTED_FILE", "write", "read", "write_interrupted",
-           "read_interrupted", "has_interrupted", "restore_result_files", "adaptdl_state_dir",
-           "model_state_dict"]
+           "read_interrupted", "has_interrupted", "restore_result_files", "adaptdl_state_dir"]
 
 # The result files Tune's loggers append to (progress.csv, result.json).
 _RESULT_FILES = ("progress.csv", "result.json")
 
+# (adaptdl_core.checkpoint.EMBEDDED_ROOTS names RESERVED_DIR/_STATE, so that
+# adaptdl_core.torch.model_state_dict finds the state in a trial's checkpoint.)
 RESERVED_DIR = ".adaptdl"
 INTERRUPTED_FILE = ".adaptdl-interrupted.tar"
 _RECORD = "trial.json"
@@ -171,44 +172,3 @@ def adaptdl_state_dir(checkpoint_dir: str) -> str | None:
     ``None`` if it holds none."""
     return core_checkpoint.latest_checkpoint_dir(os.path.join(checkpoint_dir, RESERVED_DIR,
                                                               _STATE))
-
-
-def model_state_dict(checkpoint: Any, name: str = "adaptdl-dataparallel",
-                     map_location: Any = "cpu") -> dict:
-    """The weights of the ``AdaptiveDataParallel`` model saved in an AdaptDL trial's
-    checkpoint: ``model.load_state_dict(model_state_dict(result.checkpoint))``.
-
-    Args:
-        checkpoint: a ``ray.tune.Checkpoint`` (e.g. ``result.checkpoint``) or a local
-            directory path.
-        name: the ``name=`` given to ``AdaptiveDataParallel`` (its default if not given).
-        map_location: as for ``torch.load`` (default: CPU).
-
-    Returns:
-        the model's ``state_dict`` (the unwrapped module's: no ``module.`` prefixes).
-
-    Raises:
-        ValueError: ``checkpoint`` is ``None``, not an AdaptDL trial's checkpoint, or holds
-            no model called ``name`` (the message lists the states it holds).
-    """
-    if checkpoint is None:
-        raise ValueError("model_state_dict(None): the result has no checkpoint. Report one "
-                         "with tune.report(..., checkpoint=...) or set "
-                         "tune.CheckpointConfig(checkpoint_at_end=True)")
-    as_directory = getattr(checkpoint, "as_directory", None)
-    if as_directory is None:  # a path (tune.Checkpoint refuses os.fspath)
-        return _model_state_dict_in(os.fspath(checkpoint), name, map_location)
-    with as_directory() as directory:
-        return _model_state_dict_in(directory, name, map_location)
-
-
-def _model_state_dict_in(directory: str, name: str, map_location: Any) -> dict:
-    from adaptdl_core.torch.parallel import load_model_state_dict
-
-    state_dir = adaptdl_state_dir(directory)
-    if state_dir is None:
-        raise ValueError(f"{directory} holds no AdaptDL training state (no "
-                         f"{RESERVED_DIR}/{_STATE}/checkpoint-*): it is not a checkpoint of "
-                         "an AdaptDL trial")
-    return load_model_state_dict(state_dir, name=name, map_location=map_location)
-

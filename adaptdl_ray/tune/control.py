@@ -111,24 +111,28 @@ class ExperimentControl:
 
 # The driver's handle of its job's control actor, held for the driver's whole life: a
 # (non-detached) actor dies with the last handle to it, and one experiment's scheduler is
-# freed before the next experiment of the same driver starts.
-_driver_handles: dict[str, Any] = {}
+# freed before the next experiment of the same driver starts. Keyed by the Ray session
+# and job: after ``ray.shutdown()`` and ``ray.init()`` (a notebook restarting Ray, a
+# script looping over experiments) the job id can repeat in the new cluster, where the old
+# handle names no actor.
+_driver_handle: tuple[tuple[str, str], Any] | None = None
 
 
 def start() -> Any:
     """Start this job's control actor (in the driver), or return the running one, with its
     interrupt state cleared for a new experiment (asked, not waited for)."""
-    name = control_name()
-    handle = _driver_handles.get(name)
-    if handle is None:
+    global _driver_handle
+    context = ray.get_runtime_context()
+    key = (context.get_session_name(), context.get_job_id())
+    if _driver_handle is None or _driver_handle[0] != key:
         # On the driver's node: it lives as long as the driver, and a node that is drained
         # or lost must not take the experiment's control with it.
-        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(),
-                                              soft=False)
+        here = NodeAffinitySchedulingStrategy(context.get_node_id(), soft=False)
         remote = ray.remote(ExperimentControl).options(
-            name=name, num_cpus=0, max_concurrency=1000, get_if_exists=True,
+            name=control_name(), num_cpus=0, max_concurrency=1000, get_if_exists=True,
             scheduling_strategy=here)
-        handle = _driver_handles[name] = remote.remote()
+        _driver_handle = (key, remote.remote())
+    handle = _driver_handle[1]
     # Not waited for: the actor's start would hold up Tune's first trial by a second or
     # more (benchmarks/many_trials.py); a call made after this one sees the cleared state.
     handle.new_experiment.remote()

@@ -338,7 +338,7 @@ class AdaptDLScheduler(TrialScheduler):
             requested = num_replicas_of(trial.placement_group_factory)
         elif trial.status == Trial.PAUSED:
             self._enqueue(trial.trial_id)
-        self._core.add_job(trial.trial_id, spec, replicas=requested)
+        self._core.add_job(trial.trial_id, spec, replicas=requested, name=str(trial))
         self._driver.save_soon()
 
     def on_trial_result(self, tune_controller: Any, trial: Trial, result: dict) -> str:
@@ -427,17 +427,17 @@ class AdaptDLScheduler(TrialScheduler):
         record = self._core.state.jobs.get(trial.trial_id)
         if result and record is not None and record.live:
             self._take_progress(trial, result)
-        self._trial_ended(trial)
+        self._trial_ended(trial, "finished")
         self._base.on_trial_complete(tune_controller, trial, result)
 
     def on_trial_remove(self, tune_controller: Any, trial: Trial) -> None:
         """Free the removed trial's replicas (re-divided at the next check)."""
-        self._trial_ended(trial)
+        self._trial_ended(trial, "stopped")
         self._base.on_trial_remove(tune_controller, trial)
 
     def on_trial_error(self, tune_controller: Any, trial: Trial) -> None:
         """Free the failed trial's replicas (a retried trial is added again by Tune)."""
-        self._trial_ended(trial)
+        self._trial_ended(trial, "failed")
         self._base.on_trial_error(tune_controller, trial)
 
     def choose_trial_to_run(self, tune_controller: Any) -> Trial | None:
@@ -572,9 +572,10 @@ class AdaptDLScheduler(TrialScheduler):
 
     def _leave_cluster(self) -> None:
         """This experiment has no live trial left: its share of the cluster is freed now
-        (it joins again with its next trial)."""
+        (it joins again with its next trial), with how its last trials ended."""
         if self._allocator is not None:
-            self._allocator.leave()
+            self._allocator.leave({str(k): v for k, v in
+                                   self._core.pending_outcomes().items()})
 
     def _announce_pause(self, trial: Trial) -> None:
         """Tell the trial that the save Tune asks for next precedes a pause, so that its
@@ -619,14 +620,14 @@ class AdaptDLScheduler(TrialScheduler):
             RESIZE_LOG.info(describe_resize(trial.trial_id, record.resize_log[-1], "trial"))
         return changed
 
-    def _trial_ended(self, trial: Trial) -> None:
+    def _trial_ended(self, trial: Trial, outcome: str) -> None:
         self._hook()
         record = self._core.state.jobs.get(trial.trial_id)
         if record is not None and record.live and record.resize_pending and record.resize_log:
             RESIZE_LOG.info("%s (the trial ended first)",
                             describe_resize(trial.trial_id, record.resize_log[-1], "trial"))
         self._traps.forget(trial.trial_id)
-        self._core.remove(trial.trial_id)
+        self._core.remove(trial.trial_id, outcome)
         if trial.trial_id in self._queue:
             self._queue.remove(trial.trial_id)
         self._move_to.pop(trial.trial_id, None)

@@ -119,11 +119,13 @@ def test_exit_and_in_place_requests_agreed_together_take_one_checkpoint(tmp_path
     assert_exactly_once(read_events(tmp_path), SIZE, EPOCHS)
 
 
-def test_request_during_validation_is_agreed_through_the_store(tmp_path):
+def test_request_during_validation_waits_for_the_next_epoch(tmp_path):
     """Validation batches take no AdaptiveDataParallel step, so the replicas agree through
     the store (every few boundaries); only rank 1 asks, on its 2nd validation batch of
-    epoch 0. The checkpoint lands inside that validation loop, training goes on, and a
-    copy restarted from resumes the validation loop there and trains the same model."""
+    epoch 0, after the epoch's training loop. The checkpoint waits for the next epoch's
+    first training boundaries (a resumption never lands in an epoch whose training is
+    spent), training goes on, and a copy restarted from it resumes in epoch 1 there and
+    trains the same model."""
     first, ckpt = tmp_path / "first", tmp_path / "ckpt"
     outs = run(2, first, ckpt, 0, "--save-after", "2", "--save-rank", "1", "--save-in-valid")
     events = read_events(first)
@@ -133,28 +135,26 @@ def test_request_during_validation_is_agreed_through_the_store(tmp_path):
     assert checkpoints(ckpt) == ["checkpoint-0", "checkpoint-1"]
     saved = ckpt / "checkpoint-0"
     train_epoch, train_index = position(saved)
+    # Epoch 0 ended (validation included); the save came at epoch 1's first boundary or
+    # with the first step's agreement.
+    assert train_epoch == 1 and train_index <= BATCH, (train_epoch, train_index)
     valid = json.loads((saved / "adaptdl-dataloader-1").read_text())
-    # Epoch 0's training loop had finished (position 0 of a finished loop) and the
-    # validation loop was under way.
-    assert (train_epoch, train_index) == (0, 0)
-    assert json.loads((saved / "adaptdl-dataloader-0").read_text())["last_position"] == \
-        {"0": 0}
-    assert 2 * BATCH <= valid["current_index"] < SIZE, valid
+    assert valid["current_index"] == 0 and valid["last_position"] == {"0": 1}, valid
     for out in outs:
         assert out.count("in-place checkpoint") == 1, out[-3000:]
     saves = [e for e in events if e["event"] == "save"]
     assert [(e["rank"], e["taken"], e["path"]) for e in saves] == [(1, True, None)]
+    # Epoch 0's metrics were complete in the first run (its validation ran to its end).
+    ends = [e for e in events if e["event"] == "epoch_end" and e["epoch"] == 0]
+    assert [e["results"]["valid_n"] for e in ends] == [SIZE, SIZE]
 
     second, copy = tmp_path / "second", tmp_path / "copy"
     shutil.copytree(saved, copy / saved.name)
     run(2, second, copy, 1)
     resumed = read_events(second)
     assert {e["epoch"] for e in batches(resumed)} == set(range(1, EPOCHS))
-    assert_exactly_once([e for e in batches(events) if e["epoch"] == 0] + batches(resumed),
-                        SIZE, EPOCHS)
-    # The epoch-0 metrics: the validation loop resumed at its position.
-    ends = [e for e in resumed if e["event"] == "epoch_end" and e["epoch"] == 0]
-    assert [e["results"]["valid_n"] for e in ends] == [SIZE, SIZE]
+    before = [e for e in batches(events) if (e["epoch"], e["index"]) < (1, train_index)]
+    assert_exactly_once(before + batches(resumed), SIZE, EPOCHS)
     a = torch.load(first / "final.pt", weights_only=True)
     b = torch.load(second / "final.pt", weights_only=True)
     for name in a:

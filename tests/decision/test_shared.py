@@ -188,3 +188,31 @@ def test_history_closes_the_share_of_an_ended_job():
     a.step()
     ended = [changes for key, changes in shared.history.items() if key.endswith("a1")]
     assert ended and ended[0][-1] == [clock.now, 0]
+
+
+def test_a_job_other_work_leaves_no_room_for_waits_unannounced(caplog):
+    """Only a job the whole cluster cannot hold is "unfit" (warned about): one that fits
+    the cluster but not what other work leaves now (a trial's own reservation not reported
+    yet, at a sweep's start) waits without a warning."""
+    import logging
+    clock = Clock()
+    shared = SharedSolve(clock=clock)
+    totals = {"n0": {"CPU": 2.0}}
+    shared.set_usage(totals, {"n0": {"CPU": 0.0}})  # all held by work it does not know
+    core = DecisionCore(clock=clock, interval_s=60.0)
+    core.set_nodes({"n0": NodeInfo({"CPU": 3})})  # (its own view: a node since gone smaller)
+
+    def solver(request):
+        reply = shared.sync("A", request.to_plain())
+        request.accept(reply["allocations"], reply["unfit"])
+
+    driver = CoreDriver(core, solve_wait_s=None, solver=solver)
+    core.add_job("fits", JobSpec({"CPU": 1}, min_replicas=2))
+    core.add_job("never", JobSpec({"CPU": 1}, min_replicas=3))
+    with caplog.at_level(logging.WARNING):
+        decisions = driver.decide()
+    assert decisions["fits"].action == "wait"
+    assert decisions["fits"].reason == "no room for it now"
+    assert decisions["never"].reason == "the cluster cannot hold its minimum size"
+    assert "job fits cannot run" not in caplog.text
+    assert "job never cannot run on this cluster" in caplog.text

@@ -10,6 +10,7 @@ import pytest
 
 from adaptdl_core.decision import CoreDriver, DecisionCore, JobSpec, NodeInfo
 from adaptdl_ray import cli
+from adaptdl_ray.cli.allocator_verbs import autoscale_options
 from adaptdl_ray.cluster import client
 from adaptdl_ray.cluster.allocator import AUTOSCALE_FILE, ClusterAllocator, template_nodes
 from tests.decision.test_core import GOOD_4
@@ -132,7 +133,7 @@ def test_template_nodes_counts_the_nodes_that_hold_a_whole_template():
 ])
 def test_start_turns_autoscaling_on_or_off_or_leaves_it(argv, expected):
     opts = cli.build_parser().parse_args(["start", *argv])
-    assert cli.autoscale_options(opts) == expected
+    assert autoscale_options(opts) == expected
 
 
 @pytest.mark.parametrize("argv, words", [
@@ -147,4 +148,4 @@ def test_start_turns_autoscaling_on_or_off_or_leaves_it(argv, expected):
 def test_start_names_a_bad_autoscaling_option(argv, words):
     opts = cli.build_parser().parse_args(["start", *argv])
     with pytest.raises(cli.CliError, match=words):
-        cli.autoscale_options(opts)
+        autoscale_options(opts)

@@ -13,8 +13,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -40,6 +42,8 @@ def cluster_env():
            if not k.startswith("ADAPTDL_") and k not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")}
     env.update(PYTHONPATH=pythonpath, RAY_AUTH_MODE="disabled", OMP_NUM_THREADS="1",
                PYTHONUNBUFFERED="1")
+    # (The CLI keeps the GCS addresses it learns under XDG_CACHE_HOME: not the user's.)
+    env["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="adaptdl-cli-cache-")
     return env
 
 
@@ -176,23 +180,104 @@ def test_start_turns_the_allocators_autoscaling_on_and_off(cluster, cluster_env,
               "--max-nodes", "3", "--node-template", '{"CPU": 4}')
     assert out.returncode == 0, out.stderr
     assert "autoscaling: 1 to 3 nodes of" in out.stdout
-    status = cli(cluster_env, tmp_path, "status", *ns)
+    status = cli(cluster_env, tmp_path, "status", "--json", *ns)
     assert status.returncode == 0, status.stderr
     autoscale = json.loads(status.stdout)["autoscale"]
     assert autoscale["options"]["max_nodes"] == 3
     # No job: min_nodes, which the 4-CPU head already is; the request asks for it.
     assert autoscale["standing_nodes"] == 1
     assert autoscale["last"]["current_nodes"] == 1
-    # Through the dashboard's URL, the CLI either joins this cluster or says it found
-    # another instance, never the wrong one silently.
+    # Through the dashboard's URL too (the cluster itself says its GCS address), and as a
+    # summary for people.
     via_url = cli(cluster_env, tmp_path, "status", "--address", cluster.address,
                   "--namespace", "autoscale-e2e")
-    if via_url.returncode == 0:
-        assert json.loads(via_url.stdout)["autoscale"]["options"]["max_nodes"] == 3
-    else:
-        assert "is not the cluster at" in via_url.stderr or \
-            "cannot join the Ray cluster" in via_url.stderr, via_url.stderr[-2000:]
+    assert via_url.returncode == 0, via_url.stderr
+    assert "autoscaling: 1 to 3 nodes of" in via_url.stdout, via_url.stdout
     out = cli(cluster_env, tmp_path, "start", *ns, "--no-autoscale")
     assert out.returncode == 0 and "autoscaling: off" in out.stdout, out.stderr
-    status = cli(cluster_env, tmp_path, "status", *ns)
+    status = cli(cluster_env, tmp_path, "status", "--json", *ns)
     assert json.loads(status.stdout)["autoscale"] is None
+
+
+def _status(storage: Path, name: str) -> dict:
+    path = storage / name / "status.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+@pytest.mark.slow
+def test_a_job_grows_into_the_room_a_failed_job_leaves(cluster, cluster_env, tmp_path):
+    """Two jobs on 4 CPUs: "hog" holds 3 and fails; "big" (up to 3), started on the one
+    left, grows into the room within an allocation round once a growth pays (its step
+    time scales with its local batch, so more replicas pay). ls lists the failed job
+    with its owner."""
+    work = tmp_path / "work"
+    work.mkdir()
+    shutil.copy(JOB_SCRIPT, work / "tiny.py")
+    storage = tmp_path / "storage"
+    common = ["--address", cluster.address, "--storage-path", str(storage),
+              "--working-dir", str(work), "--allocation-interval", "3"]
+    (tmp_path / "r-hog").mkdir()
+    (tmp_path / "r-big").mkdir()
+    hog = cli(cluster_env, tmp_path, "submit", *common, "--name", "hog", "--min-replicas", "3",
+              "--max-replicas", "3", "tiny.py", "--record", str(tmp_path / "r-hog"),
+              "--epochs", "50", "--size", "48", "--sleep", "0.1", "--die-after", "40",
+              "--die-rank", "0")
+    assert hog.returncode == 0, hog.stderr
+    wait_for(lambda: _status(storage, "hog").get("replicas") == 3, 90, "the hog's start")
+    big = cli(cluster_env, tmp_path, "submit", *common, "--name", "big", "--max-replicas", "3",
+              "tiny.py", "--record", str(tmp_path / "r-big"), "--epochs", "60",
+              "--size", "96", "--batch-size", "16", "--sleep-per-sample", "0.01")
+    assert big.returncode == 0, big.stderr
+    wait_for(lambda: _status(storage, "big").get("replicas") == 1, 90, "big's start on 1")
+    ended(cluster, "adaptdl-hog-1", 120)
+    failed = time.monotonic()
+    wait_for(lambda: (_status(storage, "big").get("replicas") or 0) >= 2, 90,
+             "big's growth into the room the hog left")
+    grew_after_s = time.monotonic() - failed
+    rows = {r["name"]: r for r in json.loads(
+        cli(cluster_env, tmp_path, "ls", "--json", "--address", cluster.address).stdout)}
+    assert rows["hog"]["status"] == "failed", rows["hog"]
+    assert rows["hog"]["owner"] and "@" in rows["hog"]["owner"], rows["hog"]
+    assert rows["big"]["replicas"] >= 2, rows["big"]
+    stop = cli(cluster_env, tmp_path, "stop", "--address", cluster.address, "big")
+    assert stop.returncode == 0, stop.stderr
+    # (An allocation round is 3 s; a growth starts its new replica while the job trains.)
+    assert grew_after_s < 60, grew_after_s
+
+
+@pytest.mark.slow
+def test_every_address_reaches_this_cluster_beside_a_hung_instance(cluster, cluster_env,
+                                                                   tmp_path):
+    """Another Ray instance on the machine stops answering (its processes stopped): every
+    verb given this cluster's dashboard URL or GCS address, by --address or RAY_ADDRESS,
+    still answers at once, and the hung one's address is one line within seconds."""
+    hung = LocalCluster(num_cpus=1, env=cluster_env)
+    try:
+        os.killpg(hung.proc.pid, signal.SIGSTOP)
+        env = {k: v for k, v in cluster_env.items() if k != "RAY_ADDRESS"}
+        calls = [(["ls", "--json", "--address", cluster.address], env),
+                 (["ls", "--json", "--address", cluster.gcs_address], env),
+                 (["ls", "--json"], dict(env, RAY_ADDRESS=cluster.address)),
+                 (["status", "--address", cluster.address], env),
+                 (["start", "--address", cluster.address], env)]
+        for args, call_env in calls:
+            started = time.monotonic()
+            out = cli(call_env, tmp_path, *args, timeout=90)
+            assert out.returncode == 0, (args, out.stderr[-2000:])
+            assert "trials of Tune sweeps are not listed" not in out.stderr, out.stderr
+            assert time.monotonic() - started < 60, args
+        started = time.monotonic()
+        out = cli(env, tmp_path, "ls", "--address", hung.address, timeout=90)
+        assert out.returncode == 1
+        line = out.stderr.strip().splitlines()[-1]
+        assert line.startswith("adaptdl-ray: error: ") and "did not answer" in line, out.stderr
+        assert time.monotonic() - started < 30
+    finally:
+        try:
+            os.killpg(hung.proc.pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+        hung.stop()

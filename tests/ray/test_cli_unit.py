@@ -13,7 +13,10 @@ from pathlib import Path
 import pytest
 
 from adaptdl_ray import cli
+from adaptdl_ray.cli import cluster as cli_cluster
+from adaptdl_ray.cli import gcs_address, job_verbs, listing
 from adaptdl_ray.cluster.job_files import JobFiles
+from adaptdl_ray.cluster.owner import current_owner
 
 VERBS = ("submit", "ls", "logs", "stop", "cp", "tensorboard", "start", "status")
 
@@ -49,11 +52,12 @@ def script(tmp_path):
 
 
 class FakeJob:
-    def __init__(self, name, sid, status, start, storage=""):
+    def __init__(self, name, sid, status, start, storage="", owner=None):
         self.submission_id = sid
         self.status = status
         self.start_time = start
-        self.metadata = {"adaptdl_name": name, "adaptdl_storage_path": storage}
+        self.metadata = {"adaptdl_name": name, "adaptdl_storage_path": storage,
+                         "adaptdl_owner": owner or current_owner()}
 
 
 class FakeClient:
@@ -94,7 +98,8 @@ class FakeClient:
 @pytest.fixture
 def fake(monkeypatch):
     client = FakeClient()
-    monkeypatch.setattr(cli, "_client", lambda opts: client)
+    monkeypatch.setattr(cli_cluster.Cluster, "jobs", lambda self: client)
+    monkeypatch.setattr(listing, "allocator_rows", lambda cluster: [])
     return client
 
 
@@ -185,8 +190,7 @@ def test_no_cluster_at_the_address(capsys):
     assert f"no Ray cluster at http://127.0.0.1:{port}" in line and "ray start --head" in line
 
 
-def test_ls_merges_ray_status_and_the_jobs_record(tmp_path, capsys, fake, monkeypatch):
-    monkeypatch.setattr(cli, "_allocator_client", lambda: None)
+def test_ls_merges_ray_status_and_the_jobs_record(tmp_path, capsys, fake):
     fake.jobs += [FakeJob("a", "adaptdl-a-1", "STOPPED", 1000, str(tmp_path)),
                   FakeJob("a", "adaptdl-a-2", "RUNNING", 2000, str(tmp_path)),
                   FakeJob("b", "adaptdl-b-1", "FAILED", 1000, str(tmp_path))]
@@ -202,19 +206,20 @@ def test_ls_merges_ray_status_and_the_jobs_record(tmp_path, capsys, fake, monkey
     status, out, _ = run(capsys, "ls")
     header, *lines = out.splitlines()
     assert header.split() == ["NAME", "STATUS", "REPLICAS", "NODES", "BATCH", "GOODPUT",
-                              "RESTARTS", "AGE", "EXPERIMENT"]
+                              "RESTARTS", "AGE", "EXPERIMENT", "OWNER", "REASON"]
     assert lines[0].split()[:7] == ["a", "resizing", "2", "1", "64", "123.5", "4"]
+    assert lines[0].split()[-2:] == [current_owner(), "-"]
 
 
 def test_ls_shows_the_allocators_trials(capsys, fake, monkeypatch):
     trial = {"name": "trial_1", "experiment": "sweep", "status": "running", "replicas": 3,
              "target": 3, "nodes": 1, "batch_size": 128, "goodput": 9.0, "restarts": 1,
              "age_s": 75.0}
-    monkeypatch.setattr(cli, "_allocator_jobs", lambda opts: [trial])
+    monkeypatch.setattr(listing, "allocator_rows", lambda cluster: [trial])
     status, out, _ = run(capsys, "ls")
     assert status == 0
     assert out.splitlines()[1].split() == ["trial_1", "running", "3", "1", "128", "9.0", "1",
-                                           "1m15s", "sweep"]
+                                           "1m15s", "sweep", "-", "-"]
 
 
 def test_logs_and_stop(tmp_path, capsys, fake):
@@ -238,12 +243,13 @@ def test_cp_copies_the_newest_checkpoint(tmp_path, capsys):
         _write_checkpoint(files.checkpoint_path / f"checkpoint-{seq}", seq)
     status, out, _ = run(capsys, "cp", "--storage-path", str(tmp_path / "store"), "j",
                          str(tmp_path / "out"))
-    assert status == 0 and out.strip() == str(tmp_path / "out")
+    assert status == 0 and f"to {tmp_path / 'out'}\n" in out
+    assert f"model_state_dict({str(tmp_path / 'out')!r})" in out
     assert json.loads((tmp_path / "out" / "s").read_text()) == 1
     # An existing directory receives the checkpoint under its own name, once.
     status, out, _ = run(capsys, "cp", "--storage-path", str(tmp_path / "store"), "j",
                          str(tmp_path / "out"))
-    assert status == 0 and out.strip() == str(tmp_path / "out" / "checkpoint-1")
+    assert status == 0 and f"to {tmp_path / 'out' / 'checkpoint-1'}\n" in out
     status, _, err = run(capsys, "cp", "--storage-path", str(tmp_path / "store"), "j",
                          str(tmp_path / "out"))
     assert status == 1 and "exists already" in one_line_error(err)
@@ -253,20 +259,117 @@ def test_cp_copies_the_newest_checkpoint(tmp_path, capsys):
 
 
 def test_tensorboard_missing_is_a_clear_error(capsys, monkeypatch):
-    real = cli.importlib.util.find_spec
-    monkeypatch.setattr(cli.importlib.util, "find_spec",
+    real = job_verbs.importlib.util.find_spec
+    monkeypatch.setattr(job_verbs.importlib.util, "find_spec",
                         lambda name: None if name == "tensorboard" else real(name))
     status, _, err = run(capsys, "tensorboard", "j")
     assert status == 1 and "pip install tensorboard" in one_line_error(err)
 
 
-def test_driver_address_follows_the_dashboard_address():
-    def address(value):
-        return cli._driver_address(types.SimpleNamespace(address=value))
-    assert address("http://127.0.0.1:8265") == "auto"
-    assert address("http://head.example:8265") == "ray://head.example:10001"
-    assert address("ray://head:10001") == "ray://head:10001"
-    assert address("10.0.0.1:6379") == "10.0.0.1:6379"
+def test_every_kind_of_address_is_understood():
+    assert cli_cluster.Cluster("http://head:8265").kind == "dashboard"
+    assert cli_cluster.Cluster("head:6379").kind == "gcs"
+    assert cli_cluster.Cluster("ray://head:10001").kind == "client"
+    assert cli_cluster.Cluster("auto").kind == "auto"
+    assert cli_cluster.Cluster(None).kind == "search"
+    with pytest.raises(cli.CliError, match="use the dashboard URL"):
+        cli_cluster.Cluster("ftp://head:1")
+    # Joining as a driver: a GCS or client address as given, auto as auto.
+    for address in ("head:6379", "ray://head:10001", "auto"):
+        assert cli_cluster.Cluster(address).driver_address() == address
+
+
+class ProbeClient:
+    """A Job Submission client whose jobs print what the probe asks for."""
+
+    def __init__(self, gcs):
+        self.gcs, self.submitted, self.deleted = gcs, [], []
+
+    def submit_job(self, entrypoint, submission_id, metadata):
+        assert "RAY_ADDRESS" in entrypoint and metadata.get("adaptdl_probe")
+        self.submitted.append(submission_id)
+
+    def get_job_status(self, sid):
+        return types.SimpleNamespace(is_terminal=lambda: True)
+
+    def get_job_logs(self, sid):
+        return (f"Running entrypoint for job {sid}: python -c \"print('ADAPTDL_GCS_ADDRESS=' + "
+                f"...)\"\nADAPTDL_GCS_ADDRESS={self.gcs}\n")
+
+    def delete_job(self, sid):
+        self.deleted.append(sid)
+
+
+def test_a_dashboards_gcs_address_is_asked_of_its_cluster_once_per_session(tmp_path,
+                                                                           monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    client = ProbeClient("10.0.0.7:6390")
+    url = "http://127.0.0.1:8390"
+    assert gcs_address.gcs_address(url, client, "session_a") == "10.0.0.7:6390"
+    assert client.submitted == client.deleted and len(client.submitted) == 1
+    # The same session again: from the cache, no job.
+    assert gcs_address.gcs_address(url, client, "session_a") == "10.0.0.7:6390"
+    assert len(client.submitted) == 1
+    # The cluster restarted (a new session, maybe another port): asked again.
+    client.gcs = "10.0.0.7:7000"
+    assert gcs_address.gcs_address(url, client, "session_b") == "10.0.0.7:7000"
+    assert len(client.submitted) == 2
+    silent = ProbeClient("")
+    with pytest.raises(cli.CliError, match="did not tell its GCS address.*--address"):
+        gcs_address.gcs_address("http://other:1", silent, "s")
+
+
+def test_an_address_from_the_environment_is_named_in_errors(capsys, monkeypatch):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{port}")
+    status, _, err = run(capsys, "ls")
+    assert status == 1
+    line = one_line_error(err)
+    assert f"no Ray cluster at 127.0.0.1:{port} (from RAY_ADDRESS)" in line
+
+
+def test_another_persons_job_is_not_stopped_or_copied_without_force(tmp_path, capsys, fake):
+    fake.jobs.append(FakeJob("theirs", "adaptdl-theirs-1", "RUNNING", 1, str(tmp_path),
+                             owner="ada@elsewhere"))
+    for verb in (["stop", "theirs"], ["cp", "theirs", str(tmp_path / "out")]):
+        status, _, err = run(capsys, *verb)
+        assert status == 1
+        line = one_line_error(err)
+        assert "job theirs is ada@elsewhere's" in line and f"--force theirs" in line
+    assert fake.stopped == []
+    status, out, _ = run(capsys, "stop", "--force", "theirs")
+    assert status == 0 and fake.stopped == ["adaptdl-theirs-1"]
+
+
+def test_a_script_that_does_not_parse_is_refused_before_submitting(tmp_path, capsys, fake):
+    bad = tmp_path / "bad.py"
+    bad.write_text("x = 1\ndef f(:\n    pass\n")
+    status, _, err = run(capsys, "submit", "--name", "j", str(bad))
+    assert status == 1
+    line = one_line_error(err)
+    assert f"{bad}:2:" in line and "does not parse" in line
+    assert not fake.submitted
+
+
+def test_cp_to_a_place_that_cannot_hold_it_is_one_line(tmp_path, capsys):
+    files = JobFiles("j", tmp_path / "store")
+    _write_checkpoint(files.checkpoint_path / "checkpoint-0", 0)
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    for dest, words in ((a_file, "is a file"), (tmp_path / "no" / "such" / "dir",
+                                                  "does not exist: create it first")):
+        status, _, err = run(capsys, "cp", "--storage-path", str(tmp_path / "store"), "j",
+                             str(dest))
+        assert status == 1 and words in one_line_error(err)
+
+
+def test_logs_drop_colour_codes_when_not_on_a_terminal(tmp_path, capsys, fake):
+    fake.jobs.append(FakeJob("j", "adaptdl-j-1", "SUCCEEDED", 1, str(tmp_path)))
+    fake.get_job_logs = lambda sid: "\x1b[36m(ReplicaWorker pid=1)\x1b[0m epoch 0\n"
+    status, out, _ = run(capsys, "logs", "j")
+    assert status == 0 and out == "(ReplicaWorker pid=1) epoch 0\n"
 
 
 def _write_checkpoint(path: Path, value: int) -> None:
@@ -278,3 +381,15 @@ def _write_checkpoint(path: Path, value: int) -> None:
     (path / "MANIFEST.json").write_text(json.dumps({
         "format": 2, "states": ["s"], "num_restarts": value,
         "files": {"s": {"size": len(data), "crc32": zlib.crc32(data)}}}))
+
+
+def test_status_reads_as_a_summary():
+    from adaptdl_ray.cli.allocator_verbs import status_lines
+    lines = status_lines({"members": 2, "jobs": 3, "solves": 7, "last_solve_s": 0.004,
+                          "nodes": {"a": {"CPU": 4.0}, "b": {"CPU": 2.0, "GPU": 1.0}},
+                          "started": 0.0, "pid": 42, "policy": "adaptdl",
+                          "state_dir": "/tmp/s", "autoscale": None})
+    assert "policy adaptdl" in lines[0] and "pid 42" in lines[0]
+    assert lines[1] == "divides: 6 CPU, 1 GPU on 2 node(s), less what other work holds"
+    assert "2 (sweeps and jobs), 3 job(s)" in lines[2] and "4 ms" in lines[2]
+    assert lines[3].startswith("autoscaling: off") and lines[4] == "state kept in /tmp/s"

@@ -78,8 +78,12 @@ def test_two_front_ends_share_the_cluster_and_the_allocator_survives_a_restart(
     b.core.state.last_allocation = -1e9
     b.step()
     assert b.core.state.jobs["b1"].target == targets["b1"]
-    assert ray.get(handle.leave.remote("A")) is True
-    assert {r["name"] for r in ray.get(handle.jobs.remote())} == {"b1"}
+    assert ray.get(handle.leave.remote("A", {"a1": "finished"})) is True
+    rows = {r["name"]: r for r in ray.get(handle.jobs.remote())}
+    assert {n for n, r in rows.items() if r.get("ended") is None} == {"b1"}
+    # The ended front-end's jobs stay listed, with how they ended where it said.
+    assert {n: r["status"] for n, r in rows.items() if r.get("ended") is not None} == \
+        {"a1": "finished", "a2": "ended", "a3": "ended"}
     ray.kill(handle, no_restart=True)
 
 

@@ -379,3 +379,37 @@ def test_a_relaunch_keeps_the_replicas_that_stay(tmp_path, monkeypatch, target, 
     assert recycles == [["r0", "r1", "r2"]]  # every replica leaves the process group at once
     assert launches == [(target, stay)] and pool.released == released
     assert job._avoid_nodes == set()
+
+
+def test_a_job_kept_below_its_maximum_says_why_once(tmp_path, monkeypatch, caplog):
+    """A kept job's reason goes to its log once per change and to status.json (what
+    `adaptdl-ray ls` shows); "no change" (at its maximum, or nothing to say) clears it."""
+    import logging
+
+    from adaptdl_core.decision import Decision
+    reasons = ["exploring step by step", "exploring step by step",
+               "a resize does not pay yet", "no change"]
+    seen = []
+
+    class ReasonSizer(KeepSizer):
+        calls = 0
+
+        def decision(self):
+            reason = reasons[min(self.calls, len(reasons) - 1)]
+            self.calls += 1
+            seen.append(job.files.read_status().get("reason"))
+            return Decision("j", "keep", 2, (), reason)
+
+    monkeypatch.setattr(elastic_job, "_DRAIN_CHECK_S", 0.0)
+    sizer = ReasonSizer()
+    job = elastic_job.ElasticJob(
+        JobFiles("j", str(tmp_path)), "train.py", [], JobSpec({"CPU": 1}, 1, 4), sizer=sizer,
+        draining_fn=lambda: (job.request_stop() or {}) if sizer.calls > len(reasons) else {},
+        nodes_fn=dict, checkpoint_interval_s=None)
+    with caplog.at_level(logging.INFO, logger=elastic_job.__name__):
+        assert job._watch(elastic_job._Launch(2, FakeGroup(["a", "a"]), 0.0)) == ("stopped", 0)
+    # (each decision sees the record the previous one left)
+    assert seen[1:5] == ["exploring step by step", "exploring step by step",
+                         "a resize does not pay yet", None]
+    assert caplog.text.count("on 2 replica(s) of up to 4: exploring step by step") == 1
+    assert caplog.text.count("a resize does not pay yet") == 1

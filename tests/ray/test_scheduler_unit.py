@@ -186,9 +186,9 @@ def test_a_lone_trial_starts_at_one_replica_and_grows_once_profiled(clock):
     hints.hints["solo"] = {"init_batch_size": 32, "max_profiled_replicas": 1,
                            "max_profiled_nodes": 1}
     clock[0] += 600
-    # Not while its remaining training is unknown (issue 25)...
+    # Not while its remaining training is unknown...
     assert sched.on_trial_result(tc, trial, {}) == TrialScheduler.CONTINUE
-    assert "not known yet" in sched.state.jobs["solo"].last_veto
+    assert "remaining training not known" in sched.state.jobs["solo"].last_veto
     # ...and once it is known, and a growth pays.
     assert sched.on_trial_result(tc, trial, LONG) == TrialScheduler.PAUSE
     record = sched.state.jobs["solo"]
@@ -496,12 +496,21 @@ def test_resize_verdict_rules():
     assert grow.pays and grow.saved_s == pytest.approx(100 * (1 - 1 / 1.9))
     assert not resize_verdict(current=1, target=2, remaining_s=100, cost_s=8,
                               speedup_now=1.0, speedup_new=1.05).pays
-    # Issue 25: a trial whose remaining training is unknown is not grown until known; a
-    # shrink serves other jobs (a new arrival does not wait for the others' first epoch).
+    # A trial whose remaining training is unknown is not grown until known (the reason
+    # says how a script makes it known); a shrink serves other jobs (a new arrival does
+    # not wait for the others' first epoch).
     unknown = resize_verdict(current=1, target=2, remaining_s=None, cost_s=8)
-    assert not unknown.pays and "not known yet" in unknown.reason
+    assert not unknown.pays and "remaining training not known" in unknown.reason
+    assert "remaining_epochs_until(N)" in unknown.reason
     shrink = resize_verdict(current=2, target=1, remaining_s=None, cost_s=8)
     assert shrink.pays and "not known yet" in shrink.reason
+    # A shrink the job's own model favours says so rather than blaming other jobs.
+    faster = resize_verdict(current=3, target=1, remaining_s=300, cost_s=8, speedup_now=0.9,
+                            speedup_new=1.0)
+    assert faster.pays and "fewer replicas are predicted as fast: x1.11 at 1" in faster.reason
+    others = resize_verdict(current=3, target=1, remaining_s=300, cost_s=8, speedup_now=2.0,
+                            speedup_new=1.0)
+    assert others.pays and others.reason.startswith("shrink for other jobs")
     with pytest.raises(ValueError, match="cost_s"):
         resize_verdict(current=1, target=2, remaining_s=1, cost_s=float("nan"))
 

@@ -217,3 +217,14 @@ def test_trainable_counters_are_set_and_checked():
     with pytest.raises(ValueError):
         _ray_private.set_trainable_counters(fake, iteration=-1, time_total_s=0.0)
     assert _ray_private.trial_storage(fake) is None
+
+
+
+def test_a_jobs_storage_directory_gives_its_weights(tmp_path):
+    """A command-line job keeps its checkpoints where adaptdl_core.torch.model_state_dict
+    looks (the storage directory itself is enough)."""
+    from adaptdl_ray.cluster.job_files import JobFiles
+    weights = {"w": torch.arange(5.0)}
+    files = JobFiles("j", tmp_path / "storage")
+    files.store_checkpoint(_core_checkpoint(tmp_path, weights))
+    assert torch.equal(model_state_dict(str(files.root))["w"], weights["w"])

@@ -57,6 +57,9 @@ def main():
     p.add_argument("--drop-last", action="store_true")
     p.add_argument("--noise", type=float, default=0.1, help="label noise (std)")
     p.add_argument("--sleep", type=float, default=0.0, help="seconds per batch")
+    p.add_argument("--sleep-per-sample", type=float, default=0.0,
+                   help="seconds per sample of the local batch: a step's time scales with it, "
+                        "as a compute-bound model's does (more replicas pay)")
     p.add_argument("--save-after", type=int, default=-1,
                    help="rank --save-rank (-1: every rank) calls request_checkpoint "
                         "--save-requests times after this many batches")
@@ -155,9 +158,9 @@ def train_epochs(args, rank, model, opt, sched, train, valid, accum, emit, ask, 
             batches += 1
             if batches == 1 and args.signal_file and rank == 0:
                 open(args.signal_file, "w").close()
-            if args.sleep:
+            if args.sleep or args.sleep_per_sample:
                 import time
-                time.sleep(args.sleep)
+                time.sleep(args.sleep + args.sleep_per_sample * len(idx))
             grown = args.stop_when_grown and train.current_batch_size > args.batch_size
             if not args.save_in_valid:
                 maybe_ask(batches)
