@@ -87,7 +87,7 @@ def resize_verdict(*, current: int, target: int, remaining_s: float | None, cost
         return ResizeVerdict(False, "no change")
     if remaining_s is None and target > current:
         # Whether a growth pays cannot be told, and a short job would spend its life
-        # restarting (issue 25: a 2-epoch trial was grown "not known yet"); it is known once
+        # restarting (a 2-epoch trial would be grown before anything is known); it is known once
         # the job has finished an epoch of a known number. A shrink serves other jobs: a
         # newly arrived job must not wait a whole epoch of the others for its share.
         return ResizeVerdict(False, "remaining training not known yet (known after its "
