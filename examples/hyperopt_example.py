@@ -145,7 +145,8 @@ def print_summary(results, scheduler, wall_s: float):
     print(f"\n{len(rows)} trials in {wall_s:.0f} s (* = best; replicas x epochs: how many "
           "replicas ran each stretch of epochs)")
     print(pandas.DataFrame(rows).to_string(index=False, float_format=lambda v: f"{v:.4f}"))
-    print("\n".join(notes))
+    for note in notes:
+        print(note)
     return best
 
 
