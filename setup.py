@@ -13,7 +13,9 @@ TUNE_REQUIRES = ["ray[tune]>=2.60,<3", "hyperopt>=0.2.7"]
 EXAMPLES_REQUIRES = ["scikit-learn>=1.3"]
 # The command line and the cluster allocator use Ray's Job Submission API and dashboard.
 CLUSTER_REQUIRES = ["ray[default]>=2.60,<3"]
-TEST_REQUIRES = ["pytest>=7"] + TUNE_REQUIRES + EXAMPLES_REQUIRES + CLUSTER_REQUIRES
+# The documentation site (docs/README.md); its API reference imports the Ray layer.
+DOCS_REQUIRES = ["sphinx>=7.2", "myst-parser>=3"]
+TEST_REQUIRES = ["pytest>=7"] + TUNE_REQUIRES + EXAMPLES_REQUIRES + CLUSTER_REQUIRES + DOCS_REQUIRES
 
 setup(
     name="adaptdl-ray",
@@ -36,6 +38,7 @@ setup(
         "tune": TUNE_REQUIRES,
         "examples": EXAMPLES_REQUIRES + TUNE_REQUIRES,
         "cluster": CLUSTER_REQUIRES + TUNE_REQUIRES,
+        "docs": DOCS_REQUIRES + TUNE_REQUIRES + CLUSTER_REQUIRES,
         "test": TEST_REQUIRES,
         "plot": ["matplotlib>=3.7"],
     },

@@ -4,18 +4,20 @@ A launcher (a shell, a test harness, or the Ray trainable) sets these before the
 script starts. A single process needs none of them: every function has a default that
 describes a one-replica job with no checkpointing.
 
-| variable                   | function              | default                     |
-|----------------------------|-----------------------|-----------------------------|
-| ``ADAPTDL_CHECKPOINT_PATH``| :func:`checkpoint_path` | ``None`` (no checkpoints) |
-| ``ADAPTDL_SHARE_PATH``     | :func:`share_path`    | ``None``                    |
-| ``ADAPTDL_JOB_ID``         | :func:`job_id`        | ``None``                    |
-| ``ADAPTDL_MASTER_ADDR``    | :func:`master_addr`   | ``"127.0.0.1"``             |
-| ``ADAPTDL_MASTER_PORT``    | :func:`master_port`   | ``0`` (pick a free port)    |
-| ``ADAPTDL_REPLICA_RANK``   | :func:`replica_rank`  | ``0``                       |
-| ``ADAPTDL_NUM_REPLICAS``   | :func:`num_replicas`  | ``1``                       |
-| ``ADAPTDL_NUM_NODES``      | :func:`num_nodes`     | ``num_replicas()``          |
-| ``ADAPTDL_NUM_RESTARTS``   | :func:`num_restarts`  | ``0``                       |
-| ``ADAPTDL_TIMEOUT``        | :func:`timeout`       | ``30`` seconds              |
+=========================== ======================== ============================
+variable                    function                 default
+=========================== ======================== ============================
+``ADAPTDL_CHECKPOINT_PATH`` :func:`checkpoint_path`  ``None`` (no checkpoints)
+``ADAPTDL_SHARE_PATH``      :func:`share_path`       ``None``
+``ADAPTDL_JOB_ID``          :func:`job_id`           ``None``
+``ADAPTDL_MASTER_ADDR``     :func:`master_addr`      ``"127.0.0.1"``
+``ADAPTDL_MASTER_PORT``     :func:`master_port`      ``0`` (pick a free port)
+``ADAPTDL_REPLICA_RANK``    :func:`replica_rank`     ``0``
+``ADAPTDL_NUM_REPLICAS``    :func:`num_replicas`     ``1``
+``ADAPTDL_NUM_NODES``       :func:`num_nodes`        ``num_replicas()``
+``ADAPTDL_NUM_RESTARTS``    :func:`num_restarts`     ``0``
+``ADAPTDL_TIMEOUT``         :func:`timeout`          ``30`` seconds
+=========================== ======================== ============================
 
 Values are read on every call (not cached) so that tests and launchers can change them;
 invalid values raise :class:`ValueError` naming the variable and what is expected. An
@@ -26,15 +28,17 @@ refused (a job meant to checkpoint would otherwise silently save nothing).
 ``TORCHELASTIC_RUN_ID``), an unset (or empty) ``ADAPTDL_*`` variable falls back to
 torchrun's own:
 
-| ``ADAPTDL_*`` variable     | torchrun's variable            |
-|----------------------------|--------------------------------|
-| ``ADAPTDL_MASTER_ADDR``    | ``MASTER_ADDR``                |
-| ``ADAPTDL_MASTER_PORT``    | ``MASTER_PORT``                |
-| ``ADAPTDL_REPLICA_RANK``   | ``RANK``                       |
-| ``ADAPTDL_NUM_REPLICAS``   | ``WORLD_SIZE``                 |
-| ``ADAPTDL_NUM_NODES``      | ``GROUP_WORLD_SIZE`` (agents)  |
-| ``ADAPTDL_NUM_RESTARTS``   | ``TORCHELASTIC_RESTART_COUNT`` |
-| (none)                     | ``LOCAL_RANK`` (:func:`local_rank`) |
+=========================== ===================================
+``ADAPTDL_*`` variable      torchrun's variable
+=========================== ===================================
+``ADAPTDL_MASTER_ADDR``     ``MASTER_ADDR``
+``ADAPTDL_MASTER_PORT``     ``MASTER_PORT``
+``ADAPTDL_REPLICA_RANK``    ``RANK``
+``ADAPTDL_NUM_REPLICAS``    ``WORLD_SIZE``
+``ADAPTDL_NUM_NODES``       ``GROUP_WORLD_SIZE`` (agents)
+``ADAPTDL_NUM_RESTARTS``    ``TORCHELASTIC_RESTART_COUNT``
+(none)                      ``LOCAL_RANK`` (:func:`local_rank`)
+=========================== ===================================
 
 An ``ADAPTDL_*`` variable that is set always wins. Outside torchrun the plain names are
 ignored (other launchers, Ray's workers among them, set ``MASTER_ADDR`` for their own

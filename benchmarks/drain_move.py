@@ -1,4 +1,4 @@
-"""How long a submitted job takes to leave a draining node (issue 27, item 1), over repeated
+"""How long a submitted job takes to leave a draining node, over repeated
 runs.
 
 Each run is the scenario of ``tests/ray/test_draining_nodes.py``

@@ -6,7 +6,7 @@ For each of the six trace models in the vendored traces (``adaptdl_core/sim/data
 
 * in-sample, on ``placements.csv`` itself, and
 * extrapolated, on ``scalability.csv`` (6 to 16 nodes, up to 64 replicas), and on its
-  64-replica rows alone (``64 mean``: what a policy at scale rests on; issue 30 asks for
+  64-replica rows alone (``64 mean``: what a policy at scale rests on; the target is
   at most 0.12 on every model),
 
 as mean and median of ``|predicted / measured - 1|``, plus the wall time of one fit.

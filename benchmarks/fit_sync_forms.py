@@ -11,7 +11,7 @@ relative step-time error
 
 * ``in``: in-sample, on ``placements.csv``;
 * ``ext``: on all of ``scalability.csv`` (6-16 nodes, up to 64 replicas);
-* ``64``: on its 64-replica rows (``n64`` of them): issue 30's criterion, at most 0.12;
+* ``64``: on its 64-replica rows (``n64`` of them): the target, at most 0.12;
 * ``cv``: fitted on the profile's rows with ``K <= 10`` and scored on its multi-node rows
   with ``K > 10``: what a job could learn about the form from its own profile.
 

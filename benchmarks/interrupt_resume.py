@@ -1,4 +1,4 @@
-"""How often an interrupted Tune sweep resumes exactly (issue 25, item 1), over repeated runs.
+"""How often an interrupted Tune sweep resumes exactly, over repeated runs.
 
 Each run is the scenario of ``tests/ray/test_interrupt_points.py``
 (``tests/ray/interrupt_scenario.py``): two trials on 4 logical CPUs, each short epoch

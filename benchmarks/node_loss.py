@@ -1,5 +1,5 @@
 """What a lost node costs a submitted job and a Tune trial, and how fast a Tune trial leaves
-a draining node (issue 27, items 1 and 2), over repeated runs.
+a draining node, over repeated runs.
 
 * **lost**: the scenario of ``tests/ray/test_lost_nodes.py``
   (``tests/ray/lost_node_job_run.py``): a two-node ``ray.cluster_utils.Cluster`` of its

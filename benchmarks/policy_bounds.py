@@ -1,5 +1,5 @@
 """Time and memory of one allocation round when a job's ``max_replicas`` and the nodes'
-capacity are huge (issue 31): bounded by ``MAX_REPLICAS_PER_JOB``, not by the numbers.
+capacity are huge: bounded by ``MAX_REPLICAS_PER_JOB``, not by the numbers.
 
 Each case runs in a child process under a 4 GiB address-space limit (before the bound,
 ``max_replicas=10**9`` on a node of 1e12 CPUs ran out of memory), and reports the
@@ -22,8 +22,8 @@ CASES = [
     # (label, jobs, max_replicas, CPUs of the one node)
     ("1 job, max 4096, 1e6 CPUs (the unbounded-callable cap)", 1, 4096, 1e6),
     ("1 job, max 16384 (= the bound), 1e6 CPUs", 1, 16384, 1e6),
-    ("1 job, max 10**5, 1e6 CPUs (issue: 6.3 s)", 1, 10 ** 5, 1e6),
-    ("1 job, max 10**9, 1e12 CPUs (issue: out of memory)", 1, 10 ** 9, 1e12),
+    ("1 job, max 10**5, 1e6 CPUs (unbounded: 6.3 s)", 1, 10 ** 5, 1e6),
+    ("1 job, max 10**9, 1e12 CPUs (unbounded: out of memory)", 1, 10 ** 9, 1e12),
     ("4 jobs, max 10**9 each, 1e12 CPUs", 4, 10 ** 9, 1e12),
 ]
 

@@ -1,4 +1,4 @@
-"""Which processes a sweep of many short trials starts, and the CPU each kind uses (issue 28).
+"""Which processes a sweep of many short trials starts, and the CPU each kind uses.
 
 Runs one arm of ``benchmarks/many_trials.py`` (after its unmeasured warm-up) on a private
 local Ray while a thread samples ``/proc`` every 0.1 s: every process that appears is

@@ -1,4 +1,4 @@
-"""Autoscaling and spot preemptions in the trace-driven simulator (issue 27 item 6).
+"""Autoscaling and spot preemptions in the trace-driven simulator.
 
 Two experiments, each a set of ``adaptdl_core.sim.cluster.simulate`` runs under Pollux (the
 decision core), 4-GPU nodes, 60-s rounds, 30-s restarts, with the elastic cluster of

@@ -71,11 +71,11 @@ class Action(str, enum.Enum):
     "resize"`` and state files or logs that hold the plain strings keep working.
     """
 
-    START = "start"    #: not running: start it with ``replicas``
-    RESIZE = "resize"  #: running: relaunch it with ``replicas`` (the new size pays)
-    HOLD = "hold"      #: running: the policy wants another size, which does not pay
-    KEEP = "keep"      #: running: no change
-    WAIT = "wait"      #: not running: nothing for it now
+    START = "start"    #: (not running) start it with ``replicas``
+    RESIZE = "resize"  #: (running) relaunch it with ``replicas`` (the new size pays)
+    HOLD = "hold"      #: (running) the policy wants another size, which does not pay
+    KEEP = "keep"      #: (running) no change
+    WAIT = "wait"      #: (not running) nothing for it now
 
     def __str__(self) -> str:
         return self.value  # (Python 3.11 would print "Action.START" in f-strings)

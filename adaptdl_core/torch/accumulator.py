@@ -64,7 +64,8 @@ class Accumulator(collections.abc.MutableMapping):
     the padding of the last batch, and ``synchronized()`` adds them up).
 
     Arguments:
-        *args, **kwargs: initial contents, as for ``dict``.
+        *args: initial contents, as for ``dict``.
+        **kwargs: initial contents, as for ``dict``.
 
     Raises:
         RuntimeError: if created while a data loader is being iterated.

@@ -36,7 +36,7 @@ class ReplicaRequest(PlacementGroupFactory):
     where an AdaptDL trial's resources are set.
 
     Ray Tune rejects ``tune.run(..., resources_per_trial=...)`` for a trainable with its
-    own resource request by printing that request (issue 25: the user was left with Ray's
+    own resource request by printing that request (which left the user with Ray's
     error and no pointer to the creator's arguments); printed, this one says how to set
     them instead."""
 

@@ -679,7 +679,7 @@ def replica_spec_of(trainable_cls: Any) -> JobSpec:
                 "number of workers. Run the same function elastically with "
                 "tune.Tuner(AdaptDLTrainableCreator(train_loop_per_worker, "
                 "num_cpus_per_worker=..., num_gpus_per_worker=...), param_space="
-                "{'train_loop_config': ...}) - see 'Coming from Ray Train' in the README")
+                "{'train_loop_config': ...}) - see 'Coming from Ray Train' in docs/migrating.md")
         raise TypeError(f"AdaptDLScheduler can only schedule trainables created with "
                         f"adaptdl_ray.tune.AdaptDLTrainableCreator(train_fn); got {name}. "
                         "Wrap your training function: "

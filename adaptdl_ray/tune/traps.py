@@ -3,7 +3,7 @@
 :class:`AdaptDLScheduler` resizes a trial only at one of its results, and only once its
 remaining training is known (from ``remaining_epochs_until(N)``'s bound and its finished
 epochs). Two kinds of trial therefore keep their size whatever the policy proposes, and
-nothing said so (issue 25):
+nothing said so:
 
 * a trial that reports no planned number of epochs (``adaptdl/epochs`` is 0: it does not
   loop over ``remaining_epochs_until(N)``): its remaining training is never known;

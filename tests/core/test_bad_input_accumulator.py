@@ -1,4 +1,4 @@
-"""Bad input to Accumulator (issue 31): what it cannot sum or load back fails at the
+"""Bad input to Accumulator: what it cannot sum or load back fails at the
 ``+=`` with the key, the value and the fix; reading an entry outside ``synchronized()``
 explains synchronized(); tensors that require grad are added detached. In-process.
 """

@@ -1,4 +1,4 @@
-"""Bad input to the adaptive data loader (issue 31): each case fails at the call with an
+"""Bad input to the adaptive data loader: each case fails at the call with an
 error naming the argument, the value and the fix, or is a documented behaviour; none
 hangs or silently loses samples. In-process, without a process group.
 """
@@ -44,7 +44,7 @@ def run_with_deadline(fn, seconds=20):
 # -- drop_last smaller than one batch ----------------------------------------------------
 
 def test_drop_last_with_fewer_samples_than_a_batch_is_refused_at_construction():
-    # The issue's case: 10 samples, batch_size=16, drop_last=True, autoscale_batch_size(64)
+    # 10 samples, batch_size=16, drop_last=True, autoscale_batch_size(64)
     # once spun for ever; a fixed batch ran epochs of 0 steps. Both stop at the loader.
     with pytest.raises(ValueError) as info:
         adl.AdaptiveDataLoader(dataset(10), batch_size=16, drop_last=True)
@@ -120,7 +120,7 @@ def test_elastic_sampler_shuffle_must_be_a_bool(bad):
 # -- local_bsz_bounds honoured or refused ------------------------------------------------
 
 def test_bounds_that_cannot_make_the_batch_without_accumulation_are_refused():
-    # Issue: local_bsz_bounds=(1, 2) with batch 32 handed out local batches of 16 and 32.
+    # local_bsz_bounds=(1, 2) with batch 32 once handed out local batches of 16 and 32.
     loader = adl.AdaptiveDataLoader(dataset(256), batch_size=32)
     with pytest.raises(ValueError) as info:
         loader.autoscale_batch_size(64, local_bsz_bounds=(1, 2))

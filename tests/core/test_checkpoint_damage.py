@@ -1,4 +1,4 @@
-"""A damaged checkpoint never resumes silently wrong (issue 20).
+"""A damaged checkpoint never resumes silently wrong.
 
 A real one-replica training job (in-process, a torch gloo group of one) takes two
 in-place checkpoints, ``checkpoint-0`` in epoch 0 and ``checkpoint-1`` in epoch 1, and runs
@@ -268,7 +268,7 @@ def _set_loader_position(ckpt, index):
 
 
 def test_a_loader_position_past_the_epoch_end_is_damage(reference, ckpt_dir, caplog):
-    # The issue: restored there, the rest of the epoch was silently skipped.
+    # Restored there, the rest of the epoch would be silently skipped.
     _set_loader_position(ckpt_dir / "checkpoint-1", 10 * SIZE)
     with caplog.at_level(logging.WARNING, logger="adaptdl_core.checkpoint"):
         _resume_and_check(reference, "checkpoint-0")

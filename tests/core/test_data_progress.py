@@ -1,4 +1,4 @@
-"""What an epoch consumed (issue 25, item 6): samples seen in the epoch and in total, and
+"""What an epoch consumed: samples seen in the epoch and in total, and
 passes over the training data, counted with and without autoscale_batch_size, across
 restarts and replicas. In-process with one replica, then real processes."""
 

@@ -1,4 +1,4 @@
-"""A job whose epoch loop ran to its bound leaves its final state (issue 25, item 5), in
+"""A job whose epoch loop ran to its bound leaves its final state, in
 one process with one replica; restarts are simulated with the ``restart`` fixture
 (conftest.py). The command line, with real processes, is tested in test_launch.py."""
 

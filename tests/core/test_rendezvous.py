@@ -1,5 +1,5 @@
 """Joining a job with replicas missing: every replica that waits fails on one deadline,
-with a message naming the missing replicas in words (issue 20).
+with a message naming the missing replicas in words.
 
 Real processes (``tests/core/jobs/join_job.py``) of three jobs run at once: a 3-replica
 job without replica 2, one without replica 0 (the master, which hosts the store), and a

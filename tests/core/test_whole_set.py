@@ -1,5 +1,5 @@
 """A metric over the whole validation set equals the single replica's on two replicas
-(issue 25 item 4): the recipe of adaptdl_core.torch.whole_set, in real processes."""
+(the recipe of adaptdl_core.torch.whole_set), in real processes."""
 
 import pytest
 

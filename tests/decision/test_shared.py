@@ -118,7 +118,7 @@ def test_capacity_held_by_other_work_is_not_divided():
 
 
 def test_a_new_members_running_jobs_are_not_taken_for_other_work():
-    # Issue 28's run: eight one-CPU trials already hold every CPU when their experiment
+    # A sweep of short trials: eight one-CPU trials already hold every CPU when their experiment
     # first reports to the allocator, whose reading was taken just before. Their CPUs are
     # theirs, not other work's: the solve keeps one replica each (it divided nothing,
     # "1 -> 0" for all, before set_usage).

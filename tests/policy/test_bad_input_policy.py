@@ -1,4 +1,4 @@
-"""Bad input to the goodput model and the allocation policy (issue 31): each case fails at
+"""Bad input to the goodput model and the allocation policy: each case fails at
 the call with a message naming the argument, or is bounded with a warning; nothing returns
 NaN, -inf or a negative efficiency, and nothing allocates memory by the nodes' capacity."""
 

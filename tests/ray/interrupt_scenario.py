@@ -1,4 +1,4 @@
-"""Issue 25's interrupt scenario, shared by ``test_interrupt_points.py`` and
+"""An interrupted sweep as a user's first one meets it, shared by ``test_interrupt_points.py`` and
 ``benchmarks/interrupt_resume.py`` (which repeats it).
 
 One 2-trial sweep (a job of :mod:`tests.ray.interrupt_run`) is started by a driver

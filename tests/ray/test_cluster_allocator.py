@@ -106,7 +106,7 @@ def test_a_front_end_decides_alone_while_the_allocator_is_unreachable(monkeypatc
 
 
 def test_a_request_made_stale_by_the_allocators_start_is_solved_here(monkeypatch):
-    # Issue 28's run: the allocator took 13 s to start under load; the first request,
+    # Seen under load: the allocator took 13 s to start; the first request,
     # built before, showed no trial running, and the allocator took the trials since
     # started for other work ("the whole cluster holds 0"). Such a request is solved
     # here, and the next one goes to the allocator.

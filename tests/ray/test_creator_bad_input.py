@@ -1,4 +1,4 @@
-"""Bad input to AdaptDLTrainableCreator and run_job (issue 31): each fails at the call, before
+"""Bad input to AdaptDLTrainableCreator and run_job: each fails at the call, before
 Ray or Tune starts anything, with a message naming the argument, its value and the fix. No
 test here starts Ray."""
 

@@ -1,4 +1,4 @@
-"""Issue 25's headline bug: Ctrl-C, then ``Tuner.restore``, must resume exactly where the
+"""Ctrl-C, then ``Tuner.restore``, must resume exactly where the
 run stopped, whatever the trials were doing when the signal came.
 
 The sweep is the one that broke it: two trials on 4 logical CPUs, each short epoch trains

@@ -131,7 +131,7 @@ def used_cpus(controller, *statuses):
 
 PROFILED_2 = {"init_batch_size": 32, "max_profiled_replicas": 2, "max_profiled_nodes": 1}
 # A result of a trial with hours of training left (1 of 1000 epochs in 60 s): a trial whose
-# remaining training is unknown is never resized (issue 25).
+# remaining training is unknown is never grown (whether a growth pays cannot be told).
 LONG = {"adaptdl/epochs_done": 1, "adaptdl/epochs": 1000, "time_total_s": 60.0}
 
 
@@ -198,7 +198,7 @@ def test_a_lone_trial_starts_at_one_replica_and_grows_once_profiled(clock):
 
 
 def test_each_resize_is_one_visible_line_with_its_predicted_and_measured_cost(clock):
-    """Issue 25: why a trial resized was invisible at Tune's default verbosity. One line
+    """Why a trial resized must be visible at Tune's default verbosity: one line
     per resize, on a logger Ray shows at INFO by default, once its cost is measured."""
     import logging
 

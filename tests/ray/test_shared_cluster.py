@@ -1,5 +1,5 @@
-"""Two sweeps in two driver processes share one Ray cluster through the cluster allocator
-(issue 26): the replicas given never exceed the cluster, every trial trains every sample
+"""Two sweeps in two driver processes share one Ray cluster through the cluster allocator:
+the replicas given never exceed the cluster, every trial trains every sample
 of every epoch exactly once, trials grow when others end, and each job's state is a Ray
 metric on the node's metrics port."""
 

@@ -1,4 +1,4 @@
-"""Issue 25's silent traps, each named once with its fix (no Ray cluster needed)."""
+"""The silent traps of a sweep (traps.py), each named once with its fix (no Ray cluster needed)."""
 
 from __future__ import annotations
 

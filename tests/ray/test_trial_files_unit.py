@@ -161,7 +161,7 @@ def test_sigterm_is_held_like_ctrl_c_and_handed_to_tunes_graceful_stop():
 
 
 def test_an_interrupt_waits_for_every_trial_inside_a_save_or_not_yet_acknowledged():
-    """Issue 25: a trial caught inside an ordinary Tune save (a user checkpoint) counted as
+    """Once, a trial caught inside an ordinary Tune save (a user checkpoint) counted as
     saved, Tune stopped before that checkpoint was recorded, and the restore trained the
     epoch again. A save in flight always holds the stop; a running trial holds it until it
     acknowledged; a paused or finished trial with no save in flight does not."""

@@ -212,7 +212,7 @@ def seeded_job(config: dict) -> None:
 
 
 def validating_job(config: dict) -> None:
-    """The shape of a user's first sweep, as it broke issue 25's interrupt: each short
+    """The shape of a user's first sweep, as it once broke the interrupt: each short
     epoch trains with ``autoscale_batch_size``, runs a validation loop over a second
     ``AdaptiveDataLoader``, reports ``model.pt`` as a Tune checkpoint, then sleeps
     ``config["pause"]`` seconds. Config as for :func:`counting_job` (``record_dir``,

@@ -1,4 +1,4 @@
-"""The simulator's elastic cluster (issue 27 item 6): node-hours, start-up delays, scale-down,
+"""The simulator's elastic cluster: node-hours, start-up delays, scale-down,
 preemptions with and without notice, the goodput and throughput rules, and the command line."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Bad input to the simulator and its command line (issue 31): every case ends at once with
+"""Bad input to the simulator and its command line: every case ends at once with
 exit status 2 and a message naming the argument (before any simulation), never with a run
 that cannot end, a negative makespan or a result lost to an unwritable ``--out``."""
 

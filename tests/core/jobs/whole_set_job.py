@@ -1,4 +1,4 @@
-"""A metric over a whole validation set, on any number of replicas (issue 25 item 4).
+"""A metric over a whole validation set, on any number of replicas.
 
 The recipe of :mod:`adaptdl_core.torch.whole_set`: each replica adds its shard's sums
 (without the padding of the last batch, :func:`adl.drop_padding`) to an Accumulator,
