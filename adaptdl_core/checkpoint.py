@@ -340,7 +340,7 @@ def find_checkpoint(path: str | os.PathLike) -> str:
     a user has: one checkpoint (``checkpoint-<n>``, as ``adaptdl-ray cp`` copies it out),
     a checkpoint path (``ADAPTDL_CHECKPOINT_PATH``, holding ``checkpoint-<n>`` folders), or
     a folder that holds one of those in a place of :data:`EMBEDDED_ROOTS` (a Ray Tune
-    trial's checkpoint, a command-line job's storage directory).
+    trial's checkpoint, a command-line job's storage directory). ``~`` is expanded.
 
     Raises:
         TypeError: ``path`` is not a path.
@@ -350,7 +350,7 @@ def find_checkpoint(path: str | os.PathLike) -> str:
     """
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"find_checkpoint(path={path!r}): pass a directory path")
-    path = os.fspath(path)
+    path = os.path.expanduser(os.fspath(path))
     if not os.path.isdir(path):
         raise FileNotFoundError(f"{path} is not a directory: pass a checkpoint folder (a "
                                 "checkpoint-<n> folder, a checkpoint path, a Tune trial's "

@@ -32,6 +32,7 @@ No Ray here: the Ray actor that hosts this object is :mod:`adaptdl_ray.cluster.a
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import logging
@@ -406,16 +407,21 @@ class SharedSolve:
 
     # -- what it holds --------------------------------------------------------------
     def held(self) -> dict[Hashable, dict[str, float]]:
-        """node -> resource -> amount the members' jobs hold there now (from each job's
-        current placement as its member reported it)."""
+        """node -> resource -> amount the members' jobs hold there now: on each node, the
+        more of a job's current placement (as its member reported it) and its share (a
+        job starting or growing into its share reserves it before it reports running
+        there: that reservation is the job's, not other work)."""
         out: dict[Hashable, dict[str, float]] = {}
-        for record in self.members.values():
-            for job in record.jobs.values():
+        for member, record in self.members.items():
+            for job_id, job in record.jobs.items():
                 resources = (job.get("spec") or {}).get("resources") or {}
-                for node in job.get("base") or []:
+                placed = collections.Counter(job.get("base") or [])
+                shared = collections.Counter(self.shares.get(job_key(member, job_id), []))
+                for node in set(placed) | set(shared):
+                    count = max(placed[node], shared[node])
                     room = out.setdefault(node, {})
                     for name, amount in resources.items():
-                        room[name] = room.get(name, 0.0) + float(amount)
+                        room[name] = room.get(name, 0.0) + float(amount) * count
         return out
 
     def rows(self) -> list[dict[str, Any]]:

@@ -75,6 +75,11 @@ class Loops:
         self.trained_epoch: str | None = None
         self.deferred = _interrupt.Requests()
 
+    def settled_by_final_checkpoint(self) -> None:
+        """The epoch loop's final checkpoint settles the in-place requests that waited
+        for the next epoch (none follows)."""
+        self.deferred = self.deferred._replace(save=False)
+
     def waiting_for_next_epoch(self) -> bool:
         """Whether requests agreed now wait: the current epoch's training loop has ended
         and no loop of the training loader is running."""

@@ -45,6 +45,7 @@ import logging
 from typing import IO, Any, Iterator
 
 from adaptdl_core import checkpoint, context, env, validation
+from adaptdl_core.torch import _interrupt
 
 __all__ = ["remaining_epochs_until", "current_epoch", "finished_epochs", "job_finished",
            "DataProgress", "data_progress", "count_samples", "EPOCH_STATE_NAME"]
@@ -197,11 +198,12 @@ def _finish(state: _EpochState, save: bool) -> None:
                  state.finished_epochs)
         return
     # In-place requests that waited for the epoch's end (see boundary) are settled by
-    # this checkpoint: no boundary follows in this loop.
-    from adaptdl_core.torch import _interrupt, boundary
+    # this checkpoint: no boundary follows in this loop. (The loop bookkeeping is reached
+    # through the job context: boundary imports this module.)
     requests = _interrupt.take_checkpoint_requests()
-    book = boundary.loops()
-    book.deferred = book.deferred._replace(save=False)
+    book = context.current().loops
+    if book is not None:
+        book.settled_by_final_checkpoint()
     try:
         path = checkpoint.save_all_states()  # (logs the checkpoint's path, on replica 0)
     except BaseException:

@@ -138,6 +138,10 @@ class Cluster:
 
     def _job_client(self) -> Any:
         from ray.job_submission import JobSubmissionClient
+        # (Ray's client says at INFO what it uploads and where it connects: not ours to
+        # print. Its loggers are configured when Ray is imported, so this comes after.)
+        for name in ("ray", "ray.dashboard.modules.dashboard_sdk"):
+            logging.getLogger(name).setLevel(logging.WARNING)
         target = self.address
         if self.kind == "search":
             target = DEFAULT_DASHBOARD if _listening(DEFAULT_DASHBOARD) else "auto"

@@ -118,7 +118,11 @@ def rows_of(cluster: Cluster) -> tuple[list[dict[str, Any]], str | None]:
         # A submitted job's own row (Ray's status, its record) is the newer; the
         # allocator adds what the row lacks (its share, for one). Trials of sweeps are
         # known to the allocator only.
-        key = name if job.get("kind") == "job" else f"{job.get('experiment')}\x1f{name}"
+        if job.get("kind") == "job":
+            key = name
+            job = dict(job, experiment=None)  # (a submitted job is no experiment's)
+        else:
+            key = f"{job.get('experiment')}\x1f{name}"
         own = rows.get(key, {})
         rows[key] = {**job, **{k: v for k, v in own.items() if v is not None}}
     for row in rows.values():

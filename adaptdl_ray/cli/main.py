@@ -117,6 +117,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CliError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 1
+    except (RuntimeError, ConnectionError) as exc:
+        # Ray's Job Submission client raises these for a dashboard that fails a request.
+        text = " ".join(str(exc).split())
+        if not isinstance(exc, ConnectionError) and not text.startswith("Request failed"):
+            raise
+        print(f"{PROG}: error: the cluster's Job Submission API failed: {text} (see the "
+              "dashboard's log, dashboard.log in the head node's Ray session directory)",
+              file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 

@@ -216,3 +216,21 @@ def test_a_job_other_work_leaves_no_room_for_waits_unannounced(caplog):
     assert decisions["never"].reason == "the cluster cannot hold its minimum size"
     assert "job fits cannot run" not in caplog.text
     assert "job never cannot run on this cluster" in caplog.text
+
+
+def test_a_job_reserving_its_share_before_it_reports_is_not_other_work():
+    """A job starting into its share reserves it before its member reports it running
+    there: a reading taken meanwhile shows those resources in use, and they are still the
+    job's (else the others would be shrunk for work that is theirs)."""
+    clock = Clock()
+    shared = SharedSolve(clock=clock)
+    totals = {"n0": {"CPU": 4.0}}
+    shared.set_usage(totals, {"n0": {"CPU": 4.0}})
+    core = DecisionCore(clock=clock, interval_s=60.0)
+    core.set_nodes({"n0": NodeInfo({"CPU": 4})})
+    core.add_job("starting", JobSpec({"CPU": 1}, min_replicas=2, max_replicas=2))
+    reply = shared.sync("A", core.begin_solve().to_plain())
+    assert len(reply["allocations"]["starting"]) == 2
+    # Its two bundles are reserved; it still reports 0 replicas.
+    shared.set_usage(totals, {"n0": {"CPU": 2.0}})
+    assert shared.nodes["n0"].resources == {"CPU": 4.0}

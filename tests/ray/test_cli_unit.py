@@ -393,3 +393,14 @@ def test_status_reads_as_a_summary():
     assert lines[1] == "divides: 6 CPU, 1 GPU on 2 node(s), less what other work holds"
     assert "2 (sweeps and jobs), 3 job(s)" in lines[2] and "4 ms" in lines[2]
     assert lines[3].startswith("autoscaling: off") and lines[4] == "state kept in /tmp/s"
+
+
+def test_a_dashboard_that_fails_a_request_is_one_line(capsys, fake):
+    def broken():
+        raise RuntimeError("Request failed with status code 500: 500 Internal Server Error\n"
+                           "\nServer got itself in trouble.")
+    fake.list_jobs = broken
+    status, _, err = run(capsys, "ls")
+    assert status == 1
+    line = one_line_error(err)
+    assert "Job Submission API failed: Request failed with status code 500" in line
