@@ -50,7 +50,7 @@ class ScriptedSizer:
         self.step += 1
         self.begun.append(decision.replicas)
 
-    def end(self) -> None:
+    def end(self, outcome: str = "ended") -> None:
         pass
 
 

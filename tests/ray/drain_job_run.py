@@ -44,7 +44,7 @@ class KeepSizer:
     def begin_resize(self, decision: Decision) -> None:
         raise AssertionError("nothing but a drain may move this job")
 
-    def end(self) -> None:
+    def end(self, outcome: str = "ended") -> None:
         pass
 
 
