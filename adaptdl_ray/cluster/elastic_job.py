@@ -6,9 +6,10 @@
         train.py --epochs 10
 
 is what ``adaptdl-ray submit`` runs as a Ray job's entrypoint (the job's driver). The
-driver
+driver keeps the job's files and records and turns signals into a stop; a
+:class:`~adaptdl_ray.supervisor.Supervisor` runs the job:
 
-* starts N replica actors (:class:`~adaptdl_ray.tune.worker_group.WorkerGroup`), each in
+* it starts N replica actors (:class:`~adaptdl_ray.tune.worker_group.WorkerGroup`), each in
   a one-bundle placement group of its own (:mod:`.replicas`), each running the script with
   :mod:`runpy` under its own arguments and the ``ADAPTDL_*`` variables of its rank, as
   ``python -m adaptdl_core.launch`` does with local processes;
@@ -47,12 +48,14 @@ import sys
 import time
 from typing import Any, Callable, Mapping, Sequence
 
-from adaptdl_core.decision import JobProgress, JobSpec, estimate_remaining_s
+from adaptdl_core.decision import JobSpec
 from adaptdl_core.launch import restarts_for
 
 from adaptdl_ray.cluster.job_files import JobFiles, check_name
-from adaptdl_ray.cluster.replicas import ReplicaPool, Reservation
+from adaptdl_ray.cluster.replicas import ReplicaPool
 from adaptdl_ray.cluster.sizing import DEFAULT_INTERVAL_S, Sizer, default_sizer
+from adaptdl_ray.supervisor import (DEFAULT_CHECKPOINT_INTERVAL_S, DEFAULT_STOP_TIMEOUT_S,
+                                    Ending, JobRunner, StatusUpdate, Supervisor)
 
 LOG = logging.getLogger(__name__)
 
@@ -60,22 +63,8 @@ __all__ = ["ElasticJob", "run_script", "add_job_arguments", "job_spec", "main"]
 
 #: Where a script writes TensorBoard event files (``adaptdl-ray tensorboard`` shows them).
 TENSORBOARD_VAR = "ADAPTDL_TENSORBOARD_LOGDIR"
-# Seconds a stop or a resize may wait for the replicas to reach a batch boundary.
-DEFAULT_STOP_TIMEOUT_S = 120.0
 # Seconds between reads of rank 0's status and hints.
 _STATUS_EVERY_S = 3.0
-# Seconds between checks for draining nodes under the job's replicas.
-_DRAIN_CHECK_S = 2.0
-#: Seconds of training between in-place checkpoints: what a node lost without notice can
-#: cost. A save stops the job at one batch boundary for as long as rank 0 takes to write
-#: its state (benchmarks/lost_node.py measures the share of time it costs).
-DEFAULT_CHECKPOINT_INTERVAL_S = 300.0
-# How long the driver waits for the replicas' resources before giving up.
-_PLACEMENT_TIMEOUT_S = 600.0
-# How long a grow's new replicas may take to start (the job trains meanwhile) before their
-# resources are given back and the grow is tried again.
-_GROW_WAIT_S = 120.0
-_WAITING_LOG_EVERY_S = 30.0
 
 
 def run_script(config: dict[str, Any]) -> None:
@@ -164,18 +153,10 @@ def job_spec(opts: argparse.Namespace) -> JobSpec:
                    min_replicas=opts.min_replicas, max_replicas=opts.max_replicas)
 
 
-class _Launch:
-    """One launch of the job: its replicas (a worker group) and when it started."""
-
-    def __init__(self, replicas: int, group: Any, started: float) -> None:
-        self.replicas = replicas
-        self.group = group
-        self.started = started
-        self.first_step: float | None = None
-
-
 class ElasticJob:
-    """The driver of one elastic job (see the module docstring).
+    """The driver of one elastic job (see the module docstring): a thin front-end of a
+    :class:`~adaptdl_ray.supervisor.Supervisor`, which runs it; this class keeps the job's
+    files and records, and turns signals into a stop.
 
     Args:
         files: the job's files (name and storage path).
@@ -213,14 +194,13 @@ class ElasticJob:
                  checkpoint_interval_s: float | None = DEFAULT_CHECKPOINT_INTERVAL_S,
                  pool: ReplicaPool | None = None, owner: str | None = None,
                  allocation_interval_s: float = DEFAULT_INTERVAL_S) -> None:
+        from adaptdl_ray.cluster.owner import current_owner
         if checkpoint_interval_s is not None and (
                 isinstance(checkpoint_interval_s, bool)
                 or not isinstance(checkpoint_interval_s, (int, float))
                 or not math.isfinite(checkpoint_interval_s) or checkpoint_interval_s <= 0):
             raise ValueError(f"checkpoint_interval_s must be a number of seconds > 0 or None "
                              f"(no in-place checkpoints), got {checkpoint_interval_s!r}")
-        from adaptdl_ray.cluster.owner import current_owner
-        self.checkpoint_interval_s = checkpoint_interval_s
         self.owner = owner or current_owner()
         self.files = files
         self.name = files.name
@@ -230,22 +210,22 @@ class ElasticJob:
         self.sizer = sizer or default_sizer(files.name, spec, str(files.root),
                                             owner=self.owner,
                                             interval_s=allocation_interval_s)
-        self.stop_timeout_s = stop_timeout_s
-        self.status_every_s = status_every_s
         self._stop_signal: int | None = None
         self._record: dict[str, Any] = {}
-        self._trained_s = 0.0       # seconds trained by earlier launches (all submissions)
-        self._resize_from: float | None = None  # when the pending resize was asked for
-        self._resize_s: float | None = None
-        self._draining_fn = draining_fn or _ray_draining_nodes
-        self._nodes_fn = nodes_fn or _ray_cluster_nodes
-        self._trial_info = {"trial_name": self.name, "trial_id": self.name,
-                            "experiment_name": self.name, "trial_resources": None,
-                            "trial_dir": str(files.root)}
-        self._pool = pool or ReplicaPool(spec.resources, self._trial_info,
-                                         f"adaptdl-{self.name}")
-        self._grow: Reservation | None = None  # new replicas starting for a grow
-        self._avoid_nodes: set[str] = set()    # nodes a move leaves (being drained)
+        trial_info = {"trial_name": self.name, "trial_id": self.name,
+                      "experiment_name": self.name, "trial_resources": None,
+                      "trial_dir": str(files.root)}
+        runner = JobRunner(run_script, {"script": script, "args": self.args, "env": {
+            TENSORBOARD_VAR: str(files.root / "tensorboard")}},
+            import_paths=(os.path.dirname(os.path.abspath(script)),))
+        #: The supervisor that runs the job.
+        self.supervisor = Supervisor(
+            self.name, spec, runner, sizer=self.sizer,
+            pool=pool or ReplicaPool(spec.resources, trial_info, f"adaptdl-{self.name}"),
+            trial_info=trial_info, keep_checkpoint=self._store,
+            on_status=self._write_status, draining_fn=draining_fn or _ray_draining_nodes,
+            nodes_fn=nodes_fn or _ray_cluster_nodes, stop_timeout_s=stop_timeout_s,
+            status_every_s=status_every_s, checkpoint_interval_s=checkpoint_interval_s)
 
     # -- signals ----------------------------------------------------------------------
     def install_signal_handlers(self) -> None:
@@ -255,6 +235,7 @@ class ElasticJob:
             if self._stop_signal is not None:
                 raise KeyboardInterrupt
             self._stop_signal = signum
+            self.supervisor.request_stop()
             LOG.info("job %s: %s received; stopping at the next batch boundary", self.name,
                      signal.Signals(signum).name)
         signal.signal(signal.SIGTERM, handler)
@@ -263,6 +244,7 @@ class ElasticJob:
     def request_stop(self) -> None:
         """Checkpoint at the next batch boundary and end (as SIGTERM does)."""
         self._stop_signal = signal.SIGTERM
+        self.supervisor.request_stop()
 
     # -- the run ----------------------------------------------------------------------
     def run(self) -> int:
@@ -270,7 +252,6 @@ class ElasticJob:
         (0: finished or stopped after a checkpoint, 1: failed)."""
         point = self.files.resume_point()
         previous = self.files.read_status() or {}
-        self._trained_s = float(previous.get("trained_s") or 0.0)
         submitted = previous.get("submitted") or time.time()
         previous.pop("error", None)
         self._record = {**previous, "name": self.name, "experiment": None,
@@ -281,60 +262,30 @@ class ElasticJob:
         if point is not None and point.finished:
             LOG.info("job %s already finished (%s epochs; checkpoint %s): nothing to train",
                      self.name, point.finished_epochs, point.path)
-            self._write_status("finished", replicas=0)
+            self._finish(Ending.FINISHED)
             return 0
         restarts = restarts_for(None, point)
-        archive = self._checkpoint_archive()
         replicas = self.sizer.start()
         LOG.info("job %s: starting %d replica(s) of %s (restart %d)", self.name, replicas,
                  dict(self.spec.resources), restarts)
-        launch = self._launch(replicas, archive, restarts)
-        while True:
-            if launch is None:  # stopped while waiting for room
-                self._teardown()
-                self._write_status("stopped", replicas=0)
-                self.sizer.end("stopped")
-                return 0
-            try:
-                outcome = self._watch(launch)
-            except Exception as exc:  # noqa: BLE001 - the job failed: say why, keep the state
-                lost = self._lost_nodes(launch)
-                if lost:
-                    # Not the job's failure: continue from its newest checkpoint.
-                    self._teardown()
-                    archive = self._checkpoint_archive() or archive
-                    replicas = self._room_elsewhere(launch)
-                    restarts += 1
-                    self._record["nodes_lost"] = int(self._record.get("nodes_lost", 0)) + \
-                        len(lost)
-                    LOG.warning("job %s: node(s) %s under its replicas were lost (%s); "
-                                "continuing from its newest checkpoint with %d replica(s)",
-                                self.name, ", ".join(n[:12] for n in lost),
-                                str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
-                                replicas)
-                    launch = self._launch(replicas, archive, restarts)
-                    continue
-                LOG.error("job %s failed: %s", self.name, exc)
-                self._keep_checkpoint(launch)
-                self._teardown()
-                self._write_status("failed", replicas=0, error=str(exc).splitlines()[0])
-                self.sizer.end("failed")
-                return 1
-            self._trained_s += time.time() - (launch.first_step or launch.started)
-            archive = self._keep_checkpoint(launch) or archive
-            kind, target = outcome
-            point = self.files.resume_point()
-            if point is not None:
-                self._record["epochs_done"] = point.finished_epochs
-            if kind in ("finished", "stopped"):
-                self._teardown()
-                self._write_status(kind, replicas=0)
-                self.sizer.end(kind)
-                LOG.info("job %s %s (%d restarts); checkpoint in %s", self.name, kind,
-                         restarts, self.files.checkpoint_path)
-                return 0
-            restarts += 1
-            launch = self._relaunch(launch, target, archive, restarts)
+        result = self.supervisor.run(replicas, self._checkpoint_archive(), restarts,
+                                     trained_s=float(previous.get("trained_s") or 0.0))
+        point = self.files.resume_point()
+        if point is not None:
+            self._record["epochs_done"] = point.finished_epochs
+        self._finish(result.ending, error=result.error)
+        if result.ending is Ending.FAILED:
+            return 1
+        LOG.info("job %s %s (%d restarts); checkpoint in %s", self.name, result.ending,
+                 result.restarts, self.files.checkpoint_path)
+        return 0
+
+    def _finish(self, ending: Ending, error: str | None = None) -> None:
+        """Record how the run ended and free the job's share of the cluster."""
+        extra = {} if error is None else {"error": error}
+        self._record.update(status=str(ending), replicas=0, target=0, **extra)
+        self._flush()
+        self.sizer.end(str(ending))
 
     def _checkpoint_archive(self) -> bytes | None:
         """The job's newest checkpoint as tar bytes (None: a fresh start)."""
@@ -343,333 +294,22 @@ class ElasticJob:
             return None
         return transfer.pack_latest_checkpoint(str(self.files.checkpoint_path))
 
-    def _launch(self, replicas: int, archive: bytes | None, restarts: int, *,
-                keep: Sequence[Any] = ()) -> _Launch | None:
-        """Start the script on ``replicas`` replicas: the idle actors ``keep`` (they keep
-        their ranks' order, the first is rank 0) and new ones (the grow started while the
-        job trained, if it brings as many, else reserved now). ``None``: a stop came while
-        waiting for room.
+    def _store(self, archive: bytes) -> str:
+        """Keep a checkpoint in the job's storage; returns its directory."""
+        return self.files.store_checkpoint(archive)
 
-        Raises:
-            TimeoutError: the cluster had no room for them within _PLACEMENT_TIMEOUT_S.
-        """
-        from adaptdl_ray.tune.worker_group import WorkerGroup
+    def _write_status(self, update: StatusUpdate) -> None:
+        """The supervisor's news, into status.json (what `adaptdl-ray ls` reads)."""
+        self._record.update(update.facts)
+        self._record.update(status=str(update.phase), replicas=update.replicas,
+                            target=update.target)
+        self._flush()
 
-        started = time.time()
-        self._resize_s = None  # (measured anew for this launch: an older one is not sent)
-        self._write_status("pending", replicas=0, target=replicas)
-        need = replicas - len(keep)
-        reservation = self._take_grow(need)
-        if need > 0 and reservation is None:
-            reservation = self._pool.reserve(need)
-        logged = started
-        while reservation is not None and not reservation.up(wait_s=1.0):
-            now = time.time()
-            if self._stop_signal is not None or now - started > _PLACEMENT_TIMEOUT_S:
-                reservation.cancel()
-                self._pool.release(keep)
-                if self._stop_signal is not None:
-                    return None
-                raise TimeoutError(
-                    f"the cluster had no room for {need} replica(s) of "
-                    f"{dict(self.spec.resources)} within {_PLACEMENT_TIMEOUT_S:.0f} s: lower "
-                    "--min-replicas or free resources")
-            if now - logged > _WAITING_LOG_EVERY_S:
-                LOG.info("job %s: waiting for room for %d replica(s)", self.name, need)
-                logged = now
-        actors = [*keep, *(self._pool.take(reservation) if reservation is not None else [])]
-        try:
-            group = WorkerGroup(replicas, self.spec.resources, None, self._trial_info,
-                                actors=actors)
-            config = {"script": self.script, "args": self.args,
-                      "env": {TENSORBOARD_VAR: str(self.files.root / "tensorboard")}}
-            group.start(run_script, config, fn_kwargs={},
-                        archive=archive, user_files=None, num_restarts=restarts,
-                        job_id=self.name, timeout_s=None)
-        except BaseException:
-            self._pool.release(actors)
-            raise
-        self._record["restarts"] = restarts
-        return _Launch(replicas, group, started)
-
-    def _relaunch(self, launch: _Launch, target: int, archive: bytes | None,
-                  restarts: int) -> _Launch | None:
-        """Continue a checkpointed launch with ``target`` replicas, keeping the replicas
-        that stay (their processes, torch imported): those off the nodes being drained,
-        lowest ranks first (rank 0 stays rank 0); the others stop. If the survivors cannot
-        be made idle, every replica is replaced."""
-        from adaptdl_ray.tune.worker_group import recycle_workers
-
-        group = launch.group
-        avoid, self._avoid_nodes = self._avoid_nodes, set()
-        stay = [a for a, node in zip(group.actors, group.node_ids) if node not in avoid]
-        stay = stay[:target]
-        # Every replica leaves the job's process group together (one that loses its peers
-        # first waits out the store's timeout); then the extra ones stop.
-        if not recycle_workers(group.actors, self._trial_info):
-            stay = []
-        self._pool.release([a for a in group.actors if a not in stay])
-        LOG.info("job %s: %d replica(s) stay, %d start", self.name, len(stay),
-                 target - len(stay))
-        return self._launch(target, archive, restarts, keep=stay)
-
-    def _watch(self, launch: _Launch) -> tuple[str, int]:
-        """Follow a launch until it ends or must end.
-
-        Returns:
-            ``("finished", 0)``, ``("stopped", 0)`` (checkpointed on a stop request),
-            ``("resize", n)`` (checkpointed for a resize to ``n`` replicas),
-            ``("move", n)`` (checkpointed to move off a draining node, relaunching with
-            ``n``) or ``("relaunch", n)`` (the script checkpointed and stopped itself).
-
-        Raises:
-            WorkerFailed, TimeoutError: a replica failed or did not stop in time.
-        """
-        group = launch.group
-        next_status = next_drain_check = 0.0
-        interval = self.checkpoint_interval_s
-        next_save = time.monotonic() + interval if interval else math.inf
-        self._write_status("running", replicas=launch.replicas)
-        while True:
-            if self._stop_signal is not None:
-                return self._checkpoint_and_end(launch, "stopping", "stopped", 0)
-            if time.monotonic() >= next_save:
-                self._save_in_place(launch)
-                next_save = time.monotonic() + interval
-            outcomes = group.finished(min(1.0, self.status_every_s))
-            if outcomes is not None:
-                if _all_finished(outcomes):
-                    return "finished", 0
-                LOG.info("job %s checkpointed and stopped itself; relaunching", self.name)
-                return "relaunch", launch.replicas
-            if time.monotonic() >= next_drain_check:
-                next_drain_check = time.monotonic() + _DRAIN_CHECK_S
-                target = self._move_target(launch)
-                if target is not None:
-                    self._resize_from = time.time()  # (its cost is a relaunch's, too)
-                    return self._checkpoint_and_end(launch, "moving", "move", target)
-            if time.monotonic() >= next_status:
-                next_status = time.monotonic() + self.status_every_s
-                self._observe(launch)
-            decision = self.sizer.decision()
-            target = decision.replicas
-            self._explain(launch, decision)
-            if decision.action != "resize" or target == launch.replicas or \
-                    target < self.spec.min_replicas:
-                self._cancel_grow()
-                continue
-            if target > launch.replicas and not self._grow_ready(launch,
-                                                                      target - launch.replicas):
-                continue  # the new replicas start while the job trains
-            LOG.info("job %s: resizing %d -> %d replicas (%s)", self.name, launch.replicas,
-                     target, decision.reason)
-            self.sizer.begin_resize(decision)
-            self._resize_from = time.time()
-            return self._checkpoint_and_end(launch, "resizing", "resize", target)
-
-    def _explain(self, launch: _Launch, decision: Any) -> None:
-        """Say once, in the log and in status.json (``adaptdl-ray ls``), why the job runs
-        below its maximum when its decision says why (the cluster has room, but the
-        policy or the resize rule keeps it where it is)."""
-        below = self.spec.max_replicas is None or launch.replicas < self.spec.max_replicas
-        reason = decision.reason if below and decision.action in ("keep", "hold") and \
-            decision.reason != "no change" else None
-        if reason == self._record.get("reason"):
-            return
-        self._record["reason"] = reason
-        if reason is not None:
-            LOG.info("job %s: on %d replica(s)%s: %s", self.name, launch.replicas,
-                     f" of up to {self.spec.max_replicas}" if self.spec.max_replicas else "",
-                     reason)
-        self._write_status("running", replicas=launch.replicas)
-
-    def _checkpoint_and_end(self, launch: _Launch, status: str, kind: str, target: int
-                            ) -> tuple[str, int]:
-        """Stop the launch's replicas at their next batch boundary (each checkpoints),
-        saying ``status`` meanwhile; ``(kind, target)``, or ``("finished", 0)`` if the
-        script had ended anyway."""
-        self._write_status(status, replicas=launch.replicas, target=target or launch.replicas)
-        outcomes = launch.group.stop(self.stop_timeout_s)
-        return ("finished", 0) if _all_finished(outcomes) else (kind, target)
-
-    def _grow_ready(self, launch: _Launch, extra: int) -> bool:
-        """Whether ``extra`` new replicas are up for a grow: reserves and starts them when
-        their resources are free (others shrink first), and gives them back if they are
-        not up within _GROW_WAIT_S (the cluster changed meanwhile)."""
-        grow = self._grow
-        if grow is not None and grow.count != extra:
-            self._cancel_grow()
-            grow = None
-        try:
-            if grow is None:
-                if not self._fits(extra):
-                    return False
-                LOG.info("job %s: starting %d new replica(s) while it trains", self.name,
-                         extra)
-                # (they import what rank 0 has imported: the script's modules too)
-                modules = launch.group.imported_modules()
-                self._grow = grow = self._pool.reserve(extra, warm_up=(
-                    modules, [os.path.dirname(os.path.abspath(self.script))]))
-            if grow.up():
-                return True
-        except Exception as exc:  # noqa: BLE001 - the job trains on; the grow is retried
-            LOG.warning("job %s: new replicas for a grow could not start (%s); trying again",
-                        self.name, str(exc).splitlines()[0] if str(exc) else exc)
-            self._cancel_grow()
-            return False
-        if time.monotonic() - grow.created > _GROW_WAIT_S:
-            LOG.warning("job %s: %d new replica(s) not up within %.0f s; giving their "
-                        "resources back", self.name, extra, _GROW_WAIT_S)
-            self._cancel_grow()
-        return False
-
-    def _take_grow(self, need: int) -> Any:
-        """The grow's reservation if it is up and brings ``need`` replicas, else
-        ``None`` (a grow that does not match is given back)."""
-        grow, self._grow = self._grow, None
-        if grow is not None and grow.count == need and not grow.cancelled:
-            return grow
-        if grow is not None:
-            grow.cancel()
-        return None
-
-    def _cancel_grow(self) -> None:
-        """Give back the replicas started for a grow that is no longer wanted."""
-        if self._grow is not None:
-            LOG.info("job %s: grow to %d more replica(s) cancelled", self.name,
-                     self._grow.count)
-            self._grow.cancel()
-            self._grow = None
-
-    def _move_target(self, launch: _Launch) -> int | None:
-        """If a node under the launch's replicas is being drained, the replicas to
-        relaunch with on the other nodes (as many as now, if they fit there, else as many
-        as fit, at least ``min_replicas``); ``None`` otherwise."""
-        try:
-            draining = self._draining_fn()
-        except Exception as exc:  # noqa: BLE001 - keep training; say why once per check
-            LOG.warning("job %s: could not ask which nodes are draining (%s)", self.name, exc)
-            return None
-        from adaptdl_ray.cluster.nodes import draining_under
-        under = draining_under(launch.group.node_ids, draining)
-        if under is None:
-            return None
-        hit, when = under
-        self._avoid_nodes = set(hit)
-        target = self._room_elsewhere(launch)
-        LOG.warning("job %s: node(s) %s under its replicas are draining (%s): checkpointing "
-                    "at the next batch boundary and moving to the other nodes with %d "
-                    "replica(s)", self.name, ", ".join(n[:12] for n in hit), when, target)
-        return target
-
-    def _observe(self, launch: _Launch) -> None:
-        """Pass rank 0's status and hints to the sizer, and write them to status.json."""
-        try:
-            snap = launch.group.snapshot()
-        except TimeoutError as exc:
-            LOG.warning("job %s: %s", self.name, exc)
-            return
-        if snap is None:
-            return
-        status = snap["status"]
-        if launch.first_step is None:
-            first = launch.group.timeline().get("first_step")
-            if first is not None:
-                launch.first_step = first
-                if self._resize_from is not None:
-                    self._resize_s = max(first - self._resize_from, 0.0)
-                    LOG.info("job %s: the resize took %.1f s to the first step", self.name,
-                             self._resize_s)
-                    self._resize_from = None
-        trained = self._trained_s + (time.time() - (launch.first_step or launch.started))
-        progress = JobProgress(
-            remaining_s=estimate_remaining_s(status.get("epochs_done", 0),
-                                             status.get("epochs", 0), trained),
-            restarts=int(status.get("restarts", 0)),
-            resize_cost_s=self._resize_s,
-            launch_s=(launch.first_step - launch.started) if launch.first_step else None)
-        self.sizer.observe(launch.replicas, hints=snap["hints"], progress=progress)
-        self._record.update({k: status.get(k) for k in (
-            "batch_size", "goodput", "efficiency", "epochs_done", "epochs", "restarts")})
-        self._record["nodes"] = launch.group.num_nodes
-        self._write_status("running", replicas=launch.replicas, trained_s=trained)
-
-    def _save_in_place(self, launch: _Launch) -> None:
-        """Checkpoint at the next batch boundary, keep training, and keep the checkpoint
-        in the job's storage (a save that found no boundary in time is skipped, logged).
-
-        Raises:
-            WorkerFailed: a replica failed meanwhile."""
-        started = time.time()
-        try:
-            answer = launch.group.save(self.stop_timeout_s)
-        except TimeoutError as exc:
-            LOG.warning("job %s: in-place checkpoint skipped: %s", self.name, exc)
-            return
-        if answer.get("taken") and self._keep_checkpoint(launch, answer.get("path")):
-            # (status.json: how many in-place checkpoints and the seconds they took)
-            self._record["checkpoints"] = int(self._record.get("checkpoints", 0)) + 1
-            self._record["checkpoint_s"] = float(self._record.get("checkpoint_s", 0.0)) + \
-                time.time() - started
-
-    def _lost_nodes(self, launch: _Launch) -> list[str]:
-        """The nodes under the launch's replicas that are gone (after a replica failed;
-        see :func:`~adaptdl_ray.cluster.nodes.lost_nodes_under`)."""
-        from adaptdl_ray.cluster.nodes import lost_nodes_under
-        return lost_nodes_under(launch.group.node_ids, launch.group.actors,
-                                lambda: self._nodes_fn().keys())
-
-    def _room_elsewhere(self, launch: _Launch) -> int:
-        """Replicas to continue with after losing a node or moving off a draining one (see
-        :func:`~adaptdl_ray.cluster.nodes.replicas_to_move`; the same size if the
-        cluster cannot be read: Ray then finds the room)."""
-        from adaptdl_ray.cluster.nodes import replicas_to_move
-        try:
-            return replicas_to_move(self.spec, launch.replicas, self._nodes_fn())
-        except Exception as exc:  # noqa: BLE001 - ask for the same size; Ray finds room
-            LOG.warning("job %s: could not read the cluster (%s)", self.name, exc)
-            return launch.replicas
-
-    def _fits(self, extra: int) -> bool:
-        """Whether ``extra`` more replicas' resources are free on the cluster now."""
-        import ray
-        free = ray.available_resources()
-        return all(free.get(k, 0.0) + 1e-9 >= v * extra for k, v in self.spec.resources.items())
-
-    def _keep_checkpoint(self, launch: _Launch, path: str | None = None) -> bytes | None:
-        """Move rank 0's checkpoint ``path`` (default: its newest) into the job's storage;
-        returns its bytes (``None``: rank 0 wrote none, or it is gone)."""
-        import ray
-        try:
-            archive = launch.group.checkpoint_archive(path)
-        except ray.exceptions.RayError as exc:
-            LOG.warning("job %s: could not fetch rank 0's checkpoint: %s", self.name, exc)
-            return None
-        if archive is None:
-            return None
-        path = self.files.store_checkpoint(archive)
-        LOG.info("job %s: checkpoint kept in %s", self.name, path)
-        return archive
-
-    def _teardown(self) -> None:
-        """Stop every replica of the job, started or starting, and free their resources."""
-        self._cancel_grow()
-        self._pool.release_all()
-
-    def _write_status(self, status: str, *, replicas: int, target: int | None = None,
-                      **extra: Any) -> None:
-        self._record.update({"trained_s": self._trained_s, **extra})
-        self._record.update(status=status, replicas=replicas,
-                            target=replicas if target is None else target)
+    def _flush(self) -> None:
         try:
             self.files.write_status(self._record)
         except OSError as exc:
             LOG.warning("job %s: could not write its status: %s", self.name, exc)
-
-
-def _all_finished(outcomes: Sequence[Mapping[str, Any]]) -> bool:
-    """Whether every replica's outcome says its script ran to its end."""
-    return all(o["status"] == "finished" for o in outcomes)
 
 
 def _ray_draining_nodes() -> dict[str, float | None]:
