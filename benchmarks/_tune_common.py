@@ -105,8 +105,9 @@ def make_recorder() -> Any:
             # after a relaunch.
             phases = {k: result.get(f"adaptdl/resize/{k}") or 0.0 for k in RESIZE_PHASES}
             if any(phases.values()):
-                rec["resizes"].append(dict(phases, t=now,
-                                           replicas=result.get("adaptdl/replicas")))
+                # (total_s: the stop request to the first step, what the trial measured)
+                rec["resizes"].append(dict(phases, t=now, total_s=result.get(
+                    "adaptdl/resize_s") or 0.0, replicas=result.get("adaptdl/replicas")))
 
         def _ended(self, trial: Any, status: str) -> None:
             rec = self._rec(trial)

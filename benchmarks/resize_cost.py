@@ -1,19 +1,23 @@
-"""What one pause-resize-resume cycle of a 2-replica torch trial costs, by phase.
+"""What one resize of a 2-replica torch trial costs, by phase, beside a submitted job's.
 
 One AdaptDL trial (the digits CNN, ``AdaptDLTrainableCreator(max_replicas=2)``) starts on
 1 replica (as every trial does) and is resized 1 -> 2 -> 1 -> 2 ... by a scripted policy
 given to ``AdaptDLScheduler(policy=..., resize_rule=...)`` (every resize is made, whether
-or not it would pay), on a local Ray instance with the machine's real CPUs.
-The phases come from the ``adaptdl/resize/*`` metrics of the first result after each
-resize (read by a Tune callback), mapped to:
+or not it would pay), on a local Ray instance with the machine's real CPUs. A trial
+resizes in place: Tune does not pause it; the replicas that stay keep their processes and
+a grow's new replica starts while the trial trains. The phases come from the
+``adaptdl/resize/*`` metrics of the first result after each resize (read by a Tune
+callback):
 
 | here | adaptdl/resize/... |
 |---|---|
-| checkpoint save | ``checkpoint_s`` + ``save_s`` (stop at a batch boundary, write, copy into Tune's dir) |
-| teardown + placement | ``relaunch_s`` (old actors gone, placement group re-made, trial actor started) |
-| worker start | ``worker_start_s`` (replica actors up) |
-| state load | ``restore_s`` (checkpoint handed over, torch imported, files unpacked) |
+| decision -> stop (trains on) | ``decided_to_stop_s`` (the scheduler's decision to the stop request; a grow's new replica starts meanwhile) |
+| checkpoint | ``checkpoint_s`` + ``save_s`` (stop at a batch boundary, rank 0 writes) |
+| Tune relaunch | ``relaunch_s`` (0 in place: no new trial actor, no new placement group) |
+| replicas up | ``worker_start_s`` (the replica group formed from those that stay and the new) |
+| state load | ``restore_s`` (checkpoint handed over, files unpacked) |
 | first step | ``first_step_s`` (process group, states loaded, first optimizer step) |
+| **resize** | ``adaptdl/resize_s``: the stop request to the first step after it |
 
 Each resize's cost as the scheduler predicted it when it began the resize (its
 ``resize_log``) is reported beside the measured one, with the prediction error.
@@ -23,19 +27,19 @@ default on): ``examples/standalone_digits.py`` run unchanged by
 :class:`~adaptdl_ray.cluster.elastic_job.ElasticJob` (what ``adaptdl-ray submit`` runs),
 resized 1 -> 2 -> 1 ... by a scripted sizer, each resize timed from the stop request (the
 last batch trained before it) to the first optimizer step after it, as the job measures it
-(``adaptdl_ray.cluster.elastic_job``: "the resize took ..."). Its replicas that stay keep
-their processes; a grow's new replica starts while the job still trains, and the time from
-the resize decision to the stop (training went on meanwhile) is reported beside it.
+(the supervisor: "the resize took ..."), and the time from the resize decision to the stop
+beside it.
 
 Next to it, in the same run: the floor of starting a fresh Python process that imports
 torch and ray (``python -c "import torch, ray"``, before and after the trial), and Tune's
-own floor for the same cycle (after the trial, unless ``--tune-floor 0``): a trivial class
-trainable (no torch; each step sleeps 50 ms, a checkpoint is a few bytes) paused by a
-scripted scheduler and relaunched with the other bundle count (1 <-> 2 CPU bundles after an
-empty head bundle, as an AdaptDL trial's), timed from the scheduler's PAUSE decision to
-the driver receiving the first result after the relaunch.
+own floor for a pause-relaunch cycle (after the trial, unless ``--tune-floor 0``): a
+trivial class trainable (no torch; each step sleeps 50 ms, a checkpoint is a few bytes)
+paused by a scripted scheduler and relaunched with the other bundle count (1 <-> 2 CPU
+bundles after an empty head bundle), timed from the scheduler's PAUSE decision to the
+driver receiving the first result after the relaunch: what a resize by Tune's pause would
+cost at least.
 
-    python benchmarks/resize_cost.py              # 6 resizes, 5 floor samples
+    python benchmarks/resize_cost.py              # 6 resizes, 3+3 floor samples
     python benchmarks/resize_cost.py --resizes 4 --floor 3
     python benchmarks/resize_cost.py --from-state EXPERIMENT/adaptdl_scheduler_state.json
 """
@@ -60,9 +64,10 @@ import _tune_common as tc  # noqa: E402
 
 LOG = logging.getLogger("resize_cost")
 
-PHASES = [("checkpoint save", ("checkpoint_s", "save_s")),
-          ("teardown + placement", ("relaunch_s",)),
-          ("worker start", ("worker_start_s",)),
+PHASES = [("decision -> stop (trains on)", ("decided_to_stop_s",)),
+          ("checkpoint", ("checkpoint_s", "save_s")),
+          ("Tune relaunch", ("relaunch_s",)),
+          ("replicas up", ("worker_start_s",)),
           ("state load", ("restore_s",)),
           ("first step", ("first_step_s",))]
 
@@ -222,7 +227,7 @@ class _ScriptedSizer:
                          "decision_to_stop_s": time.time() - (self.decided_at or time.time())}
         self.decided_at = None
 
-    def end(self) -> None:
+    def end(self, outcome: str = "ended") -> None:
         pass
 
 
@@ -333,13 +338,13 @@ def report(data: dict) -> str:
     groups = [("2 -> 1", [r for r in resizes if r["replicas"] == 1]),
               ("1 -> 2", [r for r in resizes if r["replicas"] == 2]),
               ("all", resizes)]
-    header = ["phase"] + [f"{name} (n={len(rs)}), s: median [p25, p75]"
-                          for name, rs in groups]
+    header = ["Tune trial, in place"] + [f"{name} (n={len(rs)}), s: median [p25, p75]"
+                                         for name, rs in groups]
     for name, keys in PHASES:
         rows.append([name] + [iqr_text([sum(r[k] for k in keys) for r in rs], "{:.2f}")
                               if rs else "-" for _, rs in groups])
-    rows.append(["**total**"] + [iqr_text([sum(r[k] for k in tc.RESIZE_PHASES) for r in rs],
-                                          "{:.2f}") if rs else "-" for _, rs in groups])
+    rows.append(["**resize** (stop request -> first step)"] + [
+        iqr_text([r["total_s"] for r in rs], "{:.2f}") if rs else "-" for _, rs in groups])
     floor = data["floor_s"]
     tune_s = data.get("tune_floor_s") or []
     tune_lines = [
@@ -347,8 +352,7 @@ def report(data: dict) -> str:
         f"(n={len(tune_s)}): {iqr_text(tune_s, '{:.2f}')} s = "
         f"{statistics.median(tune_s) / statistics.median(floor):.1f}x the floor"] \
         if tune_s else []
-    total = statistics.median(sum(r[k] for k in tc.RESIZE_PHASES) for r in resizes) \
-        if resizes else float("nan")
+    total = statistics.median(r["total_s"] for r in resizes) if resizes else float("nan")
     job_lines = job_report(data.get("job_resizes") or [], statistics.median(floor), total)
     return "\n".join([
         f"Machine: {data['machine']}",

@@ -501,6 +501,18 @@ class DecisionCore:
         self._effective.pop(job_id, None)
         self._unfit.discard(job_id)
 
+    def cancel_resize(self, job_id: Hashable, reason: str) -> None:
+        """A resize begun (:meth:`begin_resize`) will not be carried out (the policy
+        changed its mind before the front-end could): it is logged as cancelled and
+        nothing waits for its cost.
+
+        Raises:
+            KeyError: the job is not live."""
+        record = self._live(job_id)
+        if record.resize_pending and record.resize_log:
+            record.resize_log[-1]["cancelled"] = reason
+        record.resize_pending = False
+
     def pending_outcomes(self) -> dict[Hashable, str]:
         """How each job removed since the latest solve began ended (job id -> outcome):
         what a front-end that leaves a shared cluster now still owes it."""

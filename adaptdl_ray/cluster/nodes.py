@@ -18,7 +18,7 @@ from adaptdl_core.policy import NodeInfo
 LOG = logging.getLogger(__name__)
 
 __all__ = ["cluster_nodes", "draining_under", "replicas_to_move", "lost_nodes_under",
-           "placed_bundles", "wait_for_bundles", "NODE_LOSS_WAIT_S"]
+           "NODE_LOSS_WAIT_S"]
 
 #: After a replica failed, the longest wait (seconds) for Ray to declare a node dead while
 #: a replica does not answer (Ray's health checks take some seconds to notice a lost node).
@@ -140,24 +140,3 @@ def lost_nodes_under(node_ids: Collection[str], actors: Collection[Any],
             return lost
         time.sleep(0.5)
     return []
-
-
-def placed_bundles(placement_group: Any) -> list[int]:
-    """Indices of ``placement_group``'s bundles that Ray has placed on a node now (after a
-    node is lost, its bundles have none until Ray finds room for them again)."""
-    from ray.util import placement_group_table
-    table = placement_group_table(placement_group)
-    return sorted(int(i) for i, node in table.get("bundles_to_node_id", {}).items() if node)
-
-
-def wait_for_bundles(placement_group: Any, count: int, wait_s: float,
-                     poll_s: float = 0.5) -> list[int]:
-    """The placed bundles of ``placement_group`` once all ``count`` are placed, or after
-    ``wait_s`` seconds, whichever comes first (Ray re-places a lost node's bundles at once
-    when the other nodes have room)."""
-    deadline = time.monotonic() + wait_s
-    placed = placed_bundles(placement_group)
-    while len(placed) < count and time.monotonic() < deadline:
-        time.sleep(poll_s)
-        placed = placed_bundles(placement_group)
-    return placed

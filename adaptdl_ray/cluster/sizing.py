@@ -28,11 +28,12 @@ __all__ = ["Sizer", "CoreSizer", "LocalSizer", "default_sizer"]
 _NODES_TTL_S = 10.0
 #: Seconds between periodic re-decisions of a submitted job's size.
 DEFAULT_INTERVAL_S = 30.0
-#: Seconds a submitted job's resize is assumed to cost before one is measured (raised to
-#: its measured start-up). A submitted job keeps the replicas that stay and starts new
-#: ones while it trains, so a resize costs a checkpoint, a rendezvous and a first step
-#: (benchmarks/resize_cost.py measures it), far below Pollux's 30-s prior for relaunched
-#: jobs; that prior kept young jobs from growing for minutes.
+#: Seconds a resize is assumed to cost before one is measured (raised to the measured
+#: start-up), for submitted jobs and Tune trials alike: both resize in place, keeping the
+#: replicas that stay and starting new ones while they train, so a resize costs a
+#: checkpoint, a rendezvous and a first step (benchmarks/resize_cost.py measures it), far
+#: below Pollux's 30-s prior for relaunched jobs; that prior kept young jobs from growing
+#: for minutes.
 JOB_RESIZE_COST_PRIOR_S = 5.0
 
 

@@ -14,6 +14,8 @@ report. Two things do not fit there:
   report must learn at once that it should save where it is, before Tune stops it.
 * **Where a trial's replicas run** (their Ray node ids, posted at each launch): the
   scheduler moves a trial off a node Ray is draining (a spot node's preemption notice).
+* **How many replicas a trial should run on** (the scheduler's decision): the trial
+  resizes itself in place, keeping the replicas that stay, without Tune pausing it.
 
 :class:`ExperimentControl` is a small async Ray actor (no CPUs) that the scheduler starts
 in the driver's Ray job; trials find it by name (:func:`find`). A trial run without
@@ -41,12 +43,13 @@ def control_name() -> str:
 
 
 class ExperimentControl:
-    """Actor body: hints and replica nodes by trial id, trials about to pause, one
-    interrupt flag, and the trials' acknowledgements of it."""
+    """Actor body: hints, replica nodes and target sizes by trial id, trials about to
+    pause, one interrupt flag, and the trials' acknowledgements of it."""
 
     def __init__(self) -> None:
         self._hints: dict[str, str] = {}
         self._nodes: dict[str, list[str]] = {}
+        self._targets: dict[str, tuple[int, float]] = {}
         self._pausing: set[str] = set()
         self._interrupted = asyncio.Event()
         self._acks: set[str] = set()
@@ -78,10 +81,21 @@ class ExperimentControl:
         """The replica node ids of the given trials that posted any."""
         return {t: self._nodes[t] for t in trial_ids if t in self._nodes}
 
+    async def set_target(self, trial_id: str, replicas: int, decided: float) -> None:
+        """The scheduler's decision, taken at ``decided`` (seconds since the epoch): the
+        trial should run on ``replicas`` replicas."""
+        self._targets[trial_id] = (int(replicas), float(decided))
+
+    async def get_target(self, trial_id: str) -> tuple[int, float] | None:
+        """``(replicas, decided)`` the scheduler last decided for the trial (``None``:
+        none yet)."""
+        return self._targets.get(trial_id)
+
     async def forget(self, trial_id: str) -> None:
-        """Drop an ended trial's hints and nodes."""
+        """Drop an ended trial's hints, nodes and target."""
         self._hints.pop(trial_id, None)
         self._nodes.pop(trial_id, None)
+        self._targets.pop(trial_id, None)
         self._pausing.discard(trial_id)
 
     async def new_experiment(self) -> None:

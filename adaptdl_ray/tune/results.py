@@ -20,7 +20,7 @@ STATUS_KEYS = ("replicas", "nodes", "restarts", "batch_size", "local_bsz", "accu
                "epochs", "samples_seen", "epoch_samples", "data_passes")
 # Phases of a relaunch (see trainable.resize_phases), reported as adaptdl/resize/<phase>.
 RESIZE_PHASES = ("checkpoint_s", "save_s", "relaunch_s", "worker_start_s", "restore_s",
-                 "first_step_s")
+                 "first_step_s", "decided_to_stop_s")
 
 # Columns for Tune's progress table (result key -> column title), to merge with the
 # trial's own metrics: ``CLIReporter(metric_columns={"acc": "acc", **PROGRESS_COLUMNS})``.
@@ -35,8 +35,7 @@ PROGRESS_COLUMNS = {METRIC_PREFIX + "epochs_done": "epochs",
 
 
 def result_row(metrics: Mapping[str, Any], status: Mapping[str, Any], *, launch_s: float,
-               resize_s: float, phases: Mapping[str, float] | None,
-               unplaced: int = 0) -> dict[str, Any]:
+               resize_s: float, phases: Mapping[str, float] | None) -> dict[str, Any]:
     """One result: the user's ``metrics``, then every ``adaptdl/`` key.
 
     Args:
@@ -47,9 +46,6 @@ def result_row(metrics: Mapping[str, Any], status: Mapping[str, Any], *, launch_
         resize_s: seconds the trial's latest relaunch cost (0 before any).
         phases: that relaunch's phases in the first result after it; ``None`` elsewhere
             (the keys are still present, as 0.0).
-        unplaced: bundles of the trial's placement group that run no replica because Ray
-            has no room to place them again after a lost node (``adaptdl/unplaced``; the
-            scheduler then relaunches the trial on the replicas it runs).
     """
     row = dict(metrics)
     for key in STATUS_KEYS:
@@ -59,7 +55,6 @@ def result_row(metrics: Mapping[str, Any], status: Mapping[str, Any], *, launch_
     for phase in RESIZE_PHASES:
         row.setdefault(f"{METRIC_PREFIX}resize/{phase}",
                        float((phases or {}).get(phase, 0.0)))
-    row.setdefault(METRIC_PREFIX + "unplaced", int(unplaced))
     return row
 
 

@@ -56,9 +56,9 @@ from adaptdl_core.decision import (CoreDriver, CoreState, DecisionCore, JobProgr
                                    cluster_capacity, estimate_remaining_s, job_info)
 from adaptdl_core.decision.driver import DEFAULT_SOLVE_WAIT_S
 from adaptdl_core.decision.resize_cost import describe_resize
-from adaptdl_core.policy import (DEFAULT_RESTART_COST_S, NodeInfo, PolluxPolicy,
-                                 policy_by_name, resize_verdict)
+from adaptdl_core.policy import NodeInfo, PolluxPolicy, policy_by_name, resize_verdict
 from adaptdl_ray.cluster.client import AllocatorSolver, new_member_id
+from adaptdl_ray.cluster.sizing import JOB_RESIZE_COST_PRIOR_S as IN_PLACE_RESIZE_PRIOR_S
 from adaptdl_ray.tune import _ray_private, checkpoint_files, control
 from adaptdl_ray.tune.interrupts import InterruptRelay, unsaved_trials
 from adaptdl_ray.tune.resources import (cluster_nodes, draining_under, num_replicas_of,
@@ -66,6 +66,7 @@ from adaptdl_ray.tune.resources import (cluster_nodes, draining_under, num_repli
 from adaptdl_ray.tune.results import METRIC_PREFIX
 from adaptdl_ray.tune.trainable import replica_spec_of, stop_timeout_of
 from adaptdl_ray.tune.traps import TrapWatch
+from adaptdl_ray.tune.trial_replicas import remove_leftover_reservations
 
 LOG = logging.getLogger(__name__)
 # One line per resize, for users: Ray shows its "ray" logger tree at INFO by default (also
@@ -149,10 +150,11 @@ class AdaptDLScheduler(TrialScheduler):
             hashable group key, ``None`` for no sharing (it must pickle: Tune pickles the
             scheduler).
         resize_cost_prior_s: seconds a trial's resize is assumed to cost before one in its
-            profile group is measured (raised to the longest start-up measured; default
-            Pollux's 30 s). Young trials, and trials with less than twice this left, are
-            not moved: lower it where relaunches are quick (``benchmarks/resize_cost.py``
-            measures them).
+            profile group is measured (raised to the longest start-up measured; default 5 s:
+            a trial resizes in place, keeping its replicas that stay, so a resize costs a
+            checkpoint, a rendezvous and a first step; ``benchmarks/resize_cost.py``
+            measures it). Young trials, and trials with less than twice this left, are not
+            moved.
         cluster_allocator: share the Ray cluster with every other AdaptDL experiment and
             job on it through the cluster allocator (:mod:`adaptdl_ray.cluster`, started
             on first use): this experiment's trials then get the share of one solve over
@@ -181,7 +183,7 @@ class AdaptDLScheduler(TrialScheduler):
                  solve_wait_s: float | None = DEFAULT_SOLVE_WAIT_S,
                  share_profiles: bool | str | Callable[[dict], Any] = True,
                  cluster_allocator: bool | None = None,
-                 resize_cost_prior_s: float = DEFAULT_RESTART_COST_S) -> None:
+                 resize_cost_prior_s: float = IN_PLACE_RESIZE_PRIOR_S) -> None:
         if base_scheduler is not None and not isinstance(base_scheduler, TrialScheduler):
             raise TypeError(f"base_scheduler must be a ray.tune TrialScheduler instance such as "
                             f"ASHAScheduler(), got {base_scheduler!r}")
@@ -236,6 +238,10 @@ class AdaptDLScheduler(TrialScheduler):
         # Relaunch sizes a move decided (off a draining node, onto the bundles a lost node
         # left), which the policy's next solve must not change before the relaunch.
         self._move_to: dict[str, int] = {}
+        # Each running trial's replicas as its latest result reported them (a trial resizes
+        # in place: its placement group holds only its minimum).
+        self._replicas_now: dict[str, int] = {}
+        self._targets: dict[str, int] = {}  # the size last told each trial
         # Each trial's trainable class: Tune's Trial.get_trainable_cls() asks Ray's GCS and
         # unpickles the class on every call (milliseconds, on every result).
         self._trainables: dict[str, Any] = {}
@@ -332,10 +338,12 @@ class AdaptDLScheduler(TrialScheduler):
         requested = None
         if trial.status == Trial.PENDING:
             self._restore_result_files(trial)
-            current = num_replicas_of(trial.placement_group_factory)
-            fitting = min(current, cluster_capacity(spec, nodes))
-            self._set_resources(trial, spec, spec.clamp(max(fitting, spec.min_replicas)))
-            requested = num_replicas_of(trial.placement_group_factory)
+            # A trial re-added after a failure or a restore keeps its size if the cluster
+            # holds it (it grows to it in place once its minimum has started).
+            before = self._targets.get(trial.trial_id) or spec.min_replicas
+            fitting = min(before, cluster_capacity(spec, nodes))
+            requested = spec.clamp(max(fitting, spec.min_replicas))
+            self._set_resources(trial, spec, requested)
         elif trial.status == Trial.PAUSED:
             self._enqueue(trial.trial_id)
         self._core.add_job(trial.trial_id, spec, replicas=requested, name=str(trial))
@@ -361,7 +369,7 @@ class AdaptDLScheduler(TrialScheduler):
                                   or spec.max_replicas > spec.min_replicas)
         if trap:
             LOG.warning(trap)
-        current = num_replicas_of(trial.placement_group_factory)
+        current = self._take_replicas(trial, result)
         # Its size first: a count that changed through a resize begun here is not a new one.
         self._core.running(trial.trial_id, replicas=current)
         record = self._core.state.jobs[trial.trial_id]
@@ -379,24 +387,30 @@ class AdaptDLScheduler(TrialScheduler):
             return decision  # interrupted: the trial saves where it is, no resize begins
         if trial.trial_id in self._queue:
             return decision  # already pausing (moving off a draining node)
-        unplaced = int(result.get(METRIC_PREFIX + "unplaced") or 0)
-        if 0 < unplaced < current:
-            return self._shrink_to_placed(trial, current, current - unplaced)
         self._maybe_decide(tune_controller)
         verdict = self._core.decision_for(trial.trial_id)
+        pending = record.resize_log[-1]["to"] if record.resize_pending and \
+            record.resize_log else None
+        if pending is not None and verdict.replicas != pending and \
+                verdict.action in ("keep", "hold"):
+            # The policy changed its mind before the trial could resize: it stays.
+            self._core.cancel_resize(trial.trial_id, "the policy kept its size")
+            self._post_target(trial.trial_id, current)
+            return TrialScheduler.CONTINUE
         # A trial is never preempted to zero here: Tune admits trials itself.
-        if verdict.action != "resize" or verdict.replicas < 1:
+        if verdict.action != "resize" or verdict.replicas < 1 or verdict.replicas == pending:
             return TrialScheduler.CONTINUE
         if verdict.replicas > current and not self._fits(self._free(tune_controller), trial,
                                                          verdict.replicas):
-            # Grow only once the shrinking trials have freed the room; pausing now would
-            # leave this trial idle while it waits.
+            # Grow only once the shrinking trials have freed the room.
             return TrialScheduler.CONTINUE
         self._core.begin_resize(trial.trial_id, verdict)
-        LOG.info("trial %s: pausing to resize %d -> %d replicas (%s; predicted cost %.1f s); "
+        LOG.info("trial %s: resizing in place %d -> %d replicas (%s; predicted cost %.1f s); "
                  "one line follows once its cost is measured", trial.trial_id, current,
                  verdict.replicas, verdict.reason, record.resize_log[-1]["cost_s"])
-        return self._begin_pause(trial)
+        self._post_target(trial.trial_id, verdict.replicas)
+        self._driver.save()
+        return TrialScheduler.CONTINUE
 
     def _begin_pause(self, trial: Trial, move_to: int | None = None) -> str:
         """Queue ``trial`` to relaunch (at ``move_to`` replicas if a move fixed the size,
@@ -407,18 +421,6 @@ class AdaptDLScheduler(TrialScheduler):
         self._traps.forget(trial.trial_id)
         self._announce_pause(trial)
         return TrialScheduler.PAUSE
-
-    def _shrink_to_placed(self, trial: Trial, current: int, placed: int) -> str:
-        """Pause a trial that runs on ``placed`` of its ``current`` bundles (a lost node's
-        bundles Ray has no room for) to relaunch it on ``placed``: Ray's GCS keeps trying
-        to place the rest, busily, for as long as the group asks for them
-        (ray-project/ray#65147); the allocation grows it again when there is room."""
-        reason = f"runs on {placed} of its {current} replicas: no room for the rest after a " \
-                 "lost node"
-        self._core.begin_resize(trial.trial_id, to=placed, reason=reason)
-        RESIZE_LOG.warning("trial %s: %s; pausing at its next batch boundary to relaunch "
-                           "with %d replica(s)", trial.trial_id, reason, placed)
-        return self._begin_pause(trial, move_to=placed)
 
     def on_trial_complete(self, tune_controller: Any, trial: Trial, result: dict) -> None:
         """Free the finished trial's replicas (re-divided at the next check). Its last
@@ -473,8 +475,7 @@ class AdaptDLScheduler(TrialScheduler):
     def _check_traps(self, tune_controller: Any) -> None:
         """Name a running trial that the policy would resize but that does not report."""
         trials = self._core.state.jobs
-        running = [(t.trial_id, trials[t.trial_id].target,
-                    num_replicas_of(t.placement_group_factory))
+        running = [(t.trial_id, trials[t.trial_id].target, self._held(t))
                    for t in tune_controller.get_trials()
                    if t.status == Trial.RUNNING and t.trial_id in trials
                    and trials[t.trial_id].live]
@@ -511,7 +512,7 @@ class AdaptDLScheduler(TrialScheduler):
             if under is None or record is None or not record.live:
                 continue
             trial = running[trial_id]
-            current = num_replicas_of(trial.placement_group_factory)
+            current = self._held(trial)
             target = replicas_to_move(replica_spec_of(self._trainable(trial)), current,
                                       nodes)
             hit, when = under
@@ -632,6 +633,12 @@ class AdaptDLScheduler(TrialScheduler):
             self._queue.remove(trial.trial_id)
         self._move_to.pop(trial.trial_id, None)
         self._trainables.pop(trial.trial_id, None)
+        self._replicas_now.pop(trial.trial_id, None)
+        if outcome != "failed":  # (a retried trial starts again at the size it had)
+            self._targets.pop(trial.trial_id, None)
+        if ray.is_initialized():
+            # (a trial actor that died gave back nothing of its own)
+            remove_leftover_reservations(trial.trial_id)
         if self._control is not None:
             self._control.forget.remote(trial.trial_id)
         self._driver.save_soon()
@@ -672,8 +679,35 @@ class AdaptDLScheduler(TrialScheduler):
             self._move_to[trial_id] = move_to
 
     def _set_resources(self, trial: Trial, spec: Any, replicas: int) -> None:
-        if num_replicas_of(trial.placement_group_factory) != replicas:
-            trial.update_resources(placement_group_factory(spec, replicas))
+        """A (not running) trial's start: its placement group holds its minimum (so that
+        Tune admits it once that fits), and it grows to ``replicas`` in place."""
+        if num_replicas_of(trial.placement_group_factory) != spec.min_replicas:
+            trial.update_resources(placement_group_factory(spec, spec.min_replicas))
+        self._post_target(trial.trial_id, replicas)
+
+    def _post_target(self, trial_id: str, replicas: int) -> None:
+        """Tell the trial how many replicas to run on (it resizes itself in place)."""
+        self._hook()
+        self._targets[trial_id] = int(replicas)
+        if self._control is not None:
+            self._control.set_target.remote(trial_id, int(replicas), time.time())
+
+    def target_of(self, trial_id: str) -> int | None:
+        """The replicas this scheduler last told the trial to run on (``None``: none)."""
+        return self._targets.get(trial_id)
+
+    def _take_replicas(self, trial: Trial, result: Mapping[str, Any]) -> int:
+        """The replicas a result says the trial runs on (kept for :meth:`_held`)."""
+        value = result.get(METRIC_PREFIX + "replicas")
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            self._replicas_now[trial.trial_id] = value
+        return self._held(trial)
+
+    def _held(self, trial: Trial) -> int:
+        """The replicas a trial runs on now: its latest report's count, else its
+        placement group's (its minimum)."""
+        return self._replicas_now.get(trial.trial_id) or \
+            num_replicas_of(trial.placement_group_factory)
 
     def _maybe_decide(self, tune_controller: Any) -> None:
         """Have the driver start a re-solve when it is due (with the trials' sizes, hints
@@ -684,13 +718,13 @@ class AdaptDLScheduler(TrialScheduler):
             ids = [k for k, r in self._core.state.jobs.items() if r.live and k in live]
             for trial_id in ids:
                 trial, record = live[trial_id], self._core.state.jobs[trial_id]
-                if trial.status == Trial.RUNNING:
-                    replicas = num_replicas_of(trial.placement_group_factory)
+                if trial.status == Trial.RUNNING and not record.resize_pending:
+                    replicas = self._held(trial)
                 elif record.resize_pending and record.resize_log:
-                    # Paused for a resize, or relaunching (PENDING) at its new size: it is
-                    # about to hold that size. Counted as holding it, the next solve keeps
-                    # it there (as nothing, the solve would give its room away and undo
-                    # the resize before it lands).
+                    # Resizing (in place, or relaunching after a move): it is about to hold
+                    # that size. Counted as holding it, the next solve keeps it there (as
+                    # nothing, the solve would give its room away and undo the resize
+                    # before it lands).
                     replicas = record.resize_log[-1]["to"]
                 else:
                     # A PENDING trial holds nothing yet: Tune starts it at its request
@@ -741,10 +775,12 @@ class AdaptDLScheduler(TrialScheduler):
         pending: dict[str, float] = {}
         for trial in tune_controller.get_trials():
             if trial.status in (Trial.RUNNING, Trial.PENDING):
-                for k, v in trial.placement_group_factory.required_resources.items():
-                    free[k] = free.get(k, 0.0) - v
+                # (its placement group, and the replicas it runs beyond it)
+                held = self._held(trial)
+                for k, v in replica_spec_of(self._trainable(trial)).resources.items():
+                    free[k] = free.get(k, 0.0) - v * held
                     if trial.status == Trial.PENDING:
-                        pending[k] = pending.get(k, 0.0) + v
+                        pending[k] = pending.get(k, 0.0) + v * held
         if self._allocator is not None:
             # A pending trial may not hold its resources yet: they are as good as taken.
             for k, v in self._ray_free().items():
@@ -766,10 +802,9 @@ class AdaptDLScheduler(TrialScheduler):
     def _fits(self, free: dict[str, float], trial: Trial, replicas: int) -> bool:
         """Whether ``trial`` could hold ``replicas`` replicas given ``free`` (from
         :meth:`_free`; what the trial holds itself counts as available to it)."""
-        own = trial.placement_group_factory.required_resources \
-            if trial.status in (Trial.RUNNING, Trial.PENDING) else {}
         spec = replica_spec_of(self._trainable(trial))
-        return all(free.get(k, 0.0) + own.get(k, 0.0) + 1e-9 >= v * replicas
+        held = self._held(trial) if trial.status in (Trial.RUNNING, Trial.PENDING) else 0
+        return all(free.get(k, 0.0) + v * held + 1e-9 >= v * replicas
                    for k, v in spec.resources.items())
 
     # -- interrupts -----------------------------------------------------------------

@@ -59,8 +59,9 @@ from adaptdl_ray.tune.resources import num_replicas_of, placement_group_factory
 from adaptdl_ray.tune.results import order_like, result_row
 from adaptdl_ray.tune.traps import warn_unscheduled
 from adaptdl_ray.tune.trial_progress import PendingReport, TrialProgress
+from adaptdl_ray.tune.trial_replicas import TrialReplicas
 from adaptdl_ray.tune.worker_group import (InProcessReplica, WorkerFailed, WorkerGroup,
-                                           first_line_of)
+                                           first_line_of, recycle_workers)
 
 LOG = logging.getLogger(__name__)
 _ray_private.check_tune()  # fail at import, not inside a trial, on a Ray without them
@@ -75,12 +76,8 @@ _POLL_S = 1.0
 _FINISH_GRACE_S = 0.3
 # After saving on an interrupt, how long to wait for Tune to stop the trial.
 _INTERRUPTED_WAIT_S = 120.0
-# After a lost node, how long to wait for Ray to place its bundles on the nodes left before
-# continuing on the bundles that are placed (Ray re-places them at once where there is room).
-_REPLACE_WAIT_S = 10.0
-# While a trial runs short of its placement group's bundles, how often to look whether Ray
-# has placed them again.
-_REGROW_CHECK_S = 5.0
+# How often a running trial asks for the scheduler's decision of its size.
+_TARGET_READ_S = 1.0
 #: Seconds of training between a multi-process trial's in-place checkpoints: what a node
 #: lost without notice can cost (benchmarks/node_loss.py measures what a save costs).
 DEFAULT_CHECKPOINT_INTERVAL_S = 300.0
@@ -140,7 +137,8 @@ class AdaptDLTrainable(tune.Trainable):
             warn_unscheduled(self.adaptdl_replica_spec)
         self._interrupt = self._control.wait_interrupt.remote() if self._control else None
         self._new_trial(config)
-        self._group: WorkerGroup | None = self._new_group()
+        self._replicas = self._trial_replicas()
+        self._group: WorkerGroup | InProcessReplica | None = self._new_group()
 
     def _new_trial(self, config: dict) -> None:
         """Forget every trace of a previous trial on this actor (a fresh trial starts)."""
@@ -158,8 +156,9 @@ class AdaptDLTrainable(tune.Trainable):
         self._launch_at = time.time()
         self._launch_s = 0.0  # this launch's start to first step, once seen
         self._next_save: float | None = None  # time.monotonic() of the next in-place save
-        self._short_since: float | None = None  # running on fewer bundles than the group's
-        self._next_regrow_check = 0.0
+        self._target: int | None = None  # the scheduler's latest decision (replicas)
+        self._target_at: float | None = None  # when it was decided (time.time())
+        self._next_target_read = 0.0     # time.monotonic() of the next read of it
 
     def load_checkpoint(self, checkpoint_dir: str) -> None:
         """Take the job state, the user's files and the unreturned reports of a checkpoint
@@ -183,7 +182,7 @@ class AdaptDLTrainable(tune.Trainable):
             if self._error is None:
                 try:
                     self._save_in_place_if_due()
-                    self._regrow_if_placed()
+                    self._resize_in_place_if_due()
                     if not self._ended:
                         # Block on the next report or the end. With one report queued,
                         # wait only briefly: if the function ends right after it, that
@@ -290,55 +289,58 @@ class AdaptDLTrainable(tune.Trainable):
         LOG.warning("trial %s: node(s) %s under its replicas were lost (%s); continuing "
                     "from its newest checkpoint", self.trial_id,
                     ", ".join(n[:12] for n in lost), first_line_of(exc))
-        group.shutdown()
+        # Its own reservations go back too: it continues on its placement group's bundles
+        # (Ray places the lost ones on the nodes left, else the start waits for room) and
+        # grows back to its size in place once there is room.
+        self._replicas.release_all(group)
         self._group = None
         self._ended = False
-        self._ensure_started(self._bundles_left())
+        self._ensure_started()
         return True
 
-    def _bundles_left(self) -> list[int] | None:
-        """After a lost node: the placement group's bundles to continue on. All of them
-        (``None``) once Ray has placed the lost ones on the nodes left; if it has no room
-        for them within ``_REPLACE_WAIT_S``, the bundles it holds, when they are at least
-        ``min_replicas`` (the trial grows back when the rest are placed again,
-        :meth:`_regrow_if_placed`); else all of them, whose start waits for room."""
-        from adaptdl_ray.cluster.nodes import wait_for_bundles
-        self._short_since = None
-        pg = ray.util.get_current_placement_group()
-        wanted = self._replicas_wanted()
-        if pg is None:
-            return None
-        placed = wait_for_bundles(pg, wanted, _REPLACE_WAIT_S)
-        if len(placed) >= wanted or len(placed) < max(self.adaptdl_replica_spec.min_replicas, 1):
-            return None
-        LOG.warning("trial %s: no room for %d of its %d replicas on the nodes left; "
-                    "continuing on %d until Ray places them again", self.trial_id,
-                    wanted - len(placed), wanted, len(placed))
-        self._short_since = time.monotonic()
-        return placed
-
-    def _regrow_if_placed(self) -> None:
-        """While the trial runs short of its bundles (after a lost node): once Ray has
-        placed them all again, checkpoint at the next batch boundary and continue on all
-        of them (a restart, counted like any relaunch)."""
-        if self._short_since is None or self._ended or time.monotonic() < self._next_regrow_check:
+    def _resize_in_place_if_due(self) -> None:
+        """When the scheduler decided another size, resize without Tune relaunching the
+        trial: a grow first starts its new replicas while the trial trains (see
+        :mod:`.trial_replicas`); then the replicas checkpoint at their next batch
+        boundary, the ones that stay keep their processes, the extra ones stop, and the
+        function continues from the checkpoint on the new count (a restart, measured as
+        a resize from the stop request to the first step)."""
+        group = self._group
+        if group is None or not group.started or self._ended:
             return
-        from adaptdl_ray.cluster.nodes import placed_bundles
-        self._next_regrow_check = time.monotonic() + _REGROW_CHECK_S
-        pg = ray.util.get_current_placement_group()
-        if pg is None or len(placed_bundles(pg)) < self._replicas_wanted():
+        target = self._read_target()
+        if not target:
             return
-        LOG.info("trial %s: Ray placed its lost bundles again after %.0f s; continuing on "
-                 "all %d replicas", self.trial_id, time.monotonic() - self._short_since,
-                 self._replicas_wanted())
-        outcomes = self._group.stop(self.adaptdl_stop_timeout_s)
+        target = self.adaptdl_replica_spec.clamp(target)
+        current = group.num_replicas
+        if target == current:
+            self._replicas.cancel_grow()
+            return
+        if target > current and not self._replicas.grow_ready(group, target - current):
+            return  # the new replicas start while the trial trains
+        requested = time.time()
+        outcomes = group.stop(self.adaptdl_stop_timeout_s)
         self._fetch(0.0)
-        if not any(o["status"] == "checkpointed" for o in outcomes):
-            return  # the function ended first: step() finishes the trial as usual
-        self._archive = self._group.checkpoint_archive() or self._archive
-        self._group.shutdown()
-        self._group = None
-        self._short_since = None
+        if all(o["status"] == "finished" for o in outcomes):
+            self._ended = True  # the function ended first: step() finishes the trial
+            return
+        stopped = time.time()
+        self._archive = group.checkpoint_archive() or self._archive
+        stay = self._replicas.survivors(group, target)
+        if isinstance(group, WorkerGroup):
+            # Every replica leaves the job's process group together, then the extra stop.
+            if stay and not recycle_workers(group.actors, self._replica_trial_info()):
+                stay = []
+            self._replicas.release([a for a in group.actors if a not in stay])
+        else:
+            group.shutdown()
+        LOG.info("trial %s: resizing in place %d -> %d replicas (%d stay, %d start)",
+                 self.trial_id, current, target, len(stay), target - len(stay))
+        self._progress.restarts += 1
+        self._launch_at, self._launch_s = stopped, 0.0
+        self._measure_from = {"requested": requested, "stopped": stopped, "saved": stopped,
+                              "decided": self._target_at or requested}
+        self._group = self._replicas.group(target, keep=stay)
         self._ensure_started()
 
     def save_checkpoint(self, checkpoint_dir: str) -> None:
@@ -385,10 +387,13 @@ class AdaptDLTrainable(tune.Trainable):
                  self.trial_id, time.time() - t0, len(pending))
 
     def cleanup(self) -> None:
-        """Kill the replica actors."""
-        if getattr(self, "_group", None) is not None:
+        """Kill the replica actors and give every reservation of the trial's own back."""
+        replicas = getattr(self, "_replicas", None)
+        if replicas is not None:
+            replicas.release_all(getattr(self, "_group", None))
+        elif getattr(self, "_group", None) is not None:
             self._group.shutdown()
-            self._group = None
+        self._group = None
 
     def reset_config(self, new_config: dict) -> bool:
         """Serve a new trial with this actor (Tune's ``reuse_actors=True``; Tune reuses an
@@ -408,12 +413,17 @@ class AdaptDLTrainable(tune.Trainable):
         info = self._replica_trial_info()
         n = self._replicas_wanted()
         group = self._group
-        if group is not None and (group.num_replicas != n or not group.recycle(info)):
-            group.shutdown()
+        if group is not None and (group.num_replicas != n or n > self._base_replicas()
+                                  or not group.recycle(info)):
+            self._replicas.release_all(group)
             group = None
+        # (the new trial's own reservations carry its name)
+        replicas, self._replicas = self._replicas, self._trial_replicas()
         if group is None:
+            replicas.release_all()
             group = self._new_group()
         else:
+            self._replicas.adopt(replicas)
             LOG.info("trial %s reuses %d warm replica(s)", self.trial_id, n)
         self._group = group
         return True
@@ -428,11 +438,39 @@ class AdaptDLTrainable(tune.Trainable):
             return False
 
     # -- launching ---------------------------------------------------------------------
-    def _replicas_wanted(self) -> int:
-        """The current trial's replica count (its placement group's bundles)."""
+    def _base_replicas(self) -> int:
+        """The replicas of the trial's placement group from Tune (its ``min_replicas``)."""
         if ray.util.get_current_placement_group() is None:
             return self.adaptdl_replica_spec.min_replicas
         return num_replicas_of(self.trial_resources)
+
+    def _replicas_wanted(self) -> int:
+        """The replicas to launch with: the scheduler's latest decision, within the
+        trial's bounds, else its placement group's."""
+        target = self._read_target(force=True)
+        return self.adaptdl_replica_spec.clamp(target) if target else self._base_replicas()
+
+    def _read_target(self, force: bool = False) -> int | None:
+        """The scheduler's latest decision for this trial (asked of the control actor at
+        most every ``_TARGET_READ_S``; ``None`` without a scheduler or decision)."""
+        now = time.monotonic()
+        if self._control is None or (not force and now < self._next_target_read):
+            return self._target
+        self._next_target_read = now + _TARGET_READ_S
+        try:
+            answer = ray.get(self._control.get_target.remote(self.trial_id), timeout=10)
+        except ray.exceptions.RayError as exc:
+            LOG.debug("trial %s: could not read its target size: %s", self.trial_id, exc)
+            return self._target
+        if answer is not None:
+            self._target, self._target_at = int(answer[0]), float(answer[1])
+        return self._target
+
+    def _trial_replicas(self) -> TrialReplicas:
+        """Where this trial's replicas run (see :mod:`.trial_replicas`)."""
+        return TrialReplicas(self.adaptdl_replica_spec.resources, self._replica_trial_info(),
+                             ray.util.get_current_placement_group(), self._base_replicas(),
+                             self.trial_id, in_process_allowed=self._in_process_allowed)
 
     def _replica_trial_info(self) -> dict[str, Any]:
         """What the replicas tell the function through ``tune.get_context()``."""
@@ -451,21 +489,16 @@ class AdaptDLTrainable(tune.Trainable):
         return self.adaptdl_single_replica_in_process and only_cpu and \
             not InProcessReplica.busy()
 
-    def _new_group(self, bundles: list[int] | None = None) -> WorkerGroup | InProcessReplica:
-        """Replicas on every bundle of the trial's placement group, or on ``bundles``."""
-        n = self._replicas_wanted() if bundles is None else len(bundles)
-        if n == 1 and bundles is None and self._in_process_allowed():
-            return InProcessReplica(self.adaptdl_replica_spec.resources,
-                                    self._replica_trial_info())
-        return WorkerGroup(n, self.adaptdl_replica_spec.resources,
-                           ray.util.get_current_placement_group(), self._replica_trial_info(),
-                           bundles=bundles)
+    def _new_group(self) -> WorkerGroup | InProcessReplica:
+        """The replicas of a launch: as many as the scheduler decided (see
+        :mod:`.trial_replicas`)."""
+        return self._replicas.group(self._replicas_wanted())
 
-    def _ensure_started(self, bundles: list[int] | None = None) -> None:
+    def _ensure_started(self) -> None:
         if self._group is None:
             self._progress.restarts += 1
             self._launch_at, self._launch_s = time.time(), 0.0
-            self._group = self._new_group(bundles)
+            self._group = self._new_group()
         if not self._group.started:
             self._ended = False
             self._next_save = None
@@ -486,7 +519,7 @@ class AdaptDLTrainable(tune.Trainable):
             self._progress.restarts += 1
             self._launch_at, self._launch_s = time.time(), 0.0
         else:
-            self._group.shutdown()
+            self._replicas.release_all(self._group)
             self._group = None
         self._ensure_started()
 
@@ -544,11 +577,8 @@ class AdaptDLTrainable(tune.Trainable):
                     phases = resize_phases(self._measure_from, self._launch_at, timeline)
                     self._progress.resize_s = phases.pop("total_s")
                     self._measure_from = None
-            unplaced = 0 if self._short_since is None else \
-                self._replicas_wanted() - self._group.num_replicas
             row = result_row(item["metrics"], item["status"], launch_s=self._launch_s,
-                             resize_s=self._progress.resize_s, phases=phases,
-                             unplaced=unplaced)
+                             resize_s=self._progress.resize_s, phases=phases)
             row[TIME_THIS_ITER_S] = float(item["time_this_iter_s"])
             self._queue.append(PendingReport(row, item["tag"], item["user_checkpoint"]))
 
@@ -640,7 +670,10 @@ def resize_phases(pause: Mapping[str, float], setup_at: float,
         and re-creates the placement group, starts the trial actor; also any time the trial
         waited for resources), ``worker_start_s`` (replica actors up), ``restore_s``
         (checkpoint handed over, torch imported, files unpacked), ``first_step_s`` (process
-        group, states loaded, first optimizer step), and their sum ``total_s``.
+        group, states loaded, first optimizer step), their sum ``total_s``, and for a
+        resize in place (``pause`` has when it was ``decided``) ``decided_to_stop_s``: the
+        time from the scheduler's decision to the stop request, while the trial trained on
+        (a grow's new replicas start then).
     """
     first = timeline.get("first_step", time.time())
     ready = timeline.get("ready", first)
@@ -652,6 +685,8 @@ def resize_phases(pause: Mapping[str, float], setup_at: float,
         "restore_s": ready - timeline["workers_up"],
         "first_step_s": first - ready,
     }
+    if "decided" in pause:  # (a resize in place: the trial trained on until the stop)
+        phases["decided_to_stop_s"] = pause["requested"] - pause["decided"]
     phases = {k: max(float(v), 0.0) for k, v in phases.items()}
     phases["total_s"] = max(first - pause["requested"], 0.0)
     return phases

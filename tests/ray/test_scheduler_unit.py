@@ -56,7 +56,16 @@ class StubTrial:
 
     @property
     def replicas(self):
-        return num_replicas_of(self.placement_group_factory)
+        """What it runs on: what the scheduler told it (it resizes itself in place), else
+        its placement group's bundles."""
+        told = self.scheduler.target_of(self.trial_id) if self.scheduler else None
+        return told or num_replicas_of(self.placement_group_factory)
+
+    scheduler = None
+
+    def result(self, **metrics):
+        """A result as the trial reports it: its replicas now, and ``metrics``."""
+        return {"adaptdl/replicas": self.replicas, **metrics}
 
 
 class StubController:
@@ -72,6 +81,7 @@ class StubController:
 
     def add(self, scheduler, trial):
         self.trials.append(trial)
+        trial.scheduler = scheduler
         scheduler.on_trial_add(self, trial)
         return trial
 
@@ -160,18 +170,19 @@ def test_new_trials_stay_pending_so_tune_and_searchers_count_them():
 def test_a_retried_trial_is_added_again_and_keeps_a_size_that_fits():
     sched = AdaptDLScheduler(solve_wait_s=None, nodes_fn=cluster(4), allocation_interval_s=3600)
     tc, a = start_trial(sched, "a")
-    big = placement_group_factory(JobSpec({"CPU": 1}), 3)
-    a.placement_group_factory = big
+    sched._post_target("a", 3)  # (it runs on 3 replicas, grown in place)
     # What Tune does on a failure with retries left: on_trial_error, PENDING, on_trial_add.
     sched.on_trial_error(tc, a)
     a.status = Trial.PENDING
     sched.on_trial_add(tc, a)
-    assert a.status == Trial.PENDING and a.replicas == 3
-    # A request the cluster could never hold again (a node was lost) restarts small.
-    a.placement_group_factory = placement_group_factory(JobSpec({"CPU": 1}), 6)
+    # Tune admits it at its minimum; it grows back to 3 in place once started.
+    assert a.status == Trial.PENDING and num_replicas_of(a.placement_group_factory) == 1
+    assert sched.target_of("a") == 3
+    # A size the cluster could never hold again (a node was lost) restarts smaller.
+    sched._post_target("a", 6)
     sched.on_trial_error(tc, a)
     sched.on_trial_add(tc, a)
-    assert a.replicas == 4
+    assert sched.target_of("a") == 4
 
 
 def test_a_lone_trial_starts_at_one_replica_and_grows_once_profiled(clock):
@@ -189,10 +200,11 @@ def test_a_lone_trial_starts_at_one_replica_and_grows_once_profiled(clock):
     # Not while its remaining training is unknown...
     assert sched.on_trial_result(tc, trial, {}) == TrialScheduler.CONTINUE
     assert "remaining training not known" in sched.state.jobs["solo"].last_veto
-    # ...and once it is known, and a growth pays.
-    assert sched.on_trial_result(tc, trial, LONG) == TrialScheduler.PAUSE
+    # ...and once it is known, and a growth pays: the trial is told to grow in place (Tune
+    # does not pause it).
+    assert sched.on_trial_result(tc, trial, LONG) == TrialScheduler.CONTINUE
     record = sched.state.jobs["solo"]
-    assert record.target == 2 and record.resize_pending
+    assert record.target == 2 and record.resize_pending and sched.target_of("solo") == 2
     assert record.resize_log[-1]["from"] == 1 and record.resize_log[-1]["to"] == 2
     assert "saves" in record.resize_log[-1]["reason"]
 
@@ -220,23 +232,21 @@ def test_each_resize_is_one_visible_line_with_its_predicted_and_measured_cost(cl
         hints.hints["solo"] = {"init_batch_size": 32, "max_profiled_replicas": 1,
                                "max_profiled_nodes": 1}
         clock[0] += 600
-        assert sched.on_trial_result(tc, trial, LONG) == TrialScheduler.PAUSE
+        assert sched.on_trial_result(tc, trial, LONG) == TrialScheduler.CONTINUE
         assert lines == []  # the line waits for the measured cost
-        trial.status = Trial.PAUSED
-        tc.start_pending(sched)
-        assert trial.replicas == 2
-        sched.on_trial_result(tc, trial, {**LONG, "adaptdl/restarts": 1,
-                                          "adaptdl/resize_s": 27.5})
-        sched.on_trial_result(tc, trial, {**LONG, "adaptdl/restarts": 1})
+        assert trial.replicas == 2  # (it resized in place)
+        sched.on_trial_result(tc, trial, trial.result(**LONG, **{"adaptdl/restarts": 1,
+                                                                 "adaptdl/resize_s": 0.4}))
+        sched.on_trial_result(tc, trial, trial.result(**LONG, **{"adaptdl/restarts": 1}))
     finally:
         logger.removeHandler(handler)
     assert len(lines) == 1, lines
     line = lines[0]
     assert line.startswith("trial solo resized 1 -> 2 replicas (predicted speedup")
-    assert "predicted saving" in line and "predicted cost 30.0 s" in line
-    assert line.endswith("measured cost 27.5 s")
+    assert "predicted saving" in line and "predicted cost 5.0 s" in line
+    assert line.endswith("measured cost 0.4 s")
     entry = sched.state.jobs["solo"].resize_log[-1]
-    assert (entry["cost_s"], entry["measured_s"]) == (30.0, 27.5)
+    assert (entry["cost_s"], entry["measured_s"]) == (5.0, 0.4)
 
 
 def test_a_resize_whose_first_result_is_the_last_is_measured(clock):
@@ -249,11 +259,9 @@ def test_a_resize_whose_first_result_is_the_last_is_measured(clock):
     hints.hints["solo"] = {"init_batch_size": 32, "max_profiled_replicas": 1,
                            "max_profiled_nodes": 1}
     clock[0] += 600
-    assert sched.on_trial_result(tc, trial, LONG) == TrialScheduler.PAUSE
-    trial.status = Trial.PAUSED
-    tc.start_pending(sched)
-    sched.on_trial_complete(tc, trial, {**LONG, "adaptdl/restarts": 1,
-                                        "adaptdl/resize_s": 12.5, "done": True})
+    assert sched.on_trial_result(tc, trial, LONG) == TrialScheduler.CONTINUE
+    sched.on_trial_complete(tc, trial, trial.result(**LONG, **{
+        "adaptdl/restarts": 1, "adaptdl/resize_s": 12.5, "done": True}))
     entry = sched.state.jobs["solo"].resize_log[-1]
     assert entry["measured_s"] == 12.5 and not sched.state.jobs["solo"].live
 
@@ -275,7 +283,7 @@ def test_results_do_not_trigger_allocations_within_the_interval():
     assert policy.calls == calls
 
 
-def test_interval_elapsed_reallocates_and_pauses_trials_whose_count_changes(clock):
+def test_interval_elapsed_reallocates_and_resizes_trials_in_place(clock):
     policy = CountingPolicy()
     hints = Hints()
     sched = AdaptDLScheduler(solve_wait_s=None, nodes_fn=cluster(4), allocation_interval_s=30,
@@ -288,14 +296,15 @@ def test_interval_elapsed_reallocates_and_pauses_trials_whose_count_changes(cloc
     assert sched.on_trial_result(tc, a, LONG) == TrialScheduler.CONTINUE  # within the interval
     clock[0] += 31
     calls = policy.calls
-    assert sched.on_trial_result(tc, a, LONG) == TrialScheduler.PAUSE
+    # The trial is told its new size and resizes itself; Tune does not pause it, and its
+    # placement group keeps its minimum.
+    assert sched.on_trial_result(tc, a, LONG) == TrialScheduler.CONTINUE
     assert policy.calls == calls + 1
-    assert sched.state.jobs["a"].target == 4
-    # Tune pauses it; the scheduler then resumes it with 4 replicas.
-    a.status = Trial.PAUSED
-    sched._last_check = float("-inf")  # past the throttle delay
-    assert sched.choose_trial_to_run(tc) is a
-    assert a.replicas == 4
+    assert sched.state.jobs["a"].target == 4 and sched.target_of("a") == 4
+    assert a.status == Trial.RUNNING and num_replicas_of(a.placement_group_factory) == 1
+    assert sched.state.jobs["a"].resizes == 1
+    # Until it reports the new size, it is not told again.
+    assert sched.on_trial_result(tc, a, LONG) == TrialScheduler.CONTINUE
     assert sched.state.jobs["a"].resizes == 1
 
 
@@ -308,9 +317,11 @@ def test_growth_waits_until_the_room_is_free():
     b.placement_group_factory = placement_group_factory(JobSpec({"CPU": 1}), 3)
     tc.trials.append(b)  # a trial holding 3 CPUs that the scheduler wants to shrink
     sched.state.jobs["a"].target = 3
-    assert sched.on_trial_result(tc, a, LONG) == TrialScheduler.CONTINUE  # no room yet
+    assert sched.on_trial_result(tc, a, a.result(**LONG)) == TrialScheduler.CONTINUE
+    assert sched.target_of("a") == 1  # no room yet: not told to grow
     b.status = Trial.PAUSED
-    assert sched.on_trial_result(tc, a, LONG) == TrialScheduler.PAUSE
+    assert sched.on_trial_result(tc, a, a.result(**LONG)) == TrialScheduler.CONTINUE
+    assert sched.target_of("a") == 3
 
 
 def test_a_resized_trial_is_not_resumed_by_the_base_scheduler_before_it_fits():
@@ -462,14 +473,15 @@ def test_a_trial_one_short_epoch_from_its_end_is_not_grown(clock):
     # The same trial with most of its training ahead grows.
     clock[0] += 31
     result.update({"adaptdl/epochs_done": 1, "time_total_s": 200.0})
-    assert sched.on_trial_result(tc, a, result) == TrialScheduler.PAUSE
+    assert sched.on_trial_result(tc, a, result) == TrialScheduler.CONTINUE
     assert record.target == 4 and "saves" in record.resize_log[-1]["reason"]
+    assert sched.target_of("a") == 4
 
 
 def test_a_growth_whose_gain_is_below_its_cost_is_not_made(clock):
     hints = Hints()
     sched = AdaptDLScheduler(solve_wait_s=None, nodes_fn=cluster(4), allocation_interval_s=30,
-                             hints_fn=hints)
+                             hints_fn=hints, resize_cost_prior_s=30.0)
     tc, a = start_trial(sched, "a")
     # A fitted model that scales poorly: 4 replicas are predicted 1.25x one replica.
     hints.hints["a"] = {"init_batch_size": 64, "max_batch_size": 1024,
@@ -767,34 +779,9 @@ def test_a_new_trial_grows_in_one_resize_to_what_the_shared_profile_supports(clo
     tc.start_pending(sched)
     assert b.status == Trial.RUNNING and b.replicas == 1
     clock[0] += 2  # past the gap between event-driven solves
-    action = sched.on_trial_result(tc, b, LONG)
+    assert sched.on_trial_result(tc, b, LONG) == TrialScheduler.CONTINUE
     target = sched.state.jobs["b"].target
     if share:
-        assert action == TrialScheduler.PAUSE and target == 8
+        assert target == 8 and sched.target_of("b") == 8
     else:
-        assert action == TrialScheduler.CONTINUE and target == 1
-
-
-def test_a_trial_running_short_of_its_bundles_is_relaunched_on_what_it_runs(clock):
-    """A trial that lost a node Ray has no room to replace runs on the bundles left and
-    says how many it lacks (``adaptdl/unplaced``): the scheduler pauses it and relaunches
-    it on the replicas it runs, so that its placement group stops asking for the rest."""
-    hints = Hints()
-    sched = AdaptDLScheduler(solve_wait_s=None, nodes_fn=cluster(4), allocation_interval_s=30,
-                             hints_fn=hints)
-    tc = StubController()
-    trial = StubTrial("a", trainable=AdaptDLTrainableCreator(train_fn, min_replicas=1,
-                                                             max_replicas=3))
-    trial.placement_group_factory = placement_group_factory(
-        replica_spec_of(trial.get_trainable_cls()), 3)
-    tc.add(sched, trial)
-    tc.start_pending(sched)
-    assert trial.replicas == 3
-    assert sched.on_trial_result(tc, trial, dict(LONG, **{"adaptdl/unplaced": 1})) == \
-        TrialScheduler.PAUSE
-    assert sched.state.jobs["a"].resize_log[-1]["to"] == 2
-    assert "no room for the rest" in sched.state.jobs["a"].resize_log[-1]["reason"]
-    trial.status = Trial.PAUSED
-    sched._last_check = float("-inf")
-    assert sched.choose_trial_to_run(tc) is trial
-    assert trial.replicas == 2
+        assert target == 1 and sched.target_of("b") == 1

@@ -30,15 +30,11 @@ def test_every_result_lists_every_adaptdl_key_in_the_same_order():
     assert list(first) == list(later)
     expected = ["acc"] + [METRIC_PREFIX + k for k in STATUS_KEYS] + \
         [METRIC_PREFIX + "launch_s", METRIC_PREFIX + "resize_s"] + \
-        [f"{METRIC_PREFIX}resize/{p}" for p in RESIZE_PHASES] + [METRIC_PREFIX + "unplaced"]
+        [f"{METRIC_PREFIX}resize/{p}" for p in RESIZE_PHASES]
     assert list(first) == expected
     assert later[METRIC_PREFIX + "resize/checkpoint_s"] == 0.5
     assert first[METRIC_PREFIX + "resize/checkpoint_s"] == 0.0
     assert "adaptdl/hints" not in first  # hints travel beside the results
-    assert first[METRIC_PREFIX + "unplaced"] == 0
-    short = result_row({"acc": 0.7}, {"replicas": 2}, launch_s=4.0, resize_s=0.0,
-                       phases=None, unplaced=1)
-    assert list(short) == expected and short[METRIC_PREFIX + "unplaced"] == 1
 
 
 def test_order_like_keeps_the_first_results_order():
