@@ -18,13 +18,6 @@ a draining node, over repeated runs.
   without notice. Measured: from the removal to the first step of the relaunch in the same
   placement group, the samples trained twice against one interval's worth, and the
   failures Tune counted.
-* **trial-short**: the same trial (``min_replicas=2``, started on 3) when the head has no
-  room for the lost bundle: it continues on the 2 bundles Ray still holds, and when room
-  comes back it grows back to 3 from a fresh checkpoint
-  (``lost_node_trial_run.py ... short``). Measured: from the removal to the first step on
-  the bundles left, and from room coming back to the first step on all three. Ray's GCS
-  retries placing an unplaceable bundle busily (ray-project/ray#65147), which on a small
-  machine slows the short launch's start.
 * **trial-actor**: a one-replica trial (its replica runs in the trial actor) on the worker
   (the head's one CPU held until the loss), checkpointing in place every ``--interval``
   seconds, each checkpoint also kept on the run's storage; after 30 steps the worker is
@@ -103,14 +96,6 @@ def trial_lost_run(interval_s: float) -> dict:
         "status"] == "TERMINATED" and seen.get("loss_to_first_step_s") is not None)
 
 
-def trial_short_run(interval_s: float) -> dict:
-    """One Tune trial whose lost node's bundle has no room: it continues on the bundles
-    left, then grows back once room comes."""
-    return _loss_run("tests.ray.lost_node_trial_run", interval_s, lambda seen: seen[
-        "status"] == "TERMINATED" and seen.get("room_to_first_step_s") is not None,
-        "short")
-
-
 def trial_actor_run(interval_s: float) -> dict:
     """One one-replica Tune trial whose own node (the trial actor's) is removed."""
     return _loss_run("tests.ray.lost_node_trial_run", interval_s, lambda seen: seen[
@@ -156,14 +141,6 @@ def _trial_lost_line(row: dict) -> str:
             f"repeated (one interval: {row['interval_samples']:.0f}), {_trained(row)}")
 
 
-def _trial_short_line(row: dict) -> str:
-    loss = row.get("loss_to_first_step_s")
-    return (f"loss to first step on the bundles left "
-            f"{'n/a' if loss is None else f'{loss:.1f} s'}, room back to first step on all "
-            f"{row['room_to_first_step_s']:.1f} s, launches {row['sizes']}, failures "
-            f"{row['failures']}, {row['repeated']} samples repeated, {_trained(row)}")
-
-
 def _trial_actor_line(row: dict) -> str:
     return (f"loss to first step of the retry {row['loss_to_first_step_s']:.1f} s, "
             f"failures {row['failures']}, {row['repeated']} samples repeated (one "
@@ -178,7 +155,6 @@ def _trial_drain_line(row: dict) -> str:
 
 #: scenario name -> (one run, its line in the output)
 SCENARIOS = {"lost": (lost_run, _lost_line), "trial-lost": (trial_lost_run, _trial_lost_line),
-             "trial-short": (trial_short_run, _trial_short_line),
              "trial-actor": (trial_actor_run, _trial_actor_line),
              "trial-drain": (trial_drain_run, _trial_drain_line)}
 
@@ -194,13 +170,11 @@ def _trial_summary(title: str, verb: str, rows: list[dict]) -> str:
     if not ok:
         return f"{title}: no run {verb}"
     losses = [r["loss_to_first_step_s"] for r in ok if r.get("loss_to_first_step_s")]
-    rooms = [r["room_to_first_step_s"] for r in ok if r.get("room_to_first_step_s")]
     return (f"{title}: {len(ok)} of {len(rows)} {verb}, "
             f"{sum(r['complete'] for r in ok)} trained every sample, "
             f"{sum(r['failures'] == 0 for r in ok)} with no failure counted; loss to first "
             f"step median {_median(losses)}; repeated samples median "
-            f"{statistics.median([r['repeated'] for r in ok])}" +
-            (f"; room back to first step median {_median(rooms)}" if rooms else ""))
+            f"{statistics.median([r['repeated'] for r in ok])}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -243,8 +217,6 @@ def main(argv: list[str] | None = None) -> int:
                   f"interval of {DEFAULT_CHECKPOINT_INTERVAL_S:g} s that is "
                   f"{100 * share:.2f}% of the time")
     for name, title, verb in (("trial-lost", "trial on a lost node", "continued"),
-                              ("trial-short", "trial without room for a lost bundle",
-                               "continued short and grew back"),
                               ("trial-actor", "trial whose own node was lost",
                                "resumed from the kept checkpoint")):
         if rows[name]:
@@ -258,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1, default=str))
     ok = all(r["ok"] and r["complete"] for r in rows["lost"] + rows["trial-lost"] +
-             rows["trial-short"] + rows["trial-actor"]) and \
+             rows["trial-actor"]) and \
         all(r["ok"] and r["exact"] for r in rows["trial-drain"])
     return 0 if ok else 1
 

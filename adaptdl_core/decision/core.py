@@ -178,8 +178,12 @@ class DecisionCore:
             time the core records or compares comes from it.
         interval_s: seconds between periodic re-solves (finite, ``> 0``).
         resize_rule: decides whether a proposed resize of a running job pays, called with
-            :func:`~adaptdl_core.policy.resize_verdict`'s keyword arguments and returning a
-            :class:`~adaptdl_core.policy.ResizeVerdict`; default ``resize_verdict``.
+            :func:`~adaptdl_core.policy.resize_verdict`'s keyword arguments plus
+            ``since_last_s`` and ``last_cost_s`` (the job's last resize: seconds since it
+            began, its measured cost; ``None`` when unknown), returning a
+            :class:`~adaptdl_core.policy.ResizeVerdict`; default ``resize_verdict`` (a
+            front-end whose jobs resize in place passes
+            :func:`~adaptdl_core.policy.amortised_resize_verdict`).
         min_event_gap_s: least seconds between two solves triggered by events (jobs or
             nodes added or removed); events in between wait for the next one. Default 0:
             every :meth:`decide` after an event re-solves.
@@ -863,9 +867,14 @@ class DecisionCore:
             nodes_new = max(len(set(record.nodes)), 1)
             speedups = (float(np.asarray(fn(nodes_now, current))),
                         float(np.asarray(fn(nodes_new, target))))
+        # What the job's last resize tells (for rules that wait for it to be amortised).
+        last = next((e for e in reversed(record.resize_log) if "cancelled" not in e), None)
+        since = None if last is None else max(float(self.clock()) - float(last["time"]), 0.0)
         return self.resize_rule(current=current, target=target, remaining_s=record.remaining_s,
                                 cost_s=cost, speedup_now=speedups[0] if speedups else None,
-                                speedup_new=speedups[1] if speedups else None)
+                                speedup_new=speedups[1] if speedups else None,
+                                since_last_s=since,
+                                last_cost_s=None if last is None else last.get("measured_s"))
 
 
 @dataclasses.dataclass(frozen=True)

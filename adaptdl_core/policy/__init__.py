@@ -16,7 +16,8 @@ from .allocator import (
 from .cluster_size import ClusterSizeDecision, ClusterSizeRule
 from .remaining import (POLICY_NAMES, RemainingWorkPolicy, admission_order, policy_by_name,
                         remaining_weights)
-from .resize import MIN_COST_MULTIPLES, ResizeVerdict, resize_verdict
+from .resize import (MIN_COST_MULTIPLES, ResizeVerdict, amortised_resize_verdict,
+                     resize_verdict)
 from .speedup import GoodputOptimizer, LinearSpeedup, SpeedupFunction
 
 __all__ = [
@@ -42,5 +43,6 @@ __all__ = [
     "power_mean",
     "remaining_weights",
     "resize_verdict",
+    "amortised_resize_verdict",
     "restart_penalty",
 ]

@@ -24,10 +24,17 @@ import operator
 
 from adaptdl_core import validation
 
-__all__ = ["ResizeVerdict", "resize_verdict", "MIN_COST_MULTIPLES"]
+__all__ = ["ResizeVerdict", "resize_verdict", "amortised_resize_verdict",
+           "MIN_COST_MULTIPLES", "AMORTISE_MULTIPLES", "MIN_DWELL_S"]
 
 # A job with less than this many resize costs of training left is not resized.
 MIN_COST_MULTIPLES = 2.0
+#: A job resized in place is not resized again before its last resize is measured and it
+#: has trained this many times that resize's cost since...
+AMORTISE_MULTIPLES = 10.0
+#: ...and at least this long (seconds): long enough for its throughput model to see the
+#: new size, so that a noisy first fit does not undo a resize at once.
+MIN_DWELL_S = 10.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +62,8 @@ def _count(name: str, value: object) -> int:
 
 def resize_verdict(*, current: int, target: int, remaining_s: float | None, cost_s: float,
                    speedup_now: float | None = None, speedup_new: float | None = None,
-                   min_cost_multiples: float = MIN_COST_MULTIPLES) -> ResizeVerdict:
+                   min_cost_multiples: float = MIN_COST_MULTIPLES,
+                   **_: object) -> ResizeVerdict:
     """Whether moving a running job from ``current`` to ``target`` replicas pays.
 
     Args:
@@ -66,6 +74,9 @@ def resize_verdict(*, current: int, target: int, remaining_s: float | None, cost
         speedup_now, speedup_new: the job's predicted speedups (any common unit) at the two
             sizes; needed for a growth when ``remaining_s`` is known.
         min_cost_multiples: see :data:`MIN_COST_MULTIPLES`.
+
+    Other keyword arguments (what the decision core knows of the job's last resize) are
+    for other rules (:func:`amortised_resize_verdict`) and ignored here.
 
     Raises:
         ValueError: for counts that are not integers ``>= 1``, a ``remaining_s`` or
@@ -123,3 +134,41 @@ def resize_verdict(*, current: int, target: int, remaining_s: float | None, cost
     return ResizeVerdict(True, f"predicted speedup x{ratio:.2f} saves {saved:.1f} s of "
                                f"{remaining_s:.1f} s left, more than the resize cost "
                                f"{cost_s:.1f} s", saved)
+
+
+def amortised_resize_verdict(*, since_last_s: float | None = None,
+                             last_cost_s: float | None = None,
+                             **kwargs: object) -> ResizeVerdict:
+    """:func:`resize_verdict`, and a job is not resized again before its last resize has
+    been measured (``last_cost_s`` known) and amortised: it has trained at least
+    :data:`AMORTISE_MULTIPLES` times that cost since, and at least :data:`MIN_DWELL_S`.
+
+    The rule for jobs that resize in place (a Ray Tune trial, a submitted job): a resize
+    that costs a second pays easily, and without this a young throughput model, fitted on
+    a few steps at a new size, could undo the resize at once and the job thrash between
+    sizes. (A front-end's forced moves, off a draining or lost node, are no decisions of the
+    rule and are never held.)
+
+    Args:
+        since_last_s: seconds since the job's last resize began (``None``: never resized).
+        last_cost_s: what that resize cost, measured (``None``: not measured yet).
+        kwargs: :func:`resize_verdict`'s arguments.
+
+    Raises:
+        ValueError: as :func:`resize_verdict`, or a negative or non-finite
+            ``since_last_s`` / ``last_cost_s``.
+    """
+    if since_last_s is not None:
+        since = validation.number("since_last_s", since_last_s, 0.0, what="seconds")
+        if kwargs.get("current") != kwargs.get("target"):
+            if last_cost_s is None:
+                return ResizeVerdict(False, f"its last resize ({since:.0f} s ago) is not "
+                                            "measured yet")
+            cost = validation.number("last_cost_s", last_cost_s, 0.0, what="seconds")
+            needed = max(AMORTISE_MULTIPLES * cost, MIN_DWELL_S)
+            if since < needed:
+                return ResizeVerdict(False, f"its last resize ({since:.0f} s ago, "
+                                            f"{cost:.1f} s) is amortised after {needed:.0f} s "
+                                            f"at its size ({AMORTISE_MULTIPLES:g}x its cost, at "
+                                            f"least {MIN_DWELL_S:g} s)")
+    return resize_verdict(**kwargs)

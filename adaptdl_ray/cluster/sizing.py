@@ -19,6 +19,7 @@ from typing import Any, Callable, Mapping, Protocol
 
 from adaptdl_core.decision import (CoreDriver, CoreState, Decision, DecisionCore, JobProgress,
                                    JobSpec, NodeInfo, SolveRequest, cluster_capacity)
+from adaptdl_core.policy import amortised_resize_verdict
 
 LOG = logging.getLogger(__name__)
 
@@ -101,7 +102,8 @@ class CoreSizer:
             except (OSError, ValueError) as exc:
                 LOG.warning("ignoring the job's decision record in %s: %s", state_dir, exc)
         self.core = DecisionCore(clock=clock, interval_s=interval_s, state=state,
-                                 resize_cost_prior_s=resize_cost_prior_s)
+                                 resize_cost_prior_s=resize_cost_prior_s,
+                                 resize_rule=amortised_resize_verdict)
         self.driver = CoreDriver(self.core, solve_wait_s=None, solver=solver,
                                  state_dir=state_dir)
 

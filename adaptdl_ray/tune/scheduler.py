@@ -56,7 +56,8 @@ from adaptdl_core.decision import (CoreDriver, CoreState, DecisionCore, JobProgr
                                    cluster_capacity, estimate_remaining_s, job_info)
 from adaptdl_core.decision.driver import DEFAULT_SOLVE_WAIT_S
 from adaptdl_core.decision.resize_cost import describe_resize
-from adaptdl_core.policy import NodeInfo, PolluxPolicy, policy_by_name, resize_verdict
+from adaptdl_core.policy import (NodeInfo, PolluxPolicy, amortised_resize_verdict,
+                                 policy_by_name)
 from adaptdl_ray.cluster.client import AllocatorSolver, new_member_id
 from adaptdl_ray.cluster.sizing import JOB_RESIZE_COST_PRIOR_S as IN_PLACE_RESIZE_PRIOR_S
 from adaptdl_ray.tune import _ray_private, checkpoint_files, control
@@ -128,8 +129,9 @@ class AdaptDLScheduler(TrialScheduler):
         resize_rule: decides whether a resize the policy proposes for a running trial pays,
             called with :func:`~adaptdl_core.policy.resize_verdict`'s keyword arguments and
             returning a :class:`~adaptdl_core.policy.ResizeVerdict`; default
-            ``resize_verdict`` (benchmarks of the resize mechanism pass one that always
-            resizes).
+            :func:`~adaptdl_core.policy.amortised_resize_verdict` (a trial resizes in place:
+            it is not resized again before its last resize is measured and amortised;
+            benchmarks of the resize mechanism pass one that always resizes).
         solve_wait_s: the policy re-solves in a worker thread so that Tune's event loop
             is never blocked by it; a hook that starts a solve waits at most this many
             seconds for it while the previous solve took no longer (small solves then take
@@ -225,7 +227,7 @@ class AdaptDLScheduler(TrialScheduler):
         self._base = base_scheduler or FIFOScheduler()
         self._core = DecisionCore(policy or PolluxPolicy(p, fair_share=True), clock=_wall_clock,
                                   interval_s=float(allocation_interval_s),
-                                  resize_rule=resize_rule or resize_verdict,
+                                  resize_rule=resize_rule or amortised_resize_verdict,
                                   min_event_gap_s=_MIN_EVENT_GAP_S,
                                   max_solve_share=_MAX_SOLVE_SHARE,
                                   resize_cost_prior_s=resize_cost_prior_s)

@@ -485,3 +485,45 @@ def test_a_resize_cost_that_comes_after_the_relaunch_is_still_measured():
     core.begin_resize("a", to=1)
     core.update("a", progress=JobProgress(restarts=2, resize_cost_s=0.7))
     assert record.resize_s == 0.7 and record.resize_log[-1]["measured_s"] == 0.7
+
+
+def test_a_job_resized_in_place_waits_for_its_last_resize_to_be_amortised():
+    """The rule for jobs that resize in place: not again before the last resize is
+    measured, then not before it is amortised (10x its cost, at least 10 s); the default
+    rule (the simulator's, Pollux's) has no such wait."""
+    from adaptdl_core.policy import amortised_resize_verdict
+    core, clock, _ = make(interval=5.0, resize_rule=amortised_resize_verdict,
+                          resize_cost_prior_s=1.0)
+    core.add_job("a", GPU)
+    core.running("a", nodes=list(core.decide()["a"].nodes))
+    core.update("a", hints=GOOD_4, progress=JobProgress(remaining_s=10_000.0))
+    clock.now += 600
+    grow = core.decide(force=True)["a"]
+    assert grow.action == "resize" and grow.replicas > 1
+    core.begin_resize("a", grow)
+    core.running("a", replicas=grow.replicas)  # (the front-end resized it)
+    clock.now += 6
+    # The policy wants another size right away: held until the resize is measured...
+    core.record("a").target = 1
+    held = core.decision_for("a")
+    assert held.action == "hold" and "not measured yet" in held.reason
+    core.update("a", progress=JobProgress(restarts=1, resize_cost_s=2.0))
+    # ...and then until it has trained 20 s (10x its 2.0 s) at its size.
+    held = core.decision_for("a")
+    assert held.action == "hold" and "amortised after 20 s" in held.reason
+    clock.now += 15
+    assert core.decision_for("a").action == "resize"
+
+
+def test_the_amortisation_rule_alone():
+    from adaptdl_core.policy import amortised_resize_verdict
+    args = dict(current=1, target=2, remaining_s=1000.0, cost_s=1.0, speedup_now=1.0,
+                speedup_new=2.0)
+    assert amortised_resize_verdict(**args).pays  # never resized
+    assert not amortised_resize_verdict(since_last_s=100.0, last_cost_s=None, **args).pays
+    assert not amortised_resize_verdict(since_last_s=9.0, last_cost_s=0.3, **args).pays
+    assert amortised_resize_verdict(since_last_s=10.0, last_cost_s=0.3, **args).pays
+    assert not amortised_resize_verdict(since_last_s=29.0, last_cost_s=3.0, **args).pays
+    assert amortised_resize_verdict(since_last_s=30.0, last_cost_s=3.0, **args).pays
+    with pytest.raises(ValueError, match="since_last_s"):
+        amortised_resize_verdict(since_last_s=-1.0, last_cost_s=1.0, **args)

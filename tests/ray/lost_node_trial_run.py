@@ -8,23 +8,17 @@ worker 1: the trial's placement group (PACK) puts bundles 0 and 1 on the head (t
 actor runs in bundle 0) and bundle 2 on the worker. The placeholder then goes, so that
 the head has room for the lost bundle.
 
-With ``short`` the placeholder stays after the loss, so the lost bundle has no room: the
-trial (``min_replicas=2``, started at 3 by a FIFO scheduler that sets its size) must
-continue on its 2 placed bundles; once it has, the placeholder goes, Ray places the bundle
-on the head again, and the trial must grow back to 3 from a fresh checkpoint.
-
 With ``actor`` the trial has one replica, run in the trial actor, and the head's CPU is
 held by the placeholder, so the trial actor itself runs on the worker: its loss is a Tune
 failure, retried (``max_failures=1``) on the head once the placeholder goes, from the
 in-place checkpoint the trial kept on the run's storage.
 
 Run as ``python -m tests.ray.lost_node_trial_run STORAGE RECORD_DIR [INTERVAL_S [MODE]]``
-(MODE ``short`` or ``actor``)
+(MODE ``actor``)
 (its own process: a test process already connected to the session's Ray cannot join
 another cluster). Prints one JSON line: the trial's status and failures, the replicas of
 each launch, where the replicas of the first launch ran, the seconds from the node's
-removal to the first step of the next launch (and with ``short``, from the placeholder's
-end to the first step on 3 replicas again), and the checkpoint interval.
+removal to the first step of the next launch, and the checkpoint interval.
 """
 
 from __future__ import annotations
@@ -42,9 +36,6 @@ EPOCHS, SIZE, BATCH, SLEEP_S, REPLICAS = 3, 240, 12, 0.2, 3
 # Steps before the loss: longer than three checkpoint intervals, so that without in-place
 # checkpoints the repeated work would exceed one interval's.
 STEPS_BEFORE_LOSS = 30
-# With ``short``: steps on the bundles left before room comes back, and epochs enough for
-# the trial to still be training when it grows back.
-STEPS_SHORT, EPOCHS_SHORT = 10, 8
 
 
 class Placeholder:
@@ -52,23 +43,6 @@ class Placeholder:
 
     def ready(self) -> bool:
         return True
-
-
-def _sized_fifo(replicas: int):
-    """A FIFO scheduler that starts every trial on ``replicas`` replicas (what
-    AdaptDLScheduler would do for a trial the cluster holds at that size)."""
-    from ray.tune.schedulers import FIFOScheduler
-
-    from adaptdl_ray.tune.resources import placement_group_factory
-    from adaptdl_ray.tune.trainable import replica_spec_of
-
-    class SizedFifo(FIFOScheduler):
-        def on_trial_add(self, tune_controller, trial):
-            spec = replica_spec_of(trial.get_trainable_cls())
-            trial.update_resources(placement_group_factory(spec, replicas))
-            super().on_trial_add(tune_controller, trial)
-
-    return SizedFifo()
 
 
 def _wait_for_batches(record_dir: str, restarts: int, count: int, until: float) -> bool:
@@ -108,21 +82,12 @@ def main(storage: str, record_dir: str, interval_s: float = 2.0, mode: str = "ro
                          if e["event"] == "batch" and e["restarts"] == 0]
             seen["nodes_before"] = sorted({e.get("nodes") for e in records(record_dir)
                                            if e["event"] == "start"} - {None})
-            if mode != "short":
-                ray.kill(placeholder)
+            ray.kill(placeholder)
             cluster.remove_node(worker, allow_graceful=False)
             lost_at = time.time()
             seen["steps_before_loss"] = len(first) // replicas
-            # (Without room for the lost bundle, Ray's GCS retries placing it busily, which
-            # slows everything on a small machine: the short launch gets longer.)
-            if _wait_for_batches(record_dir, 1, 1, lost_at + (280 if mode == "short" else 150)):
+            if _wait_for_batches(record_dir, 1, 1, lost_at + 150):
                 seen["loss_to_first_step_s"] = time.time() - lost_at
-            if mode == "short" and _wait_for_batches(record_dir, 1, STEPS_SHORT * 2,
-                                                     time.time() + 120):
-                ray.kill(placeholder)
-                room_at = time.time()
-                if _wait_for_batches(record_dir, 2, 1, room_at + 120):
-                    seen["room_to_first_step_s"] = time.time() - room_at
 
         watcher = threading.Thread(target=lose_the_worker, daemon=True)
         watcher.start()
@@ -131,11 +96,6 @@ def main(storage: str, record_dir: str, interval_s: float = 2.0, mode: str = "ro
                                                 stop_timeout_s=60,
                                                 checkpoint_interval_s=interval_s)
             scheduler = AdaptDLScheduler(allocation_interval_s=1.0, cluster_allocator=False)
-        elif mode == "short":
-            trainable = AdaptDLTrainableCreator(counting_job, min_replicas=REPLICAS - 1,
-                                                max_replicas=REPLICAS, stop_timeout_s=60,
-                                                checkpoint_interval_s=interval_s)
-            scheduler = _sized_fifo(REPLICAS)
         else:
             trainable = AdaptDLTrainableCreator(counting_job, min_replicas=REPLICAS,
                                                 max_replicas=REPLICAS, stop_timeout_s=60,
@@ -146,7 +106,7 @@ def main(storage: str, record_dir: str, interval_s: float = 2.0, mode: str = "ro
             storage_path=storage, verbose=0, raise_on_failed_trial=False,
             max_failures=1 if mode == "actor" else 0,
             config={"record_dir": record_dir, "size": SIZE,
-                    "epochs": EPOCHS_SHORT if mode == "short" else EPOCHS,
+                    "epochs": EPOCHS,
                     "batch_size": BATCH, "sleep": SLEEP_S, "report_every": 100})
         watcher.join(timeout=300)
         trial = analysis.trials[0]
