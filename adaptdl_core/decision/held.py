@@ -20,7 +20,7 @@ Pure functions over a solve's inputs and result (no clock, no Ray).
 
 from __future__ import annotations
 
-from typing import Any, Hashable, Mapping, Sequence
+from typing import Hashable, Mapping, Sequence
 
 import numpy as np
 

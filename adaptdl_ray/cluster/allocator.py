@@ -330,7 +330,7 @@ def template_nodes(totals: Mapping[Any, Mapping[str, float]],
 
 def _ray_capacity() -> tuple[dict, dict]:
     """(totals, available) of the alive Ray nodes, node id -> resource -> amount."""
-    from adaptdl_ray.tune._ray_private import available_resources_per_node
-    from adaptdl_ray.cluster.nodes import cluster_nodes
+    from adaptdl_ray.replicas._ray_private import available_resources_per_node
+    from adaptdl_ray.replicas.nodes import cluster_nodes
     totals = {node: dict(info.resources) for node, info in cluster_nodes().items()}
     return totals, available_resources_per_node()

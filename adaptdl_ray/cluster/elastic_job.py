@@ -9,7 +9,7 @@ is what ``adaptdl-ray submit`` runs as a Ray job's entrypoint (the job's driver)
 driver keeps the job's files and records and turns signals into a stop; a
 :class:`~adaptdl_ray.supervisor.Supervisor` runs the job:
 
-* it starts N replica actors (:class:`~adaptdl_ray.tune.worker_group.WorkerGroup`), each in
+* it starts N replica actors (:class:`~adaptdl_ray.replicas.group.WorkerGroup`), each in
   a one-bundle placement group of its own (:mod:`.replicas`), each running the script with
   :mod:`runpy` under its own arguments and the ``ADAPTDL_*`` variables of its rank, as
   ``python -m adaptdl_core.launch`` does with local processes;
@@ -52,7 +52,7 @@ from adaptdl_core.decision import JobSpec
 from adaptdl_core.launch import restarts_for
 
 from adaptdl_ray.cluster.job_files import JobFiles, check_name
-from adaptdl_ray.cluster.replicas import ReplicaPool
+from adaptdl_ray.replicas.pool import ReplicaPool
 from adaptdl_ray.cluster.sizing import DEFAULT_INTERVAL_S, Sizer, default_sizer
 from adaptdl_ray.supervisor import (DEFAULT_CHECKPOINT_INTERVAL_S, DEFAULT_STOP_TIMEOUT_S,
                                     Ending, JobRunner, StatusUpdate, Supervisor)
@@ -168,15 +168,15 @@ class ElasticJob:
         status_every_s: seconds between reads of rank 0's status and hints.
         draining_fn: returns the nodes being drained now (node id -> deadline in seconds
             since the epoch, or ``None``); default: Ray's, through
-            :func:`~adaptdl_ray.tune._ray_private.draining_nodes`.
+            :func:`~adaptdl_ray.replicas._ray_private.draining_nodes`.
         nodes_fn: returns the usable cluster (node id -> NodeInfo, draining nodes left
             out), to size a move; default
-            :func:`~adaptdl_ray.cluster.nodes.cluster_nodes`.
+            :func:`~adaptdl_ray.replicas.nodes.cluster_nodes`.
         checkpoint_interval_s: seconds of training between in-place checkpoints (the
             most a node lost without notice costs); ``None``: none (a lost node then
             costs everything since the last resize or start).
         pool: the replicas' actors and resources (default: a
-            :class:`~adaptdl_ray.cluster.replicas.ReplicaPool` of the job's own; tests
+            :class:`~adaptdl_ray.replicas.pool.ReplicaPool` of the job's own; tests
             pass a fake).
         owner: who submitted it (``user@host``; default: this process's user and host).
         allocation_interval_s: seconds between re-decisions of its size (for the default
@@ -289,7 +289,7 @@ class ElasticJob:
 
     def _checkpoint_archive(self) -> bytes | None:
         """The job's newest checkpoint as tar bytes (None: a fresh start)."""
-        from adaptdl_ray.tune import transfer
+        from adaptdl_ray.replicas import transfer
         if not self.files.checkpoint_path.is_dir():
             return None
         return transfer.pack_latest_checkpoint(str(self.files.checkpoint_path))
@@ -313,12 +313,12 @@ class ElasticJob:
 
 
 def _ray_draining_nodes() -> dict[str, float | None]:
-    from adaptdl_ray.tune._ray_private import draining_nodes
+    from adaptdl_ray.replicas._ray_private import draining_nodes
     return draining_nodes()
 
 
 def _ray_cluster_nodes() -> dict[str, Any]:
-    from adaptdl_ray.cluster.nodes import cluster_nodes
+    from adaptdl_ray.replicas.nodes import cluster_nodes
     return cluster_nodes()
 
 

@@ -104,7 +104,7 @@ class JobFiles:
 
     def store_checkpoint(self, archive: bytes) -> str:
         """Put a checkpoint archive (``checkpoint-<seq>/`` as tar bytes, see
-        :mod:`adaptdl_ray.tune.transfer`) in place as the newest checkpoint: unpacked
+        :mod:`adaptdl_ray.replicas.transfer`) in place as the newest checkpoint: unpacked
         beside the others, verified, renamed into place; older ones are removed except
         the newest intact one before it.
 
@@ -115,7 +115,7 @@ class JobFiles:
             ValueError: the archive holds no single ``checkpoint-<seq>`` directory.
             adaptdl_core.checkpoint.CheckpointError: the checkpoint in it is damaged.
         """
-        from adaptdl_ray.tune import transfer
+        from adaptdl_ray.replicas import transfer
         self.checkpoint_path.mkdir(parents=True, exist_ok=True)
         tmp = tempfile.mkdtemp(prefix=".incoming-", dir=self.checkpoint_path)
         try:

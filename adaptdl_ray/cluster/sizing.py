@@ -23,7 +23,7 @@ from adaptdl_core.policy import amortised_resize_verdict
 
 LOG = logging.getLogger(__name__)
 
-__all__ = ["Sizer", "CoreSizer", "LocalSizer", "default_sizer"]
+__all__ = ["Sizer", "CoreSizer", "default_sizer"]
 
 # How long the cluster's node list is reused before ray.nodes() is asked again.
 _NODES_TTL_S = 10.0
@@ -60,7 +60,7 @@ class Sizer(Protocol):
 
 
 def _ray_nodes() -> dict[str, NodeInfo]:
-    from adaptdl_ray.cluster.nodes import cluster_nodes
+    from adaptdl_ray.replicas.nodes import cluster_nodes
     return cluster_nodes()
 
 
@@ -156,10 +156,6 @@ class CoreSizer:
         leave = getattr(self.driver.solver, "leave", None)
         if callable(leave):
             leave({str(k): v for k, v in self.core.pending_outcomes().items()})
-
-
-#: The name of :class:`CoreSizer` without a solver (it plans over the cluster alone).
-LocalSizer = CoreSizer
 
 
 def default_sizer(job_id: str, spec: JobSpec, state_dir: str | None, *,

@@ -112,7 +112,7 @@ class _Launch:
 def _worker_group(actors: list, resources: Mapping[str, float],
                   trial_info: dict[str, Any]) -> Any:
     """A worker group of replica ``actors`` (the first is rank 0)."""
-    from adaptdl_ray.tune.worker_group import WorkerGroup
+    from adaptdl_ray.replicas.group import WorkerGroup
     return WorkerGroup(len(actors), resources, None, trial_info, actors=actors)
 
 
@@ -148,7 +148,7 @@ class Supervisor:
         kind: what the front-end calls the job, first word of log lines.
         make_group: forms a launch's worker group, ``make_group(actors, resources,
             trial_info)`` (default: a
-            :class:`~adaptdl_ray.tune.worker_group.WorkerGroup` of the actors; tests pass
+            :class:`~adaptdl_ray.replicas.group.WorkerGroup` of the actors; tests pass
             fakes).
     """
 
@@ -318,7 +318,7 @@ class Supervisor:
         that stay (their processes, torch imported): those off the nodes being drained,
         lowest ranks first (rank 0 stays rank 0); the others stop. If the survivors cannot
         be made idle, every replica is replaced."""
-        from adaptdl_ray.tune.worker_group import recycle_workers
+        from adaptdl_ray.replicas.group import recycle_workers
 
         group = launch.group
         avoid, self._avoid_nodes = self._avoid_nodes, set()
@@ -471,7 +471,7 @@ class Supervisor:
         except Exception as exc:  # noqa: BLE001 - keep training; say why once per check
             LOG.warning("%s: could not ask which nodes are draining (%s)", self.name, exc)
             return None
-        from adaptdl_ray.cluster.nodes import draining_under
+        from adaptdl_ray.replicas.nodes import draining_under
         under = draining_under(launch.group.node_ids, draining)
         if under is None:
             return None
@@ -485,16 +485,16 @@ class Supervisor:
 
     def _lost_nodes(self, launch: _Launch) -> list[str]:
         """The nodes under the launch's replicas that are gone (after a replica failed;
-        see :func:`~adaptdl_ray.cluster.nodes.lost_nodes_under`)."""
-        from adaptdl_ray.cluster.nodes import lost_nodes_under
+        see :func:`~adaptdl_ray.replicas.nodes.lost_nodes_under`)."""
+        from adaptdl_ray.replicas.nodes import lost_nodes_under
         return lost_nodes_under(launch.group.node_ids, launch.group.actors,
                                 lambda: self._nodes_fn().keys())
 
     def _room_elsewhere(self, launch: _Launch) -> int:
         """Replicas to continue with after losing a node or moving off a draining one (see
-        :func:`~adaptdl_ray.cluster.nodes.replicas_to_move`; the same size if the
+        :func:`~adaptdl_ray.replicas.nodes.replicas_to_move`; the same size if the
         cluster cannot be read: Ray then finds the room)."""
-        from adaptdl_ray.cluster.nodes import replicas_to_move
+        from adaptdl_ray.replicas.nodes import replicas_to_move
         try:
             return replicas_to_move(self.spec, launch.replicas, self._nodes_fn())
         except Exception as exc:  # noqa: BLE001 - ask for the same size; Ray finds room

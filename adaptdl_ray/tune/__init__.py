@@ -34,16 +34,12 @@ __all__ = list(_EXPORTS)
 def __getattr__(name: str) -> Any:
     """Import public name ``name`` from its module on first access (then cache it here).
 
-    An old name of a type (``ReplicaSpec``, ``SchedulerState``, ``TrialRecord``) returns
-    the type under its one name with a :class:`DeprecationWarning` (see :mod:`.renamed`).
-
     Raises:
         AttributeError: ``name`` is not a public name of this package.
     """
     module = _EXPORTS.get(name)
     if module is None:
-        # (import_module: ``from adaptdl_ray.tune import renamed`` would come back here)
-        return importlib.import_module("adaptdl_ray.tune.renamed").resolve(__name__, name)
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value

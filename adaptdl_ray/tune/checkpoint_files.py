@@ -25,7 +25,7 @@ import uuid
 from typing import Any
 
 from adaptdl_core import checkpoint as core_checkpoint
-from adaptdl_ray.tune import transfer
+from adaptdl_ray.replicas import transfer
 from adaptdl_ray.tune.trial_progress import TrialProgress
 
 __all__ = ["RESERVED_DIR", "INTERRUPTED_FILE", "write", "read", "write_interrupted",

@@ -8,27 +8,12 @@ the same request as ``JobInfo.resources = per_replica``.
 
 from __future__ import annotations
 
-from typing import Any
 
 from ray.tune.execution.placement_groups import PlacementGroupFactory
 
-from adaptdl_core.decision.jobs import JobSpec, cluster_capacity, replicas_fitting
-# The node facts live with the cluster (no Ray Tune there); re-exported here for the Tune
-# modules and for code that imported them from this module.
-from adaptdl_ray.cluster.nodes import (cluster_nodes, draining_under, lost_nodes_under,
-                                       replicas_to_move)
+from adaptdl_core.decision.jobs import JobSpec
 
-__all__ = ["ReplicaRequest", "placement_group_factory", "num_replicas_of",
-           "cluster_nodes", "cluster_capacity", "replicas_fitting", "draining_under",
-           "replicas_to_move", "lost_nodes_under"]
-
-
-def __getattr__(name: str) -> Any:
-    """``ReplicaSpec``, the old name of :class:`~adaptdl_core.decision.JobSpec`, with a
-    DeprecationWarning (see :mod:`adaptdl_ray.tune.renamed`)."""
-    from adaptdl_ray.tune import renamed
-
-    return renamed.resolve(__name__, name)
+__all__ = ["ReplicaRequest", "placement_group_factory", "num_replicas_of"]
 
 
 class ReplicaRequest(PlacementGroupFactory):

@@ -60,10 +60,11 @@ from adaptdl_core.policy import (NodeInfo, PolluxPolicy, amortised_resize_verdic
                                  policy_by_name)
 from adaptdl_ray.cluster.client import AllocatorSolver, new_member_id
 from adaptdl_ray.cluster.sizing import JOB_RESIZE_COST_PRIOR_S as IN_PLACE_RESIZE_PRIOR_S
-from adaptdl_ray.tune import _ray_private, checkpoint_files, control
+from adaptdl_ray.replicas import _ray_private
+from adaptdl_ray.tune import checkpoint_files, control
 from adaptdl_ray.tune.interrupts import InterruptRelay, unsaved_trials
-from adaptdl_ray.tune.resources import (cluster_nodes, draining_under, num_replicas_of,
-                                        placement_group_factory, replicas_to_move)
+from adaptdl_ray.replicas.nodes import cluster_nodes, draining_under, replicas_to_move
+from adaptdl_ray.tune.resources import num_replicas_of, placement_group_factory
 from adaptdl_ray.tune.results import METRIC_PREFIX
 from adaptdl_ray.tune.trainable import replica_spec_of, stop_timeout_of
 from adaptdl_ray.tune.traps import TrapWatch

@@ -54,13 +54,14 @@ from ray.tune.result import (DONE, RESULT_DUPLICATE, SHOULD_CHECKPOINT, TIME_THI
 
 from adaptdl_core import validation
 from adaptdl_core.decision.jobs import JobSpec
-from adaptdl_ray.tune import _ray_private, checkpoint_files, control
+from adaptdl_ray.replicas import _ray_private
+from adaptdl_ray.tune import checkpoint_files, control
 from adaptdl_ray.tune.resources import num_replicas_of, placement_group_factory
 from adaptdl_ray.tune.results import order_like, result_row
 from adaptdl_ray.tune.traps import warn_unscheduled
 from adaptdl_ray.tune.trial_progress import PendingReport, TrialProgress
 from adaptdl_ray.tune.trial_replicas import TrialReplicas
-from adaptdl_ray.tune.worker_group import (InProcessReplica, WorkerFailed, WorkerGroup,
+from adaptdl_ray.replicas.group import (InProcessReplica, WorkerFailed, WorkerGroup,
                                            first_line_of, recycle_workers)
 
 LOG = logging.getLogger(__name__)
@@ -277,7 +278,7 @@ class AdaptDLTrainable(tune.Trainable):
         from the newest checkpoint in the same placement group (Ray places its lost
         bundles on the nodes left, or the start times out into an ordinary failure) and
         return True; False if no node was lost (the failure is the trial's)."""
-        from adaptdl_ray.cluster.nodes import cluster_nodes, lost_nodes_under
+        from adaptdl_ray.replicas.nodes import cluster_nodes, lost_nodes_under
         group = self._group
         if not isinstance(group, WorkerGroup):
             return False

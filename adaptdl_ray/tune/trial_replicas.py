@@ -3,7 +3,7 @@
 A trial's placement group from Tune holds its ``min_replicas`` ("base") bundles and never
 changes, so that Tune admits a trial exactly when its minimum fits. Replicas beyond the
 minimum each hold a one-bundle reservation of their own
-(:class:`~adaptdl_ray.cluster.replicas.ReplicaPool`). A resize therefore keeps the trial
+(:class:`~adaptdl_ray.replicas.pool.ReplicaPool`). A resize therefore keeps the trial
 actor and the replicas that stay: a grow reserves and starts only the new replicas while
 the trial trains; a shrink stops replicas of its own reservations first (their resources go
 back to Ray at once), then base ones (their bundles stay the trial's, as Tune holds them).
@@ -22,8 +22,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import ray
 
-from adaptdl_ray.cluster.replicas import ReplicaPool
-from adaptdl_ray.tune.worker_group import (InProcessReplica, WorkerGroup, new_workers,
+from adaptdl_ray.replicas.pool import ReplicaPool
+from adaptdl_ray.replicas.group import (InProcessReplica, WorkerGroup, new_workers,
                                            stop_workers)
 
 LOG = logging.getLogger(__name__)

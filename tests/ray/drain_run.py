@@ -13,8 +13,8 @@ import ray
 from ray.cluster_utils import Cluster
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from adaptdl_ray.tune._ray_private import draining_nodes
-from adaptdl_ray.tune.resources import cluster_nodes
+from adaptdl_ray.replicas._ray_private import draining_nodes
+from adaptdl_ray.replicas.nodes import cluster_nodes
 
 
 @ray.remote(num_cpus=1)

@@ -337,7 +337,7 @@ def test_another_persons_job_is_not_stopped_or_copied_without_force(tmp_path, ca
         status, _, err = run(capsys, *verb)
         assert status == 1
         line = one_line_error(err)
-        assert "job theirs is ada@elsewhere's" in line and f"--force theirs" in line
+        assert "job theirs is ada@elsewhere's" in line and "--force theirs" in line
     assert fake.stopped == []
     status, out, _ = run(capsys, "stop", "--force", "theirs")
     assert status == 0 and fake.stopped == ["adaptdl-theirs-1"]

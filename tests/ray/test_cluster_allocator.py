@@ -45,7 +45,7 @@ def test_two_front_ends_share_the_cluster_and_the_allocator_survives_a_restart(
     ns = f"test-{uuid.uuid4().hex[:8]}"
     handle = client.start_allocator(ns, state_dir=str(tmp_path), interval_s=30.0)
     assert client.get_allocator(ns) is not None
-    from adaptdl_ray.tune.resources import cluster_nodes
+    from adaptdl_ray.replicas.nodes import cluster_nodes
     nodes = cluster_nodes()
     capacity = sum(n.resources.get("CPU", 0) for n in nodes.values())
     a = front_end(client.AllocatorSolver("A", "sweep-a", interval_s=60, namespace_name=ns),

@@ -17,8 +17,8 @@ from adaptdl_core.checkpoint import CheckpointError
 from adaptdl_core.decision import JobSpec, NodeInfo
 from adaptdl_ray.cluster import elastic_job
 from adaptdl_ray.cluster.job_files import JobFiles, check_name
-from adaptdl_ray.cluster.sizing import LocalSizer
-from adaptdl_ray.tune import transfer
+from adaptdl_ray.cluster.sizing import CoreSizer
+from adaptdl_ray.replicas import transfer
 
 
 def make_checkpoint(root: Path, seq: int, *, finished: bool = False, damaged: bool = False
@@ -73,7 +73,7 @@ def test_local_sizer_starts_within_bounds_and_keeps_the_jobs_record(tmp_path):
     nodes = {"n0": NodeInfo({"CPU": 3.0})}
     spec = JobSpec({"CPU": 1.0}, min_replicas=2, max_replicas=8)
     clock = iter(range(1000, 2000, 10)).__next__
-    sizer = LocalSizer("j", spec, state_dir=str(tmp_path), nodes_fn=lambda: nodes,
+    sizer = CoreSizer("j", spec, state_dir=str(tmp_path), nodes_fn=lambda: nodes,
                        clock=lambda: float(clock()))
     start = sizer.start()
     assert 2 <= start <= 3  # at least min_replicas, at most what the node holds
@@ -81,14 +81,14 @@ def test_local_sizer_starts_within_bounds_and_keeps_the_jobs_record(tmp_path):
     sizer.observe(start)
     assert sizer.decision().action in ("keep", "hold", "resize")
     sizer.end()
-    again = LocalSizer("j", spec, state_dir=str(tmp_path), nodes_fn=lambda: nodes,
+    again = CoreSizer("j", spec, state_dir=str(tmp_path), nodes_fn=lambda: nodes,
                        clock=lambda: float(clock()))
     again.start()
     assert again.core.record("j").created == created  # its age survives a new submission
 
 
 def test_local_sizer_refuses_a_cluster_too_small(tmp_path):
-    sizer = LocalSizer("j", JobSpec({"CPU": 1.0}, min_replicas=4), nodes_fn=lambda: {
+    sizer = CoreSizer("j", JobSpec({"CPU": 1.0}, min_replicas=4), nodes_fn=lambda: {
         "n0": NodeInfo({"CPU": 2.0})})
     with pytest.raises(ValueError):
         sizer.start()

@@ -6,7 +6,7 @@ import pytest
 import torch.distributed as dist
 
 from adaptdl_core.collective import CollectiveError, CollectiveTimeoutError
-from adaptdl_ray.tune.failures import (ReplicaFailure, exception_record, failure_message,
+from adaptdl_ray.replicas.failures import (ReplicaFailure, exception_record, failure_message,
                                        first_in_cause)
 
 
@@ -106,7 +106,7 @@ def test_the_message_names_the_replica_and_the_others():
 
 def test_a_replica_worker_reports_its_failure_as_a_record(tmp_path):
     """The worker (run in this process, as InProcessReplica does) returns the record."""
-    from adaptdl_ray.tune.worker import ReplicaWorker
+    from adaptdl_ray.replicas.worker import ReplicaWorker
 
     def fn(config):
         try:
@@ -139,7 +139,7 @@ def test_a_new_replica_worker_has_imported_torch_before_any_call():
 
     from tests.ray.conftest import REPO_ROOT
     code = ("import sys, threading\n"
-            "from adaptdl_ray.tune.worker import ReplicaWorker\n"
+            "from adaptdl_ray.replicas.worker import ReplicaWorker\n"
             "assert 'torch' not in sys.modules\n"
             "ReplicaWorker(0, {})\n"
             "print(sorted(t.name for t in threading.enumerate()), "

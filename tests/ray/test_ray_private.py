@@ -1,4 +1,4 @@
-"""The version check of the Ray internals adaptdl_ray uses (adaptdl_ray.tune._ray_private);
+"""The version check of the Ray internals adaptdl_ray uses (adaptdl_ray.replicas._ray_private);
 the seams themselves are exercised in test_trial_files_unit.py."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import logging
 import pytest
 
 ray = pytest.importorskip("ray")
-from adaptdl_ray.tune import _ray_private  # noqa: E402
+from adaptdl_ray.replicas import _ray_private  # noqa: E402
 
 
 def test_the_installed_ray_passes_without_a_warning(caplog):
@@ -39,7 +39,7 @@ def test_the_allocator_s_modules_do_not_import_ray_tune():
     import subprocess
     import sys
     code = ("import sys, adaptdl_ray.cluster.allocator, adaptdl_ray.cluster.client, "
-            "adaptdl_ray.cluster.nodes, adaptdl_ray.tune._ray_private; "
+            "adaptdl_ray.replicas.nodes, adaptdl_ray.replicas._ray_private; "
             "print(sorted(m for m in ('ray.tune', 'ray.train', 'pandas') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=120).stdout.strip().splitlines()[-1]

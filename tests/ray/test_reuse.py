@@ -65,8 +65,8 @@ def test_recycled_worker_forgets_the_previous_job(free_port):
 
     import torch.distributed as dist
 
-    from adaptdl_ray.tune import _ray_private
-    from adaptdl_ray.tune.worker import ReplicaWorker
+    from adaptdl_ray.replicas import _ray_private
+    from adaptdl_ray.replicas.worker import ReplicaWorker
     world = {"world_rank": 0, "world_size": 1, "local_rank": 0, "local_world_size": 1,
              "node_rank": 0}
     worker = ReplicaWorker(0, {"trial_id": "a"})

@@ -14,9 +14,9 @@ from adaptdl_core.policy import NodeInfo, ResizeVerdict, resize_verdict  # noqa:
 from tests.decision.stubs import CountingPolicy  # noqa: E402
 from adaptdl_ray.tune import AdaptDLScheduler, AdaptDLTrainableCreator  # noqa: E402
 from adaptdl_core.decision import CoreState, JobSpec, job_info, speedup_from_hints  # noqa: E402
+STATE_FILE = CoreState.FILE
 from adaptdl_ray.tune.resources import (num_replicas_of,  # noqa: E402
                                         placement_group_factory)
-from adaptdl_ray.tune.scheduler_state import STATE_FILE  # noqa: E402
 from adaptdl_ray.tune.trainable import replica_spec_of  # noqa: E402
 
 

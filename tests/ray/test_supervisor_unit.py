@@ -253,7 +253,7 @@ def test_a_grow_not_up_in_time_gives_its_replicas_back_and_tries_again(monkeypat
 ])
 def test_a_relaunch_keeps_the_replicas_that_stay(monkeypatch, target, avoid, recycled, stay,
                                                  released):
-    from adaptdl_ray.tune import worker_group
+    from adaptdl_ray.replicas import group as worker_group
     recycles = []
     monkeypatch.setattr(worker_group, "recycle_workers",
                         lambda actors, info: recycles.append(list(actors)) or recycled)

@@ -12,7 +12,7 @@ pytest.importorskip("ray")
 
 import ray  # noqa: E402
 
-from adaptdl_ray.cluster import nodes  # noqa: E402
+from adaptdl_ray.replicas import nodes  # noqa: E402
 from adaptdl_ray.tune import AdaptDLTrainableCreator  # noqa: E402
 from adaptdl_ray.tune import trainable as trainable_mod  # noqa: E402
 
@@ -102,7 +102,8 @@ def test_an_in_place_checkpoint_is_kept_on_the_storage_and_a_new_actor_resumes_t
     (Tune's retry after its node was lost) takes it, being newer than Tune's checkpoint."""
     import pyarrow.fs
 
-    from adaptdl_ray.tune import _ray_private, checkpoint_files
+    from adaptdl_ray.replicas import _ray_private
+    from adaptdl_ray.tune import checkpoint_files
     from adaptdl_ray.tune.trial_progress import PendingReport
     storage = _ray_private.StorageInfo(pyarrow.fs.LocalFileSystem(), str(tmp_path / "trial"),
                                        None, "exp")

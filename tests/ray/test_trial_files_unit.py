@@ -14,7 +14,8 @@ pytest.importorskip("ray.tune")
 import torch  # noqa: E402
 
 from adaptdl_core import checkpoint  # noqa: E402
-from adaptdl_ray.tune import checkpoint_files, model_state_dict, transfer  # noqa: E402
+from adaptdl_ray.replicas import transfer  # noqa: E402
+from adaptdl_ray.tune import checkpoint_files, model_state_dict  # noqa: E402
 from adaptdl_ray.tune.interrupts import InterruptRelay, unsaved_trials  # noqa: E402
 from adaptdl_ray.tune.results import (METRIC_PREFIX, RESIZE_PHASES, STATUS_KEYS,  # noqa: E402
                                       order_like, result_row)
@@ -100,7 +101,7 @@ def test_checkpoint_layout_round_trip_and_model_state_dict(tmp_path):
 def test_interrupted_state_is_written_atomically_to_the_trial_storage(tmp_path):
     import pyarrow.fs
 
-    from adaptdl_ray.tune._ray_private import StorageInfo
+    from adaptdl_ray.replicas._ray_private import StorageInfo
     storage = StorageInfo(pyarrow.fs.LocalFileSystem(), str(tmp_path / "trial"), None, None)
     assert checkpoint_files.read_interrupted(storage) is None
     state = _core_checkpoint(tmp_path, {"w": torch.ones(2)})
@@ -176,7 +177,7 @@ def test_an_interrupt_waits_for_every_trial_inside_a_save_or_not_yet_acknowledge
 def test_replica_session_serves_tunes_public_context_api():
     from ray import tune
 
-    from adaptdl_ray.tune import _ray_private
+    from adaptdl_ray.replicas import _ray_private
     reports = []
     session = _ray_private.ReplicaSession(
         lambda m, c: reports.append((m, c)),
@@ -202,7 +203,7 @@ def test_replica_session_serves_tunes_public_context_api():
 
 
 def test_trainable_counters_are_set_and_checked():
-    from adaptdl_ray.tune import _ray_private
+    from adaptdl_ray.replicas import _ray_private
 
     class Fake:
         pass

@@ -23,9 +23,9 @@ import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from adaptdl_core.launch import replica_env
-from adaptdl_ray.tune.failures import (ReplicaFailure, exception_record, failure_message,
+from adaptdl_ray.replicas.failures import (ReplicaFailure, exception_record, failure_message,
                                        first_in_cause)
-from adaptdl_ray.tune.worker import ReplicaWorker
+from adaptdl_ray.replicas.worker import ReplicaWorker
 
 LOG = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ class WorkerFailed(RuntimeError):
 
     Attributes:
         failure: the replica's failure that caused the others (which replica, node,
-            exception types; see :class:`~adaptdl_ray.tune.failures.ReplicaFailure`), or
+            exception types; see :class:`~adaptdl_ray.replicas.failures.ReplicaFailure`), or
             ``None`` if the replica's worker itself broke.
         others: the ranks of the replicas that failed after it.
     """
@@ -302,7 +302,7 @@ class WorkerGroup:
 
         One replica's failure makes the others fail too (a collective loses its peer), so
         the error names the replica that failed first in cause (see
-        :func:`~adaptdl_ray.tune.failures.first_in_cause`), waiting up to ``_SETTLE_S`` for
+        :func:`~adaptdl_ray.replicas.failures.first_in_cause`), waiting up to ``_SETTLE_S`` for
         the others' outcomes.
         """
         if self._failure(self._runs.index(ref)) is None:

@@ -133,7 +133,7 @@ class ReplicaPool:
 
     def start_actors(self, pgs: Sequence[Any]) -> list[Any]:
         """Start one replica actor in each (placed) placement group of ``pgs``."""
-        from adaptdl_ray.tune.worker_group import new_workers
+        from adaptdl_ray.replicas.group import new_workers
         actors = new_workers(self.resources, self.trial_info, [(pg, 0) for pg in pgs])
         self._pg_of.update(zip(actors, pgs))
         return actors
@@ -155,7 +155,7 @@ class ReplicaPool:
         for actors that never started)."""
         from ray.util.placement_group import remove_placement_group
 
-        from adaptdl_ray.tune.worker_group import stop_workers
+        from adaptdl_ray.replicas.group import stop_workers
         stop_workers(list(actors))
         groups = [self._pg_of.pop(a) for a in actors if a in self._pg_of]
         for pg in dict.fromkeys([*groups, *pgs]):

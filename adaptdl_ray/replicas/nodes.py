@@ -81,7 +81,7 @@ def replicas_to_move(spec: JobSpec, current: int, nodes: Mapping[Any, NodeInfo])
 
 def _draining() -> set[str]:
     """Ids of the nodes Ray is draining (none if Ray cannot say: logged)."""
-    from adaptdl_ray.tune._ray_private import draining_nodes
+    from adaptdl_ray.replicas._ray_private import draining_nodes
     try:
         return set(draining_nodes())
     except Exception as exc:  # noqa: BLE001 - a node list without drains beats none

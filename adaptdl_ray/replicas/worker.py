@@ -50,7 +50,7 @@ def _preimport() -> None:
 
 def _checkpoint_files(checkpoint: Any) -> bytes:
     """A ``tune.Checkpoint``'s files as tar bytes (read now: the caller may delete them)."""
-    from adaptdl_ray.tune import transfer
+    from adaptdl_ray.replicas import transfer
     with checkpoint.as_directory() as directory:
         return transfer.pack_entries(directory, sorted(os.listdir(directory)))
 
@@ -145,7 +145,7 @@ class ReplicaWorker:
         if self._running:
             return False
         from adaptdl_core import context
-        from adaptdl_ray.tune import _ray_private
+        from adaptdl_ray.replicas import _ray_private
         context.reset()  # States, restore point, stop flag, store connection, bookkeeping
         try:
             import torch.distributed as dist
@@ -188,7 +188,7 @@ class ReplicaWorker:
         Returns:
             ``{"status": "finished" | "checkpointed" | "error", "traceback": str | None}``;
             an error adds the exception's types and time (see
-            :func:`adaptdl_ray.tune.failures.exception_record`).
+            :func:`adaptdl_ray.replicas.failures.exception_record`).
             A function that returns normally is checkpointed once more at its end (every
             replica takes part), so the final state can be handed to Tune.
         """
@@ -199,7 +199,7 @@ class ReplicaWorker:
 
         from adaptdl_core import checkpoint
         from adaptdl_core.torch import CheckpointExit
-        from adaptdl_ray.tune import _ray_private, transfer
+        from adaptdl_ray.replicas import _ray_private, transfer
 
         self.rank = int(env["ADAPTDL_REPLICA_RANK"])
         job = env.get("ADAPTDL_JOB_ID", "job")
@@ -229,7 +229,7 @@ class ReplicaWorker:
         except CheckpointExit:
             outcome["status"] = "checkpointed"
         except BaseException as exc:  # noqa: BLE001 - report any failure to the trial
-            from adaptdl_ray.tune.failures import exception_record
+            from adaptdl_ray.replicas.failures import exception_record
             outcome = {"status": "error", "traceback": traceback.format_exc(),
                        **exception_record(exc, time.time())}
             LOG.error("replica %d failed:\n%s", self.rank, outcome["traceback"])
@@ -372,7 +372,7 @@ class ReplicaWorker:
     def checkpoint_archive(self, path: str | None = None) -> bytes | None:
         """The checkpoint ``path`` (default: the newest in this worker's checkpoint path) as
         tar bytes (rank 0 holds the job's checkpoints), ``None`` if there is none."""
-        from adaptdl_ray.tune import transfer
+        from adaptdl_ray.replicas import transfer
         if path is not None:
             return transfer.pack_dir(path, os.path.basename(path))
         if self._checkpoint_root is None:
