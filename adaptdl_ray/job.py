@@ -15,7 +15,7 @@ from ray import tune
 
 from adaptdl_core import validation
 from adaptdl_ray.tune.scheduler import AdaptDLScheduler
-from adaptdl_ray.tune.trainable import AdaptDLTrainableCreator
+from adaptdl_ray.tune.creator import AdaptDLTrainableCreator
 
 LOG = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from adaptdl_core.policy import NodeInfo
 
 from .core import ACTIONS, Action, Decision, DecisionCore, JobProgress, SolveRequest
 from .driver import CoreDriver
-from .estimate import estimate_remaining_s
+from .estimate import estimate_remaining_s, progress_from_status
 from .jobs import (EXPLORATION_FACTOR, JobSpec, cluster_capacity, exploration_cap,
                    group_hints, job_info, pack_guess, profiled_extent, replicas_fitting,
                    speedup_from_hints)
@@ -22,4 +22,4 @@ __all__ = ["ACTIONS", "EXPLORATION_FACTOR", "Action", "CoreDriver", "CoreState",
            "DecisionCore", "JobProgress", "JobRecord", "JobSpec", "NodeInfo", "SharedSolve",
            "SolveRequest", "StateWriter", "capacity_left", "cluster_capacity", "estimate_remaining_s",
            "exploration_cap", "group_hints", "job_info", "pack_guess", "profiled_extent",
-           "replicas_fitting", "speedup_from_hints", "write_atomic"]
+           "progress_from_status", "replicas_fitting", "speedup_from_hints", "write_atomic"]

@@ -36,7 +36,7 @@ from typing import Any, Callable, Hashable
 from adaptdl_core import validation
 
 from .core import Decision, DecisionCore, SolveRequest
-from .state import StateWriter
+from .state import CoreState, StateWriter
 
 LOG = logging.getLogger(__name__)
 
@@ -207,6 +207,24 @@ class CoreDriver:
             LOG.warning("could not serialise the decision state: %s", exc)
             return
         self._writer.submit(self.state_dir, text)
+
+    def restore_saved(self) -> int | None:
+        """Continue the core from the state file in :attr:`state_dir` (see
+        :meth:`~adaptdl_core.decision.DecisionCore.restore`), if there is one. Returns how
+        many jobs it recorded, or ``None`` when there was none to read; an unreadable file
+        is logged and ignored (the core starts afresh, and the next save replaces it)."""
+        if self.state_dir is None:
+            return None
+        try:
+            saved = CoreState.load(self.state_dir)
+        except (OSError, ValueError) as exc:
+            LOG.warning("ignoring the saved decision state in %s (%s); starting afresh",
+                        self.state_dir, exc)
+            return None
+        if saved is None:
+            return None
+        self.core.restore(saved)
+        return len(saved.jobs)
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until the snapshots taken so far are written (at most ``timeout`` seconds;

@@ -11,9 +11,11 @@ epoch ends.
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Any, Mapping, Optional
 
-__all__ = ["estimate_remaining_s"]
+from .core import JobProgress
+
+__all__ = ["estimate_remaining_s", "progress_from_status"]
 
 
 def estimate_remaining_s(epochs_done: float, epochs_total: float,
@@ -36,3 +38,30 @@ def estimate_remaining_s(epochs_done: float, epochs_total: float,
     if epochs_done <= 0 or epochs_total <= 0:
         return None
     return float(trained_s) / epochs_done * max(epochs_total - epochs_done, 0.0)
+
+
+def _number(value: Any, minimum: float = 0.0) -> Optional[float]:
+    """``value`` as a float if it is a finite number ``>= minimum``, else ``None``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            not math.isfinite(value) or value < minimum:
+        return None
+    return float(value)
+
+
+def progress_from_status(status: Mapping[str, Any], *, trained_s: Any,
+                         resize_cost_s: Any = None, launch_s: Any = None) -> JobProgress:
+    """What the core hears of a job's progress, from what its rank 0 reports
+    (``adaptdl_core.torch``'s training status: ``epochs_done``, ``epochs``, ``restarts``)
+    and what its front-end measured: ``trained_s`` seconds of training so far (restarts
+    included), the latest resize's cost and the latest launch's time to its first step
+    (seconds). A value that is missing or not a finite number ``>= 0`` is not known
+    (``None``) in the result, so a malformed report changes nothing."""
+    restarts = status.get("restarts")
+    done, total = _number(status.get("epochs_done")), _number(status.get("epochs"))
+    trained = _number(trained_s)
+    return JobProgress(
+        remaining_s=None if None in (done, total, trained)
+        else estimate_remaining_s(done, total, trained),
+        restarts=restarts if isinstance(restarts, int) and not isinstance(restarts, bool)
+        and restarts >= 0 else None,
+        resize_cost_s=_number(resize_cost_s), launch_s=_number(launch_s))

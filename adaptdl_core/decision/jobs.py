@@ -83,6 +83,13 @@ class JobSpec:
         n = max(n, self.min_replicas)
         return n if self.max_replicas is None else min(n, self.max_replicas)
 
+    def fitted(self, wanted: int, nodes: Mapping[Any, NodeInfo]) -> int:
+        """The size a job starts, relaunches or moves with when it wants ``wanted``
+        replicas: as many of them as ``nodes`` hold, within ``[min_replicas,
+        max_replicas]`` (never below ``min_replicas``: such a start waits for room). The one
+        place every front-end bounds a size it did not get from a solve."""
+        return self.clamp(min(wanted, cluster_capacity(self, nodes)))
+
     def to_dict(self) -> dict:
         """Plain JSON-able form (see :meth:`from_dict`)."""
         return {"resources": dict(self.resources), "min_replicas": self.min_replicas,

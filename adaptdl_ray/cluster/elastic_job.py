@@ -131,26 +131,28 @@ def job_spec(opts: argparse.Namespace) -> JobSpec:
             the fix).
     """
     check_name(opts.name)
-    if opts.min_replicas < 1:
-        raise ValueError(f"--min-replicas {opts.min_replicas}: must be >= 1")
-    if opts.max_replicas is not None and opts.max_replicas < opts.min_replicas:
-        raise ValueError(f"--max-replicas {opts.max_replicas} is below --min-replicas "
-                         f"{opts.min_replicas}: raise --max-replicas or lower --min-replicas")
-    for option, value in (("--cpus-per-replica", opts.cpus_per_replica),
-                          ("--gpus-per-replica", opts.gpus_per_replica)):
-        if not math.isfinite(value) or value < 0:
-            raise ValueError(f"{option} {value:g}: must be a number >= 0")
-    if opts.cpus_per_replica == 0 and opts.gpus_per_replica == 0:
-        raise ValueError("--cpus-per-replica and --gpus-per-replica are both 0: each replica "
-                         "needs some CPU or GPU")
     if not math.isfinite(opts.allocation_interval) or opts.allocation_interval <= 0:
         raise ValueError(f"--allocation-interval {opts.allocation_interval:g}: must be a "
                          "number of seconds > 0")
     if not math.isfinite(opts.checkpoint_interval) or opts.checkpoint_interval < 0:
         raise ValueError(f"--checkpoint-interval {opts.checkpoint_interval:g}: must be a "
                          "number of seconds > 0, or 0 for no in-place checkpoints")
-    return JobSpec({"CPU": opts.cpus_per_replica, "GPU": opts.gpus_per_replica},
-                   min_replicas=opts.min_replicas, max_replicas=opts.max_replicas)
+    try:  # (JobSpec checks the bounds and resources; its words become the options')
+        return JobSpec({"CPU": opts.cpus_per_replica, "GPU": opts.gpus_per_replica},
+                       min_replicas=opts.min_replicas, max_replicas=opts.max_replicas)
+    except ValueError as exc:
+        message = str(exc)
+        for name, option in _OPTION_NAMES:
+            message = message.replace(name, option)
+        raise ValueError(message) from None
+
+
+# JobSpec's argument names (and the Python API's) -> this command's options.
+_OPTION_NAMES = (("resources['CPU']", "--cpus-per-replica"),
+                 ("resources['GPU']", "--gpus-per-replica"),
+                 ("num_cpus_per_worker", "--cpus-per-replica"),
+                 ("num_gpus_per_worker", "--gpus-per-replica"),
+                 ("min_replicas", "--min-replicas"), ("max_replicas", "--max-replicas"))
 
 
 class ElasticJob:

@@ -17,9 +17,10 @@ import logging
 import time
 from typing import Any, Callable, Mapping, Protocol
 
-from adaptdl_core.decision import (CoreDriver, CoreState, Decision, DecisionCore, JobProgress,
-                                   JobSpec, NodeInfo, SolveRequest, cluster_capacity)
+from adaptdl_core.decision import (CoreDriver, Decision, DecisionCore, JobProgress,
+                                   JobSpec, NodeInfo, SolveRequest)
 from adaptdl_core.policy import amortised_resize_verdict
+from adaptdl_ray.replicas.nodes import Cached, cluster_nodes
 
 LOG = logging.getLogger(__name__)
 
@@ -59,11 +60,6 @@ class Sizer(Protocol):
         replicas are free."""
 
 
-def _ray_nodes() -> dict[str, NodeInfo]:
-    from adaptdl_ray.replicas.nodes import cluster_nodes
-    return cluster_nodes()
-
-
 class CoreSizer:
     """A :class:`Sizer` with a decision core of the job's own, driven by a
     :class:`~adaptdl_core.decision.CoreDriver` (its solves in this thread).
@@ -93,25 +89,16 @@ class CoreSizer:
                  resize_cost_prior_s: float = JOB_RESIZE_COST_PRIOR_S) -> None:
         self.job_id = job_id
         self.spec = spec
-        self._nodes_fn = nodes_fn or _ray_nodes
-        self._nodes_at = -float("inf")
-        state = None
-        if state_dir is not None:
-            try:
-                state = CoreState.load(state_dir)
-            except (OSError, ValueError) as exc:
-                LOG.warning("ignoring the job's decision record in %s: %s", state_dir, exc)
-        self.core = DecisionCore(clock=clock, interval_s=interval_s, state=state,
+        self._nodes = Cached(nodes_fn or cluster_nodes, _NODES_TTL_S)
+        self.core = DecisionCore(clock=clock, interval_s=interval_s,
                                  resize_cost_prior_s=resize_cost_prior_s,
                                  resize_rule=amortised_resize_verdict)
         self.driver = CoreDriver(self.core, solve_wait_s=None, solver=solver,
                                  state_dir=state_dir)
+        self.driver.restore_saved()  # (its age, resizes and their costs, across submissions)
 
     def _refresh_nodes(self, force: bool = False) -> None:
-        now = time.monotonic()
-        if force or now - self._nodes_at > _NODES_TTL_S:
-            self.core.set_nodes(self._nodes_fn())
-            self._nodes_at = now
+        self.core.set_nodes(self._nodes.get(refresh=force))
 
     def start(self) -> int:
         """Add the job to the core and solve; the policy's start size, kept within the
@@ -123,8 +110,7 @@ class CoreSizer:
         self._refresh_nodes(force=True)
         self.core.add_job(self.job_id, self.spec)
         decision = self.driver.decide()[self.job_id]
-        fitting = cluster_capacity(self.spec, self.core.nodes)
-        replicas = self.spec.clamp(min(max(decision.replicas, 1), max(fitting, 1)))
+        replicas = self.spec.fitted(max(decision.replicas, 1), self.core.nodes)
         # The core now knows the job runs at that size (a start is not a resize).
         self.core.running(self.job_id, replicas=replicas)
         self.driver.save()

@@ -23,8 +23,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Iterable
 
-__all__ = ["LOST_PEER_TYPES", "ReplicaFailure", "exception_record", "first_in_cause",
-           "failure_message"]
+__all__ = ["LOST_PEER_TYPES", "ReplicaFailure", "WorkerFailed", "exception_record",
+           "first_in_cause", "first_line_of", "failure_message", "stop_timeout_error"]
 
 # Exception types (``module.qualname``) that a replica gets because another one failed.
 LOST_PEER_TYPES = frozenset({
@@ -134,3 +134,35 @@ def failure_message(cause: ReplicaFailure, where: str, others: list[int]) -> str
     if cause.died:
         return f"{where} died{also}: {cause.text}"
     return f"{where} failed{also}:\n{cause.text}"
+
+
+class WorkerFailed(RuntimeError):
+    """A replica of the trial failed; the message carries its traceback.
+
+    Attributes:
+        failure: the replica's failure that caused the others (which replica, node,
+            exception types; see :class:`~adaptdl_ray.replicas.failures.ReplicaFailure`), or
+            ``None`` if the replica's worker itself broke.
+        others: the ranks of the replicas that failed after it.
+    """
+
+    def __init__(self, message: str, failure: ReplicaFailure | None = None,
+                 others: list[int] | None = None) -> None:
+        super().__init__(message)
+        self.failure = failure
+        self.others = list(others or [])
+
+
+def first_line_of(exc: BaseException) -> str:
+    """An exception's first line, or its type's name if it has no text (Ray's actor errors
+    run to a dozen lines of ids; the first says what happened)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def stop_timeout_error(ranks: list[int], timeout_s: float) -> TimeoutError:
+    """The error for replicas ``ranks`` that took no stop within ``timeout_s`` seconds."""
+    return TimeoutError(
+        f"replicas {ranks} did not reach a batch boundary within {timeout_s:.0f} s of the "
+        "stop request; the training function must iterate an AdaptiveDataLoader (the stop "
+        "is taken at its batch boundaries)")

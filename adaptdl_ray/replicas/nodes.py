@@ -12,12 +12,12 @@ import logging
 import time
 from typing import Any, Callable, Collection, Mapping
 
-from adaptdl_core.decision.jobs import JobSpec, cluster_capacity
 from adaptdl_core.policy import NodeInfo
 
 LOG = logging.getLogger(__name__)
 
-__all__ = ["cluster_nodes", "draining_under", "replicas_to_move", "lost_nodes_under",
+__all__ = ["Cached", "DrainWatch", "cluster_nodes", "free_resources", "draining_under",
+           "lost_nodes_under",
            "NODE_LOSS_WAIT_S"]
 
 #: After a replica failed, the longest wait (seconds) for Ray to declare a node dead while
@@ -55,6 +55,43 @@ def cluster_nodes(nodes: list[dict[str, Any]] | None = None,
     return out
 
 
+class Cached:
+    """The value of ``read()``, read again at most every ``ttl_s`` seconds (each read is a
+    Ray RPC; a front-end's hook may ask many times a second).
+
+    Args:
+        read: returns the value.
+        ttl_s: how long a value is reused (seconds).
+        clock: monotonic seconds (injectable for tests).
+    """
+
+    def __init__(self, read: Callable[[], Any], ttl_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.read = read
+        self.ttl_s = ttl_s
+        self._clock = clock
+        self._value: Any = None
+        self._at = -float("inf")
+
+    def get(self, refresh: bool = False) -> Any:
+        """The value, read now if ``refresh`` or if it is older than ``ttl_s``."""
+        now = self._clock()
+        if refresh or now - self._at > self.ttl_s:
+            self._value, self._at = self.read(), now
+        return self._value
+
+
+def free_resources() -> dict[str, float]:
+    """What Ray counts as free on the cluster (resource -> amount; empty, logged, if Ray
+    cannot say)."""
+    import ray
+    try:
+        return {k: float(v) for k, v in ray.available_resources().items()}
+    except Exception as exc:  # noqa: BLE001 - the caller falls back to its own view
+        LOG.debug("could not read Ray's free resources: %s", exc)
+        return {}
+
+
 def draining_under(node_ids: Collection[str], draining: Mapping[str, float | None]
                    ) -> tuple[list[str], str] | None:
     """Which of ``node_ids`` (a job's or trial's replicas' nodes) Ray is draining, and the
@@ -72,11 +109,59 @@ def draining_under(node_ids: Collection[str], draining: Mapping[str, float | Non
     return hit, when
 
 
-def replicas_to_move(spec: JobSpec, current: int, nodes: Mapping[Any, NodeInfo]) -> int:
-    """How many replicas a job of ``current`` replicas relaunches with on ``nodes`` (the
-    cluster without a drained or lost node): as many as now if they hold them, else as many
-    as they hold, at least ``spec.min_replicas`` (the relaunch then waits for room)."""
-    return max(spec.min_replicas, min(current, cluster_capacity(spec, nodes)))
+class DrainWatch:
+    """At most every ``check_s`` seconds: which jobs have a replica on a node Ray is
+    draining (a spot node's notice, ``ray drain-node``, the autoscaler removing it), and
+    why, in words. The Tune scheduler and the job supervisor both move off such nodes.
+
+    Args:
+        check_s: seconds between checks (a preemption notice gives 30-120 s: a move must
+            begin within a few seconds of it).
+        draining_fn: the nodes being drained now (node id -> deadline or ``None``);
+            default: asked of Ray.
+        clock: monotonic seconds (injectable for tests).
+    """
+
+    def __init__(self, check_s: float = 2.0,
+                 draining_fn: Callable[[], Mapping[str, float | None]] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.check_s = check_s
+        self.draining_fn = draining_fn
+        self._clock = clock
+        self._next = 0.0
+
+    def reset(self) -> None:
+        """Check at the next call (a new launch)."""
+        self._next = 0.0
+
+    def check(self, nodes_of: Callable[[], Mapping[str, Collection[str]]]
+              ) -> list[tuple[str, list[str], str]]:
+        """``(job id, its draining nodes, why in words)`` of each job with a replica on a
+        draining node, of the jobs ``nodes_of()`` returns (job id -> its replicas' node
+        ids; asked only when a node drains). Nothing when the last check was under
+        ``check_s`` ago or when Ray cannot say (logged: the next check asks again)."""
+        now = self._clock()
+        if now < self._next:
+            return []
+        self._next = now + self.check_s
+        try:
+            if self.draining_fn is None:
+                from adaptdl_ray.replicas._ray_private import draining_nodes
+                draining = draining_nodes()
+            else:
+                draining = self.draining_fn()
+            jobs = nodes_of() if draining else {}
+        except Exception as exc:  # noqa: BLE001 - keep scheduling; say why at each check
+            LOG.warning("could not check for replicas on draining nodes (%s)", exc)
+            return []
+        out = []
+        for job_id, node_ids in jobs.items():
+            under = draining_under(node_ids, draining)
+            if under is not None:
+                hit, when = under
+                out.append((job_id, hit, f"node(s) {', '.join(n[:12] for n in hit)} "
+                                         f"draining ({when})"))
+        return out
 
 
 def _draining() -> set[str]:

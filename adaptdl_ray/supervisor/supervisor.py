@@ -32,7 +32,8 @@ import math
 import time
 from typing import Any, Callable, Mapping, Sequence
 
-from adaptdl_core.decision import Decision, JobProgress, JobSpec, estimate_remaining_s
+from adaptdl_core.decision import Decision, JobSpec, progress_from_status
+from adaptdl_ray.replicas.nodes import DrainWatch
 from adaptdl_ray.supervisor.outcomes import Change, Ending, LaunchEnd, Phase, RunResult
 
 LOG = logging.getLogger(__name__)
@@ -179,7 +180,7 @@ class Supervisor:
         self._pool = pool
         self._keep = keep_checkpoint
         self._on_status = on_status
-        self._draining_fn = draining_fn
+        self._drains = DrainWatch(_DRAIN_CHECK_S, draining_fn)
         self._nodes_fn = nodes_fn
         self._fits_fn = fits_fn or self._ray_fits
         self._make_group = make_group or _worker_group
@@ -340,7 +341,8 @@ class Supervisor:
             WorkerFailed, TimeoutError: a replica failed or did not stop in time.
         """
         group = launch.group
-        next_status = next_drain_check = 0.0
+        next_status = 0.0
+        self._drains.reset()
         interval = self.checkpoint_interval_s
         next_save = time.monotonic() + interval if interval else math.inf
         self._status(Phase.RUNNING, launch.replicas)
@@ -356,12 +358,10 @@ class Supervisor:
                     return LaunchEnd(Ending.FINISHED)
                 LOG.info("%s checkpointed and stopped itself; relaunching", self.name)
                 return LaunchEnd(Change.RELAUNCH, launch.replicas)
-            if time.monotonic() >= next_drain_check:
-                next_drain_check = time.monotonic() + _DRAIN_CHECK_S
-                target = self._move_target(launch)
-                if target is not None:
-                    self._resize_from = time.time()  # (its cost is a relaunch's, too)
-                    return self._checkpoint_and_end(launch, Phase.MOVING, Change.MOVE, target)
+            target = self._move_target(launch)
+            if target is not None:
+                self._resize_from = time.time()  # (its cost is a relaunch's, too)
+                return self._checkpoint_and_end(launch, Phase.MOVING, Change.MOVE, target)
             if time.monotonic() >= next_status:
                 next_status = time.monotonic() + self.status_every_s
                 self._observe(launch)
@@ -463,24 +463,18 @@ class Supervisor:
 
     # -- nodes ------------------------------------------------------------------------------
     def _move_target(self, launch: _Launch) -> int | None:
-        """If a node under the launch's replicas is being drained, the replicas to
-        relaunch with on the other nodes (as many as now, if they fit there, else as many
-        as fit, at least ``min_replicas``); ``None`` otherwise."""
-        try:
-            draining = self._draining_fn()
-        except Exception as exc:  # noqa: BLE001 - keep training; say why once per check
-            LOG.warning("%s: could not ask which nodes are draining (%s)", self.name, exc)
+        """If a node under the launch's replicas is being drained (checked every
+        ``_DRAIN_CHECK_S``), the replicas to relaunch with on the other nodes (as many as
+        now, if they fit there, else as many as fit, at least ``min_replicas``); ``None``
+        otherwise."""
+        moves = self._drains.check(lambda: {self.job_id: launch.group.node_ids})
+        if not moves:
             return None
-        from adaptdl_ray.replicas.nodes import draining_under
-        under = draining_under(launch.group.node_ids, draining)
-        if under is None:
-            return None
-        hit, when = under
+        _, hit, reason = moves[0]
         self._avoid_nodes = set(hit)
         target = self._room_elsewhere(launch)
-        LOG.warning("%s: node(s) %s under its replicas are draining (%s): checkpointing at "
-                    "the next batch boundary and moving to the other nodes with %d "
-                    "replica(s)", self.name, ", ".join(n[:12] for n in hit), when, target)
+        LOG.warning("%s: %s under its replicas: checkpointing at the next batch boundary and "
+                    "moving to the other nodes with %d replica(s)", self.name, reason, target)
         return target
 
     def _lost_nodes(self, launch: _Launch) -> list[str]:
@@ -492,11 +486,10 @@ class Supervisor:
 
     def _room_elsewhere(self, launch: _Launch) -> int:
         """Replicas to continue with after losing a node or moving off a draining one (see
-        :func:`~adaptdl_ray.replicas.nodes.replicas_to_move`; the same size if the
-        cluster cannot be read: Ray then finds the room)."""
-        from adaptdl_ray.replicas.nodes import replicas_to_move
+        :meth:`~adaptdl_core.decision.JobSpec.fitted`; the same size if the cluster
+        cannot be read: Ray then finds the room)."""
         try:
-            return replicas_to_move(self.spec, launch.replicas, self._nodes_fn())
+            return self.spec.fitted(launch.replicas, self._nodes_fn())
         except Exception as exc:  # noqa: BLE001 - ask for the same size; Ray finds room
             LOG.warning("%s: could not read the cluster (%s)", self.name, exc)
             return launch.replicas
@@ -522,11 +515,8 @@ class Supervisor:
                              self._resize_s)
                     self._resize_from = None
         trained = self._trained_s + (time.time() - (launch.first_step or launch.started))
-        progress = JobProgress(
-            remaining_s=estimate_remaining_s(status.get("epochs_done", 0),
-                                             status.get("epochs", 0), trained),
-            restarts=int(status.get("restarts", 0)),
-            resize_cost_s=self._resize_s,
+        progress = progress_from_status(
+            status, trained_s=trained, resize_cost_s=self._resize_s,
             launch_s=(launch.first_step - launch.started) if launch.first_step else None)
         self.sizer.observe(launch.replicas, hints=snap["hints"], progress=progress)
         self.facts.update({k: status.get(k) for k in (

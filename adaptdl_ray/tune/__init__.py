@@ -18,10 +18,10 @@ from typing import Any
 # public name -> the module that defines it
 _EXPORTS = {
     "AdaptDLScheduler": "adaptdl_ray.tune.scheduler",
-    "AdaptDLTrainableCreator": "adaptdl_ray.tune.trainable",
+    "AdaptDLTrainableCreator": "adaptdl_ray.tune.creator",
     "AdaptDLTrainable": "adaptdl_ray.tune.trainable",
-    "WorkerFailed": "adaptdl_ray.tune.trainable",
-    "is_adaptdl_trainable": "adaptdl_ray.tune.trainable",
+    "WorkerFailed": "adaptdl_ray.replicas.failures",
+    "is_adaptdl_trainable": "adaptdl_ray.tune.creator",
     # (adaptdl_core's, which needs no Ray: the same function from either package)
     "model_state_dict": "adaptdl_core.torch.parallel",
     "METRIC_PREFIX": "adaptdl_ray.tune.results",

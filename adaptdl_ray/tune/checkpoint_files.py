@@ -19,6 +19,7 @@ checkpoint of the trial (see :func:`read_interrupted`).
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 import uuid
@@ -28,8 +29,11 @@ from adaptdl_core import checkpoint as core_checkpoint
 from adaptdl_ray.replicas import transfer
 from adaptdl_ray.tune.trial_progress import TrialProgress
 
+LOG = logging.getLogger(__name__)
+
 __all__ = ["RESERVED_DIR", "INTERRUPTED_FILE", "write", "read", "write_interrupted",
-           "read_interrupted", "has_interrupted", "restore_result_files", "adaptdl_state_dir"]
+           "read_interrupted", "has_interrupted", "restore_result_files",
+           "restore_result_files_of", "read_newer_kept", "adaptdl_state_dir"]
 
 # The result files Tune's loggers append to (progress.csv, result.json).
 _RESULT_FILES = ("progress.csv", "result.json")
@@ -152,6 +156,43 @@ def restore_result_files(filesystem: Any, trial_fs_path: str, local_dir: str) ->
         pyarrow.fs.copy_files(remote, local, source_filesystem=filesystem)
         copied.append(name)
     return copied
+
+
+def restore_result_files_of(trial: Any) -> None:
+    """For a Tune ``trial`` about to start: if it resumes from the state it saved on an
+    interrupt (and from no Tune checkpoint), its result files are restored so that it
+    continues its ``progress.csv``, which Tune would start afresh. A failure to copy them
+    is logged, not raised (the trial runs on)."""
+    storage = getattr(trial, "storage", None)
+    if storage is None or trial.checkpoint is not None:
+        return
+    try:
+        local, remote = trial.local_path, trial.path
+    except RuntimeError:  # a new trial: it has no directory yet
+        return
+    if not local:
+        return
+    try:
+        if has_interrupted(storage.storage_filesystem, remote):
+            restore_result_files(storage.storage_filesystem, remote, local)
+    except OSError as exc:
+        LOG.warning("trial %s: could not restore its result files: %s", trial.trial_id, exc)
+
+
+def read_newer_kept(storage: Any, seq: int
+                    ) -> tuple[TrialProgress, bytes | None, bytes | None] | None:
+    """The state a trial kept in its directory (saved on an interrupt, or its newest
+    in-place checkpoint; see :func:`read_interrupted`) if it is newer than the record
+    numbered ``seq`` the trial has; ``None`` otherwise, or outside Tune (``storage``
+    ``None``), or when it cannot be read (logged: the trial resumes from Tune's)."""
+    if storage is None:
+        return None
+    try:
+        saved = read_interrupted(storage)
+    except (OSError, ValueError) as exc:
+        LOG.warning("ignoring the state kept in %s: %s", storage.trial_fs_path, exc)
+        return None
+    return saved if saved is not None and saved[0].seq > seq else None
 
 
 def read_interrupted(storage: Any) -> tuple[TrialProgress, bytes | None, bytes | None] | None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 import ray
@@ -33,7 +34,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 LOG = logging.getLogger(__name__)
 
-__all__ = ["ExperimentControl", "control_name", "start", "find"]
+__all__ = ["ExperimentControl", "TargetReader", "control_name", "start", "find"]
 
 
 def control_name() -> str:
@@ -159,3 +160,39 @@ def find() -> Any | None:
         return ray.get_actor(control_name())
     except ValueError:
         return None
+
+
+class TargetReader:
+    """A trial's view of its size as the scheduler decided it: asked of the experiment's
+    control actor at most every ``every_s`` seconds (a trial's loop asks each second).
+
+    Args:
+        control: the control actor (``None``: no scheduler; there is no target then).
+        trial_id: the trial.
+        every_s: seconds between asks.
+    """
+
+    def __init__(self, control: Any | None, trial_id: str, every_s: float = 1.0) -> None:
+        self.control = control
+        self.trial_id = trial_id
+        self.every_s = every_s
+        #: The latest decision (replicas) and when it was taken (seconds since the epoch).
+        self.target: int | None = None
+        self.decided_at: float | None = None
+        self._next = 0.0
+
+    def read(self, force: bool = False) -> int | None:
+        """The scheduler's latest decision for the trial (``force``: ask now; ``None``: no
+        scheduler or no decision yet). A failed ask keeps the last answer (logged)."""
+        now = time.monotonic()
+        if self.control is None or (not force and now < self._next):
+            return self.target
+        self._next = now + self.every_s
+        try:
+            answer = ray.get(self.control.get_target.remote(self.trial_id), timeout=10)
+        except ray.exceptions.RayError as exc:
+            LOG.debug("trial %s: could not read its target size: %s", self.trial_id, exc)
+            return self.target
+        if answer is not None:
+            self.target, self.decided_at = int(answer[0]), float(answer[1])
+        return self.target

@@ -20,11 +20,13 @@ from typing import Any, Callable, Iterable
 
 LOG = logging.getLogger(__name__)
 
-__all__ = ["InterruptRelay", "unsaved_trials"]
+__all__ = ["InterruptRelay", "InterruptSave", "unsaved_trials"]
 
 # A signal arriving this long after the scheduler's last hook call finds no live Tune run
 # (the run ended): it goes straight to the previous handler.
 _IDLE_S = 5.0
+# On an interrupt, time for writing the trials' state on top of their stop timeouts.
+_INTERRUPT_MARGIN_S = 30.0
 
 
 def unsaved_trials(trials: Iterable[tuple[str, str, bool]], acked: Iterable[str]) -> set[str]:
@@ -124,3 +126,62 @@ class InterruptRelay:
     def uninstall(self) -> None:
         """Restore the previous handlers (idempotent)."""
         self._restore()
+
+
+class InterruptSave:
+    """The wait between the held-back signal and Tune's stop: every running trial is told
+    (through the experiment's control actor) to save at its next batch boundary, and the
+    run may stop once each has acknowledged or is no longer running, or once the longest
+    stop timeout of the live trials (plus a margin for writing their state) has passed.
+
+    Args:
+        relay: the signal relay (a new one by default).
+        clock: monotonic seconds (injectable for tests).
+    """
+
+    def __init__(self, relay: InterruptRelay | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.relay = relay or InterruptRelay(clock)
+        self._clock = clock
+        self._deadline: float | None = None
+        self._done = False
+
+    @property
+    def requested(self) -> bool:
+        """Whether a signal is held back (no trial starts or resizes from then on)."""
+        return self.relay.requested_at is not None
+
+    def step(self, trials: Iterable[tuple[str, str, bool]], stop_timeout_s: float,
+             control: Any) -> bool:
+        """Advance the wait; ``True`` exactly once, when the run may stop (then write the
+        experiment's state and call :meth:`release`).
+
+        Args:
+            trials: ``(trial id, Tune status, whether a Tune save is in flight)`` of every
+                trial of the run.
+            stop_timeout_s: the longest stop timeout of the live trials (seconds).
+            control: the experiment's control actor (``None``: not on Ray; nothing to tell).
+        """
+        if not self.requested or self._done:
+            return False
+        import ray
+
+        trials = list(trials)
+        if self._deadline is None:
+            self._deadline = self._clock() + stop_timeout_s + _INTERRUPT_MARGIN_S
+            if control is not None:
+                control.interrupt.remote()
+            LOG.warning("saving %d running trial(s) before stopping",
+                        sum(status == "RUNNING" for _, status, _ in trials))
+        acked = ray.get(control.acks.remote(), timeout=10) if control is not None else []
+        waiting = unsaved_trials(trials, acked)
+        if waiting and self._clock() < self._deadline:
+            return False
+        if waiting:
+            LOG.warning("trials %s did not save in time; stopping anyway", sorted(waiting))
+        self._done = True
+        return True
+
+    def release(self) -> None:
+        """Hand the held-back signal to Tune (see :meth:`InterruptRelay.release`)."""
+        self.relay.release()

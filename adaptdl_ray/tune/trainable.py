@@ -1,74 +1,63 @@
-"""AdaptDLTrainableCreator: one Tune trial = N data-parallel replicas of a training function.
+"""AdaptDLTrainable: the runtime of one Tune trial as N data-parallel replicas (made by
+:func:`~adaptdl_ray.tune.creator.AdaptDLTrainableCreator`).
 
-The trial actor starts one worker actor per bundle of its placement group (see
-:mod:`.worker_group`), runs the user's function on all of them and hands rank 0's reports
-to Tune, one result per ``step``, as any Tune function trial would. A trial of one CPU
-replica runs that replica in the trial actor itself (no second process; see
-``single_replica_in_process``).
+The trial actor starts one replica actor per replica (:mod:`adaptdl_ray.replicas`), runs
+the user's function on all of them and hands rank 0's reports to Tune, one result per
+``step``, as any Tune function trial would. A trial of one CPU replica runs that replica in
+the trial actor itself (``single_replica_in_process``).
 
 * **Checkpoints are the user's.** A report with ``checkpoint=`` becomes a Tune checkpoint
-  holding the user's files, governed by ``CheckpointConfig``. Every checkpoint the trial
-  writes (``save_checkpoint``: after such a report, on ``checkpoint_frequency``, at a pause
-  for a resize, at the end) also carries the job's own state, taken in place at the next
-  batch boundary without stopping the replicas, so a restore from any of them resumes at
-  that batch (layout: :mod:`.checkpoint_files`).
-* **Failures** of a replica end ``step`` with :class:`WorkerFailed` after every report made
-  before them has been handed to Tune; Tune's ``FailureConfig`` retries from the latest
+  holding the user's files; each also carries the job's own state, taken in place at the
+  next batch boundary without stopping the replicas, so a restore from any of them resumes
+  at that batch (layout: :mod:`.checkpoint_files`).
+* **Resizes in place**: the trial reads the size the scheduler decided from the experiment's
+  control actor; a grow first starts its new replicas (one-bundle reservations of the
+  trial's own, :mod:`.trial_replicas`) while it trains, then the replicas checkpoint at a
+  batch boundary, those that stay keep their processes and the function continues on the
+  new count. Tune never pauses the trial for it.
+* **Failures** of a replica end ``step`` with :class:`WorkerFailed` after every earlier
+  report has been handed to Tune; Tune's ``FailureConfig`` retries from the latest
   checkpoint.
-* **Lost nodes**: a replica's node that vanishes without notice is not the trial's failure.
-  Every ``checkpoint_interval_s`` the replicas checkpoint in place (they train on); when a
-  node under them is lost, the trial starts its replicas again from that newest checkpoint
-  in the same placement group, whose lost bundles Ray places on the nodes left (the work
-  since the checkpoint is repeated, nothing counts against ``max_failures``). If the
-  nodes left have no room for the lost bundles, the trial continues on the bundles Ray
-  still holds (at least ``min_replicas``) and grows back onto all of them, from a fresh
-  checkpoint, once Ray places the rest again (a node joins, other work ends); with fewer
-  than ``min_replicas`` placed, the start waits for room and then fails as usual. The
-  trial actor itself runs on the node of the group's first bundle: the loss of that node
-  (or of a one-replica trial's node, whose replica runs in the trial actor) is a Tune
-  failure, but each in-place checkpoint is also kept on the run's storage, so that Tune's
-  retry (``FailureConfig(max_failures=...)``) or a ``Tuner.restore`` resumes from it.
-* **Interrupts** of the driver reach the trial through the experiment's control actor
-  (:mod:`.control`): it stops its replicas at the next batch boundary and saves their state
-  into its trial directory, which a ``Tuner.restore`` picks up (newest state wins).
-* **Pauses** (resizes by :class:`~adaptdl_ray.tune.AdaptDLScheduler`): Tune saves, then stops
-  the trial; the relaunched trial resumes from that checkpoint on its new number of
-  replicas at the same epoch and sample. A resize changes the trial's placement group,
-  which Tune re-creates, so the relaunch starts new replica processes.
-* **Actor reuse** (``tune.TuneConfig(reuse_actors=True)``): a trial actor that Tune hands
-  to a new trial with the same resources keeps its replica actors (torch imported); each
-  forgets the previous job first (:meth:`AdaptDLTrainable.reset_config`).
+* **Lost nodes** are not the trial's failure: every ``checkpoint_interval_s`` the replicas
+  checkpoint in place (also onto the run's storage); when a node under them is lost, the
+  trial continues from that checkpoint on its placement group (Ray places the lost bundles
+  on the nodes left, or the start waits for room) and grows back in place. The loss of the
+  trial actor's own node is a Tune failure whose retry resumes from that checkpoint.
+* **Interrupts** of the driver reach the trial through the control actor: it stops its
+  replicas at the next batch boundary and saves their state into its trial directory, which
+  a ``Tuner.restore`` picks up (newest state wins).
+* **Actor reuse** (``reuse_actors=True``): a trial actor handed to a new trial keeps its
+  replica actors (torch imported); each forgets the previous job first.
 """
 
 from __future__ import annotations
 
 import collections
-import inspect
+import contextlib
 import logging
 import time
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 import ray
 from ray import tune
 from ray.tune.result import (DONE, RESULT_DUPLICATE, SHOULD_CHECKPOINT, TIME_THIS_ITER_S)
 
-from adaptdl_core import validation
 from adaptdl_core.decision.jobs import JobSpec
 from adaptdl_ray.replicas import _ray_private
 from adaptdl_ray.tune import checkpoint_files, control
 from adaptdl_ray.tune.resources import num_replicas_of, placement_group_factory
-from adaptdl_ray.tune.results import order_like, result_row
+from adaptdl_ray.tune.results import order_like, resize_phases, result_row
 from adaptdl_ray.tune.traps import warn_unscheduled
 from adaptdl_ray.tune.trial_progress import PendingReport, TrialProgress
 from adaptdl_ray.tune.trial_replicas import TrialReplicas
-from adaptdl_ray.replicas.group import (InProcessReplica, WorkerFailed, WorkerGroup,
-                                           first_line_of, recycle_workers)
+from adaptdl_ray.replicas.failures import WorkerFailed, first_line_of
+from adaptdl_ray.replicas.group import WorkerGroup, recycle_workers
+from adaptdl_ray.replicas.in_process import InProcessReplica
 
 LOG = logging.getLogger(__name__)
 _ray_private.check_tune()  # fail at import, not inside a trial, on a Ray without them
 
-__all__ = ["AdaptDLTrainableCreator", "AdaptDLTrainable", "is_adaptdl_trainable",
-           "replica_spec_of", "stop_timeout_of", "resize_phases", "WorkerFailed"]
+__all__ = ["AdaptDLTrainable", "WorkerFailed", "DEFAULT_CHECKPOINT_INTERVAL_S"]
 
 # Longest wait for rank 0's next report or end before the trial looks for an interrupt.
 _POLL_S = 1.0
@@ -77,8 +66,6 @@ _POLL_S = 1.0
 _FINISH_GRACE_S = 0.3
 # After saving on an interrupt, how long to wait for Tune to stop the trial.
 _INTERRUPTED_WAIT_S = 120.0
-# How often a running trial asks for the scheduler's decision of its size.
-_TARGET_READ_S = 1.0
 #: Seconds of training between a multi-process trial's in-place checkpoints: what a node
 #: lost without notice can cost (benchmarks/node_loss.py measures what a save costs).
 DEFAULT_CHECKPOINT_INTERVAL_S = 300.0
@@ -97,7 +84,7 @@ class AdaptDLTrainable(tune.Trainable):
 
     Attributes:
         adaptdl_replica_spec: the trial's replicas (resources each, min/max count), set by
-            the creator; read it through :func:`replica_spec_of`.
+            the creator (:func:`~adaptdl_ray.tune.creator.replica_spec_of` reads it).
         adaptdl_stop_timeout_s: seconds the replicas get to reach a batch boundary when
             asked to save or stop, set by the creator.
         adaptdl_single_replica_in_process: whether a one-replica launch runs its replica
@@ -157,9 +144,7 @@ class AdaptDLTrainable(tune.Trainable):
         self._launch_at = time.time()
         self._launch_s = 0.0  # this launch's start to first step, once seen
         self._next_save: float | None = None  # time.monotonic() of the next in-place save
-        self._target: int | None = None  # the scheduler's latest decision (replicas)
-        self._target_at: float | None = None  # when it was decided (time.time())
-        self._next_target_read = 0.0     # time.monotonic() of the next read of it
+        self._target = control.TargetReader(self._control, self.trial_id)
 
     def load_checkpoint(self, checkpoint_dir: str) -> None:
         """Take the job state, the user's files and the unreturned reports of a checkpoint
@@ -223,12 +208,9 @@ class AdaptDLTrainable(tune.Trainable):
 
     def _save_in_place_if_due(self) -> None:
         """Every ``checkpoint_interval_s`` of a launch: checkpoint at the next batch
-        boundary while the replicas train on, keep that state as the one a lost replica
-        node continues from, and write it to the trial's directory on the run's storage
-        (as the state of an interrupted run: the newest state wins), so that when the
-        trial actor itself is lost (its node, or an in-process replica with it), Tune's
-        retry under ``FailureConfig(max_failures=...)`` or a ``Tuner.restore`` resumes
-        there rather than at Tune's last checkpoint.
+        boundary while the replicas train on; a lost replica node continues from it, and
+        it is written to the trial's directory on the run's storage (newest state wins),
+        where Tune's retry or a ``Tuner.restore`` after the trial actor was lost finds it.
 
         Raises:
             WorkerFailed: a replica failed before the checkpoint."""
@@ -309,7 +291,7 @@ class AdaptDLTrainable(tune.Trainable):
         group = self._group
         if group is None or not group.started or self._ended:
             return
-        target = self._read_target()
+        target = self._target.read()
         if not target:
             return
         target = self.adaptdl_replica_spec.clamp(target)
@@ -340,7 +322,7 @@ class AdaptDLTrainable(tune.Trainable):
         self._progress.restarts += 1
         self._launch_at, self._launch_s = stopped, 0.0
         self._measure_from = {"requested": requested, "stopped": stopped, "saved": stopped,
-                              "decided": self._target_at or requested}
+                              "decided": self._target.decided_at or requested}
         self._group = self._replicas.group(target, keep=stay)
         self._ensure_started()
 
@@ -448,30 +430,14 @@ class AdaptDLTrainable(tune.Trainable):
     def _replicas_wanted(self) -> int:
         """The replicas to launch with: the scheduler's latest decision, within the
         trial's bounds, else its placement group's."""
-        target = self._read_target(force=True)
+        target = self._target.read(force=True)
         return self.adaptdl_replica_spec.clamp(target) if target else self._base_replicas()
-
-    def _read_target(self, force: bool = False) -> int | None:
-        """The scheduler's latest decision for this trial (asked of the control actor at
-        most every ``_TARGET_READ_S``; ``None`` without a scheduler or decision)."""
-        now = time.monotonic()
-        if self._control is None or (not force and now < self._next_target_read):
-            return self._target
-        self._next_target_read = now + _TARGET_READ_S
-        try:
-            answer = ray.get(self._control.get_target.remote(self.trial_id), timeout=10)
-        except ray.exceptions.RayError as exc:
-            LOG.debug("trial %s: could not read its target size: %s", self.trial_id, exc)
-            return self._target
-        if answer is not None:
-            self._target, self._target_at = int(answer[0]), float(answer[1])
-        return self._target
 
     def _trial_replicas(self) -> TrialReplicas:
         """Where this trial's replicas run (see :mod:`.trial_replicas`)."""
         return TrialReplicas(self.adaptdl_replica_spec.resources, self._replica_trial_info(),
                              ray.util.get_current_placement_group(), self._base_replicas(),
-                             self.trial_id, in_process_allowed=self._in_process_allowed)
+                             self.trial_id, in_process=self.adaptdl_single_replica_in_process)
 
     def _replica_trial_info(self) -> dict[str, Any]:
         """What the replicas tell the function through ``tune.get_context()``."""
@@ -480,15 +446,6 @@ class AdaptDLTrainable(tune.Trainable):
                 "experiment_name": storage.experiment_name if storage else None,
                 "trial_resources": self.trial_resources,
                 "trial_dir": (storage.trial_dir if storage else None) or self.logdir}
-
-    def _in_process_allowed(self) -> bool:
-        """Whether a one-replica launch may run its replica in this actor: enabled, the
-        replica needs only CPUs (the trial actor holds no GPU or custom resource; its
-        node is the bundle's), and no earlier in-process function still runs here."""
-        resources = self.adaptdl_replica_spec.resources
-        only_cpu = all(v == 0 for k, v in resources.items() if k not in ("CPU", "memory"))
-        return self.adaptdl_single_replica_in_process and only_cpu and \
-            not InProcessReplica.busy()
 
     def _new_group(self) -> WorkerGroup | InProcessReplica:
         """The replicas of a launch: as many as the scheduler decided (see
@@ -540,15 +497,8 @@ class AdaptDLTrainable(tune.Trainable):
         """Resume from the state kept in the trial's directory (saved on an interrupt of
         the driver, or the newest in-place checkpoint), if it is newer than the checkpoint
         Tune restored (or there was none)."""
-        if self._storage_info is None:
-            return
-        try:
-            saved = checkpoint_files.read_interrupted(self._storage_info)
-        except (OSError, ValueError) as exc:
-            LOG.warning("trial %s: ignoring the state kept in its directory: %s",
-                        self.trial_id, exc)
-            return
-        if saved is None or saved[0].seq <= self._progress.seq:
+        saved = checkpoint_files.read_newer_kept(self._storage_info, self._progress.seq)
+        if saved is None:
             return
         progress = saved[0]
         LOG.info("trial %s resumes from the newest state it kept (iteration %d)",
@@ -585,10 +535,8 @@ class AdaptDLTrainable(tune.Trainable):
 
     def _fetch_quietly(self) -> None:
         """After a failure: take what rank 0 reported, if it is still alive."""
-        try:
+        with contextlib.suppress(ray.exceptions.RayActorError):
             self._fetch(0.0)
-        except ray.exceptions.RayActorError:
-            pass
 
     def _emit(self, report: PendingReport, *, final: bool = False) -> dict:
         """The result Tune receives for a queued report."""
@@ -650,213 +598,3 @@ class AdaptDLTrainable(tune.Trainable):
         self._progress.finished = all(o["status"] == "finished" for o in outcomes)
         path = self._keep_state(list(self._queue))
         LOG.info("trial %s: state saved to %s", self.trial_id, path)
-
-
-def resize_phases(pause: Mapping[str, float], setup_at: float,
-                  timeline: Mapping[str, float]) -> dict[str, float]:
-    """Split one checkpoint-relaunch cycle into phases (seconds).
-
-    Args:
-        pause: wall-clock times the checkpoint was ``requested``, the replicas ``stopped``
-            (saved at a batch boundary) and the checkpoint was ``saved`` into Tune's
-            directory.
-        setup_at: when the relaunched trial actor began its launch.
-        timeline: the new launch's milestones (``created``, ``workers_up``, ``ready``,
-            ``first_step``; see ``WorkerGroup.timeline``); a missing ``first_step`` means
-            "not seen", and the current time stands in for it.
-
-    Returns:
-        ``checkpoint_s`` (to a batch boundary, rank 0 writes), ``save_s`` (checkpoint
-        bytes into Tune's directory), ``relaunch_s`` (Tune persists the checkpoint, frees
-        and re-creates the placement group, starts the trial actor; also any time the trial
-        waited for resources), ``worker_start_s`` (replica actors up), ``restore_s``
-        (checkpoint handed over, torch imported, files unpacked), ``first_step_s`` (process
-        group, states loaded, first optimizer step), their sum ``total_s``, and for a
-        resize in place (``pause`` has when it was ``decided``) ``decided_to_stop_s``: the
-        time from the scheduler's decision to the stop request, while the trial trained on
-        (a grow's new replicas start then).
-    """
-    first = timeline.get("first_step", time.time())
-    ready = timeline.get("ready", first)
-    phases = {
-        "checkpoint_s": pause["stopped"] - pause["requested"],
-        "save_s": pause["saved"] - pause["stopped"],
-        "relaunch_s": setup_at - pause["saved"],
-        "worker_start_s": timeline["workers_up"] - timeline["created"],
-        "restore_s": ready - timeline["workers_up"],
-        "first_step_s": first - ready,
-    }
-    if "decided" in pause:  # (a resize in place: the trial trained on until the stop)
-        phases["decided_to_stop_s"] = pause["requested"] - pause["decided"]
-    phases = {k: max(float(v), 0.0) for k, v in phases.items()}
-    phases["total_s"] = max(first - pause["requested"], 0.0)
-    return phases
-
-
-def is_adaptdl_trainable(trainable_cls: Any) -> bool:
-    """True for a class made by :func:`AdaptDLTrainableCreator` (or a Tune wrapper of one,
-    such as ``tune.with_parameters``)."""
-    return isinstance(trainable_cls, type) and issubclass(trainable_cls, AdaptDLTrainable) \
-        and trainable_cls.adaptdl_replica_spec is not None
-
-
-def replica_spec_of(trainable_cls: Any) -> JobSpec:
-    """The :class:`JobSpec` of an AdaptDL trainable.
-
-    Raises:
-        TypeError: if ``trainable_cls`` was not made by :func:`AdaptDLTrainableCreator`
-            (the message says how to wrap a training function, or a Ray Train trainer's).
-    """
-    if not is_adaptdl_trainable(trainable_cls):
-        name = getattr(trainable_cls, "__name__", repr(trainable_cls))
-        if "Trainer" in name:
-            raise TypeError(
-                f"AdaptDLScheduler cannot resize a Ray Train {name}: Ray Train fixes the "
-                "number of workers. Run the same function elastically with "
-                "tune.Tuner(AdaptDLTrainableCreator(train_loop_per_worker, "
-                "num_cpus_per_worker=..., num_gpus_per_worker=...), param_space="
-                "{'train_loop_config': ...}) - see 'Coming from Ray Train' in docs/migrating.md")
-        raise TypeError(f"AdaptDLScheduler can only schedule trainables created with "
-                        f"adaptdl_ray.tune.AdaptDLTrainableCreator(train_fn); got {name}. "
-                        "Wrap your training function: "
-                        "tune.Tuner(AdaptDLTrainableCreator(train_fn), ...)")
-    return trainable_cls.adaptdl_replica_spec
-
-
-def stop_timeout_of(trainable_cls: Any) -> float:
-    """How long a checkpoint of an AdaptDL trainable's trial may wait for a batch boundary
-    (its creator's ``stop_timeout_s``).
-
-    Raises:
-        TypeError: as :func:`replica_spec_of`.
-    """
-    replica_spec_of(trainable_cls)
-    return trainable_cls.adaptdl_stop_timeout_s
-
-
-def _check_seconds(name: str, value: Any, *, optional: bool = False) -> None:
-    """A finite number of seconds > 0 (or ``None`` where ``optional``)."""
-    if optional and value is None:
-        return
-    validation.number(name, value, 0.0, low_open=True, what="a finite number of seconds")
-
-
-def _custom_resources(extra: Any, num_cpus: Any, num_gpus: Any) -> dict[str, float]:
-    """``resources_per_worker`` checked: a dict of custom resource name -> finite amount
-    ``>= 0`` that leaves CPUs and GPUs to their own arguments (a ``"CPU"`` entry once
-    replaced ``num_cpus_per_worker`` without a word)."""
-    if extra is None:
-        return {}
-    if not isinstance(extra, Mapping):
-        raise ValueError(f"resources_per_worker must be a dict of custom resource name -> "
-                         f"amount per replica (e.g. {{'TPU': 1}}) or None, got {extra!r}")
-    own = {"CPU": ("num_cpus_per_worker", num_cpus), "GPU": ("num_gpus_per_worker", num_gpus)}
-    out = {}
-    for key, value in extra.items():
-        # Ray's names are case-sensitive: {'cpu': 2} would ask for a custom resource no node
-        # has, and the trial would wait for ever.
-        upper = key.upper() if isinstance(key, str) else None
-        if upper in own:
-            arg, given = own[upper]
-            raise ValueError(f"resources_per_worker[{key!r}]={value!r} conflicts with {arg}="
-                             f"{given!r}: give {upper}s per replica with {arg} only")
-        if not isinstance(key, str) or not key:
-            raise ValueError(f"resources_per_worker: resource names must be non-empty "
-                             f"strings, got {key!r}")
-        out[key] = validation.number(f"resources_per_worker[{key!r}]", value, 0.0)
-    return out
-
-
-def AdaptDLTrainableCreator(train_fn: Callable[..., Any], *,  # noqa: N802 (AdaptDL's name)
-                            num_cpus_per_worker: float = 1.0, num_gpus_per_worker: float = 0.0,
-                            resources_per_worker: Mapping[str, float] | None = None,
-                            min_replicas: int = 1, max_replicas: int | None = None,
-                            stop_timeout_s: float = 120.0,
-                            collective_timeout_s: float | None = None,
-                            single_replica_in_process: bool = True,
-                            checkpoint_interval_s: float | None =
-                            DEFAULT_CHECKPOINT_INTERVAL_S,
-                            name: str | None = None) -> type[AdaptDLTrainable]:
-    """Make a Tune trainable that runs ``train_fn(config)`` on N data-parallel replicas.
-
-    ``train_fn`` is an ordinary adaptdl_core training function (``init_process_group``,
-    ``AdaptiveDataParallel``, ``AdaptiveDataLoader``, ``remaining_epochs_until``...) that
-    calls ``ray.tune.report(metrics, checkpoint=...)``; only rank 0's reports reach Tune,
-    with the ``adaptdl/...`` metrics added. The number of replicas is the number of bundles
-    after the head bundle of the trial's placement group, which :class:`AdaptDLScheduler`
-    sets.
-
-    Args:
-        train_fn: ``fn(config)`` (or ``fn(config, **kwargs)`` with ``tune.with_parameters``,
-            wrapped around the function or around the returned trainable); it is pickled
-            and run in each worker actor.
-        num_cpus_per_worker: CPUs of each replica's bundle (also its torch threads).
-        num_gpus_per_worker: GPUs of each replica's bundle.
-        resources_per_worker: extra custom resources per replica (``{"TPU": 1}``; CPUs and
-            GPUs are given by the two arguments above).
-        min_replicas, max_replicas: bounds on the replica count (``max`` ``None``: the
-            cluster is the limit).
-        stop_timeout_s: how long a checkpoint may wait for the replicas to reach a batch
-            boundary (also bounds the save on an interrupt of the driver).
-        collective_timeout_s: ``ADAPTDL_TIMEOUT`` for the replicas (default: the core's 30 s).
-        single_replica_in_process: run the replica of a one-replica launch inside the trial
-            actor (saves starting a second process and importing torch twice) when it needs
-            only CPUs. The function then runs in a thread of the trial actor: set False if
-            it must have a process of its own (e.g. it changes process-wide settings that
-            must not outlive the trial, or may kill its process on purpose).
-        checkpoint_interval_s: seconds of training between in-place checkpoints (the
-            replicas train on while rank 0 writes; each is also written to the trial's
-            directory on the run's storage): the most a node lost without notice costs,
-            since the trial continues from the newest one in its own placement group, and
-            a retry or restore after the trial actor's own node was lost resumes from it;
-            ``None``: none (a lost node then costs everything since the launch began, or
-            since Tune's last checkpoint).
-        name: the trainable's name in Tune (trial names start with it); default
-            ``AdaptDL_<function name>``.
-
-    Returns:
-        a subclass of :class:`AdaptDLTrainable` to pass to ``tune.run`` or ``tune.Tuner``.
-
-    Raises:
-        ValueError: for a non-callable ``train_fn``, a function that cannot take a config
-            argument, non-finite or negative resources or timeouts, a
-            ``resources_per_worker`` that is not a dict or names ``"CPU"`` / ``"GPU"``
-            (those are ``num_cpus_per_worker`` / ``num_gpus_per_worker``), or
-            ``min_replicas > max_replicas`` (the message names the argument).
-    """
-    if not callable(train_fn) or isinstance(train_fn, type):
-        raise ValueError(f"train_fn must be a function fn(config), got "
-                         f"{type(train_fn).__name__}: pass the training function itself")
-    try:
-        inspect.signature(train_fn).bind({})
-    except TypeError:
-        raise ValueError(f"train_fn {getattr(train_fn, '__name__', train_fn)!r} must accept "
-                         "one argument (the trial's config dict)") from None
-    except ValueError:
-        pass  # builtins without a signature: let them fail at run time
-    for arg, value in (("num_cpus_per_worker", num_cpus_per_worker),
-                       ("num_gpus_per_worker", num_gpus_per_worker)):
-        validation.number(arg, value, 0.0)
-    _check_seconds("stop_timeout_s", stop_timeout_s)
-    _check_seconds("collective_timeout_s", collective_timeout_s, optional=True)
-    _check_seconds("checkpoint_interval_s", checkpoint_interval_s, optional=True)
-    if not isinstance(single_replica_in_process, bool):
-        raise ValueError(f"single_replica_in_process must be True or False, got "
-                         f"{single_replica_in_process!r}")
-    if name is not None and (not isinstance(name, str) or not name):
-        raise ValueError(f"name must be a non-empty string or None, got {name!r}")
-    resources = {"CPU": float(num_cpus_per_worker), "GPU": float(num_gpus_per_worker)}
-    resources.update(_custom_resources(resources_per_worker, num_cpus_per_worker,
-                                       num_gpus_per_worker))
-    spec = JobSpec(resources, min_replicas=min_replicas, max_replicas=max_replicas)
-    cls_name = name or f"AdaptDL_{getattr(train_fn, '__name__', 'trainable')}"
-    return type(cls_name, (AdaptDLTrainable,), {
-        "_adaptdl_fn": staticmethod(train_fn),
-        "adaptdl_replica_spec": spec,
-        "adaptdl_stop_timeout_s": float(stop_timeout_s),
-        "_adaptdl_collective_timeout_s": collective_timeout_s,
-        "adaptdl_single_replica_in_process": bool(single_replica_in_process),
-        "adaptdl_checkpoint_interval_s": None if checkpoint_interval_s is None
-        else float(checkpoint_interval_s),
-        "__doc__": f"AdaptDL trainable running {cls_name} on N data-parallel replicas.",
-    })

@@ -22,9 +22,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 import ray
 
+from adaptdl_ray.replicas.group import WorkerGroup, new_workers, stop_workers
+from adaptdl_ray.replicas.in_process import InProcessReplica
 from adaptdl_ray.replicas.pool import ReplicaPool
-from adaptdl_ray.replicas.group import (InProcessReplica, WorkerGroup, new_workers,
-                                           stop_workers)
 
 LOG = logging.getLogger(__name__)
 
@@ -77,24 +77,30 @@ class TrialReplicas:
         placement_group: the trial's placement group (``None`` outside Tune).
         base: bundles it holds (the trial's ``min_replicas``).
         trial_id: names its own reservations.
-        in_process_allowed: whether a one-replica launch may run in the trial actor.
+        in_process: whether a one-replica launch may run in the trial actor (it then does
+            when the replica needs only CPUs, since the trial actor holds no GPU or custom
+            resource, and no earlier in-process function still runs there).
         fits_fn: whether ``extra`` more replicas' resources are free now (default Ray's
             count of free resources).
     """
 
     def __init__(self, resources: Mapping[str, float], trial_info: dict[str, Any],
                  placement_group: Any, base: int, trial_id: str, *,
-                 in_process_allowed: Callable[[], bool],
+                 in_process: bool,
                  fits_fn: Callable[[int], bool] | None = None) -> None:
         self.resources = dict(resources)
         self.trial_info = trial_info
         self.placement_group = placement_group
         self.base = base if placement_group is not None else 0
-        self._in_process_allowed = in_process_allowed
+        self.in_process = in_process
         self._fits_fn = fits_fn or self._ray_fits
         self._pool = ReplicaPool(self.resources, trial_info, reservation_prefix(trial_id))
         self._bundle_of: dict[Any, int] = {}  # base actor -> its bundle
         self._grow: Any = None
+
+    def _in_process_allowed(self) -> bool:
+        only_cpu = all(v == 0 for k, v in self.resources.items() if k not in ("CPU", "memory"))
+        return self.in_process and only_cpu and not InProcessReplica.busy()
 
     def adopt(self, previous: "TrialReplicas") -> None:
         """Take over the base replicas of the trial actor's previous trial (Tune reuses

@@ -120,10 +120,11 @@ def test_python_dash_m_runs_the_same_command():
 
 
 @pytest.mark.parametrize("options, words", [
-    (["--min-replicas", "3", "--max-replicas", "2"], "--max-replicas 2 is below --min-replicas 3"),
-    (["--min-replicas", "0"], "--min-replicas 0: must be >= 1"),
-    (["--cpus-per-replica", "0"], "both 0"),
-    (["--gpus-per-replica", "-1"], "--gpus-per-replica -1: must be a number >= 0"),
+    (["--min-replicas", "3", "--max-replicas", "2"],
+     "--min-replicas (3) must be <= --max-replicas (2): lower --min-replicas or raise"),
+    (["--min-replicas", "0"], "--min-replicas must be an integer >= 1, got 0"),
+    (["--cpus-per-replica", "0"], "pass --cpus-per-replica > 0 or --gpus-per-replica > 0"),
+    (["--gpus-per-replica", "-1"], "--gpus-per-replica must be a finite number >= 0, got -1"),
     (["--stop-timeout", "0"], "--stop-timeout 0: must be > 0"),
     (["--checkpoint-interval", "-1"], "--checkpoint-interval -1: must be a number of seconds"),
 ])

@@ -11,7 +11,7 @@ import ray  # noqa: E402
 
 from adaptdl_ray.job import run_job  # noqa: E402
 from adaptdl_ray.tune import AdaptDLTrainableCreator  # noqa: E402
-from adaptdl_ray.tune.trainable import replica_spec_of  # noqa: E402
+from adaptdl_ray.tune.creator import replica_spec_of  # noqa: E402
 
 
 def train_fn(config):

@@ -62,7 +62,8 @@ def test_a_job_on_a_draining_node_moves_before_the_deadline_exactly_once(tmp_pat
     assert seen["sizes"] == {"0": 2, "1": 1}, seen
     assert seen["drain_to_first_step_s"] is not None
     assert seen["drain_to_first_step_s"] < seen["deadline_s"], seen
-    assert "under its replicas are draining" in proc.stderr
+    assert "draining (deadline in" in proc.stderr and "under its replicas: checkpointing" \
+        in proc.stderr
     assert_exactly_once(read_events(record), 96, 2)
 
 

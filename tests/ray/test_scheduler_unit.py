@@ -17,7 +17,7 @@ from adaptdl_core.decision import CoreState, JobSpec, job_info, speedup_from_hin
 STATE_FILE = CoreState.FILE
 from adaptdl_ray.tune.resources import (num_replicas_of,  # noqa: E402
                                         placement_group_factory)
-from adaptdl_ray.tune.trainable import replica_spec_of  # noqa: E402
+from adaptdl_ray.tune.creator import replica_spec_of  # noqa: E402
 
 
 def train_fn(config):
@@ -170,7 +170,7 @@ def test_new_trials_stay_pending_so_tune_and_searchers_count_them():
 def test_a_retried_trial_is_added_again_and_keeps_a_size_that_fits():
     sched = AdaptDLScheduler(solve_wait_s=None, nodes_fn=cluster(4), allocation_interval_s=3600)
     tc, a = start_trial(sched, "a")
-    sched._post_target("a", 3)  # (it runs on 3 replicas, grown in place)
+    sched._sizes.tell("a", 3)  # (it runs on 3 replicas, grown in place)
     # What Tune does on a failure with retries left: on_trial_error, PENDING, on_trial_add.
     sched.on_trial_error(tc, a)
     a.status = Trial.PENDING
@@ -179,7 +179,7 @@ def test_a_retried_trial_is_added_again_and_keeps_a_size_that_fits():
     assert a.status == Trial.PENDING and num_replicas_of(a.placement_group_factory) == 1
     assert sched.target_of("a") == 3
     # A size the cluster could never hold again (a node was lost) restarts smaller.
-    sched._post_target("a", 6)
+    sched._sizes.tell("a", 6)
     sched.on_trial_error(tc, a)
     sched.on_trial_add(tc, a)
     assert sched.target_of("a") == 4
@@ -332,7 +332,7 @@ def test_a_resized_trial_is_not_resumed_by_the_base_scheduler_before_it_fits():
     b.placement_group_factory = placement_group_factory(JobSpec({"CPU": 1}), 3)
     tc.trials.append(b)
     sched.state.jobs["a"].target = 4  # paused to grow to 4 while b still holds 3 CPUs
-    sched._enqueue("a")
+    sched._relaunches.add("a")
     a.status = Trial.PAUSED
     for _ in range(3):
         sched._last_check = float("-inf")
@@ -397,7 +397,7 @@ def test_once_interrupted_no_trial_starts_and_a_pickled_copy_starts_uninterrupte
     tc = StubController(cpus=4)
     try:
         a = tc.add(sched, StubTrial("a"))
-        assert sched._relay.install()
+        assert sched._link.interrupts.relay.install()
         signal.raise_signal(signal.SIGINT)  # held back by the relay
         assert calls == []
         sched._last_check = float("-inf")
@@ -407,7 +407,7 @@ def test_once_interrupted_no_trial_starts_and_a_pickled_copy_starts_uninterrupte
         copy._last_check = float("-inf")
         assert copy.choose_trial_to_run(tc) is a
     finally:
-        sched._relay.uninstall()
+        sched._link.interrupts.relay.uninstall()
         signal.signal(signal.SIGINT, previous)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 

@@ -88,12 +88,12 @@ def test_a_drain_elsewhere_or_a_failed_read_moves_nothing(caplog, monkeypatch):
         sup.request_stop()  # then the test ends the run
         return {}
 
+    monkeypatch.setattr(supervisor_module, "_DRAIN_CHECK_S", 0.0)
     sup = make(draining_fn=draining)
     group = FakeGroup(["a", "b"])
-    monkeypatch.setattr(supervisor_module, "_DRAIN_CHECK_S", 0.0)
     assert sup._watch(_Launch(2, group, 0.0)) == LaunchEnd(Ending.STOPPED)
     assert len(reads) == 3 and group.stops == 1
-    assert "could not ask which nodes are draining (GCS unreachable)" in caplog.text
+    assert "could not check for replicas on draining nodes (GCS unreachable)" in caplog.text
 
 
 
@@ -118,8 +118,8 @@ def test_in_place_checkpoints_come_every_interval(monkeypatch, interval, some):
             sup.request_stop()
         return {}
 
-    sup = make(draining_fn=draining, checkpoint_interval_s=interval)
     monkeypatch.setattr(supervisor_module, "_DRAIN_CHECK_S", 0.0)
+    sup = make(draining_fn=draining, checkpoint_interval_s=interval)
     group = SavingGroup(["a", "b"])
     started = time.monotonic()
     assert sup._watch(_Launch(2, group, 0.0)) == LaunchEnd(Ending.STOPPED)

@@ -62,7 +62,7 @@ def replicas(monkeypatch):
     monkeypatch.setattr(trial_replicas, "new_workers",
                         lambda res, info, placements: [f"base{i}" for _, i in placements])
     monkeypatch.setattr(trial_replicas, "stop_workers", stopped.extend)
-    r = TrialReplicas({"CPU": 1}, {}, object(), 2, "t1", in_process_allowed=lambda: False,
+    r = TrialReplicas({"CPU": 1}, {}, object(), 2, "t1", in_process=False,
                       fits_fn=lambda extra: True)
     r.stopped = stopped
     return r
