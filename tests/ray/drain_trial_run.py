@@ -24,9 +24,10 @@ from tests.ray.interrupt_scenario import records
 from tests.ray.two_nodes import two_nodes
 
 # Enough epochs that the trial is still training when the drain lands: starting the
-# `ray drain-node` command takes seconds on a busy 2-core machine, and with 3 epochs a
+# `ray drain-node` command takes seconds on a busy 2-core machine, a grow in place starts its
+# new replica (torch imported) while the trial trains, and with fewer epochs a
 # CI run once saw the trial finish on its 2 replicas before the move.
-EPOCHS, SIZE = 5, 240
+EPOCHS, SIZE = 8, 240
 
 
 class GrowToTwo:
