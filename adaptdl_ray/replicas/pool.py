@@ -10,7 +10,9 @@ group, so a resize keeps the replicas that stay:
 * a shrink stops only the extra replicas (:meth:`ReplicaPool.release`);
 * the survivors keep their process and take the job's state from its checkpoint.
 
-:class:`~adaptdl_ray.cluster.elastic_job.ElasticJob` owns one pool per job.
+:class:`Grow` starts a grow's new replicas while the job trains, for the job supervisor and
+the Tune trial alike. Each job (a submitted job, a Tune trial's replicas beyond its
+minimum) owns one pool.
 """
 
 from __future__ import annotations
@@ -21,7 +23,11 @@ from typing import Any, Callable, Mapping, Sequence
 
 LOG = logging.getLogger(__name__)
 
-__all__ = ["ReplicaPool", "Reservation"]
+__all__ = ["ReplicaPool", "Reservation", "Grow", "GROW_WAIT_S"]
+
+#: How long a grow's new replicas may take to start (the job trains meanwhile) before their
+#: resources are given back and the grow is tried again.
+GROW_WAIT_S = 120.0
 
 
 class Reservation:
@@ -170,3 +176,74 @@ class ReplicaPool:
             reservation.cancel()
         self._reserved = []
         self.release(list(self._pg_of))
+
+
+class Grow:
+    """The new replicas of a grow, started while the job trains: reserved and started once
+    their resources are free (the jobs that shrink free them first), taken by the launch
+    after the checkpoint, or given back when no longer wanted or not up within
+    :data:`GROW_WAIT_S` (the cluster changed meanwhile; the grow is tried again).
+
+    Args:
+        pool: the job's pool (its reservations).
+        fits_fn: whether ``extra`` more replicas' resources are free now (default: Ray's
+            count of free resources).
+        name: how log lines name the job.
+    """
+
+    def __init__(self, pool: ReplicaPool, fits_fn: Callable[[int], bool] | None = None,
+                 name: str = "job") -> None:
+        self.pool = pool
+        self.fits_fn = fits_fn or self._ray_fits
+        self.name = name
+        self.reservation: Reservation | None = None
+
+    def ready(self, extra: int, warm_up: Callable[[], tuple[list[str], list[str]]]) -> bool:
+        """Whether ``extra`` new replicas are up: reserves and starts them (each importing
+        ``warm_up()``'s ``(modules, paths)``: rank 0's, so that joining costs what staying
+        costs) once their resources are free; a grow of another size is given back."""
+        grow = self.reservation
+        if grow is not None and grow.count != extra:
+            self.cancel()
+            grow = None
+        try:
+            if grow is None:
+                if not self.fits_fn(extra):
+                    return False
+                LOG.info("%s: starting %d new replica(s) while it trains", self.name, extra)
+                self.reservation = grow = self.pool.reserve(extra, warm_up=warm_up())
+            if grow.up():
+                return True
+        except Exception as exc:  # noqa: BLE001 - the job trains on; the grow is retried
+            LOG.warning("%s: new replicas for a grow could not start (%s); trying again",
+                        self.name, str(exc).splitlines()[0] if str(exc) else exc)
+            self.cancel()
+            return False
+        if time.monotonic() - grow.created > GROW_WAIT_S:
+            LOG.warning("%s: %d new replica(s) not up within %.0f s; giving their resources "
+                        "back", self.name, extra, GROW_WAIT_S)
+            self.cancel()
+        return False
+
+    def take(self, need: int) -> Reservation | None:
+        """The grow's reservation if it brings ``need`` replicas and was not cancelled
+        (``None`` otherwise; a grow that does not match is given back)."""
+        grow, self.reservation = self.reservation, None
+        if grow is not None and grow.count == need and not grow.cancelled:
+            return grow
+        if grow is not None:
+            grow.cancel()
+        return None
+
+    def cancel(self) -> None:
+        """Give back the replicas started for a grow that is no longer wanted."""
+        if self.reservation is not None:
+            LOG.info("%s: grow by %d replica(s) cancelled", self.name, self.reservation.count)
+            self.reservation.cancel()
+            self.reservation = None
+
+    def _ray_fits(self, extra: int) -> bool:
+        from adaptdl_ray.replicas.nodes import free_resources
+        free = free_resources()
+        return all(free.get(k, 0.0) + 1e-9 >= v * extra
+                   for k, v in self.pool.resources.items())

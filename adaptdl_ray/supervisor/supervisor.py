@@ -34,6 +34,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from adaptdl_core.decision import Decision, JobSpec, progress_from_status
 from adaptdl_ray.replicas.nodes import DrainWatch
+from adaptdl_ray.replicas.pool import Grow
 from adaptdl_ray.supervisor.outcomes import Change, Ending, LaunchEnd, Phase, RunResult
 
 LOG = logging.getLogger(__name__)
@@ -53,9 +54,6 @@ _STATUS_EVERY_S = 3.0
 _DRAIN_CHECK_S = 2.0
 # How long a launch waits for its replicas' resources before giving up.
 _PLACEMENT_TIMEOUT_S = 600.0
-# How long a grow's new replicas may take to start (the job trains meanwhile) before their
-# resources are given back and the grow is tried again.
-_GROW_WAIT_S = 120.0
 _WAITING_LOG_EVERY_S = 30.0
 
 
@@ -182,13 +180,12 @@ class Supervisor:
         self._on_status = on_status
         self._drains = DrainWatch(_DRAIN_CHECK_S, draining_fn)
         self._nodes_fn = nodes_fn
-        self._fits_fn = fits_fn or self._ray_fits
+        self._grow = Grow(pool, fits_fn, name=self.name)
         self._make_group = make_group or _worker_group
         self._stop_requested = False
         self._trained_s = 0.0
         self._resize_from: float | None = None  # when the pending resize was asked for
         self._resize_s: float | None = None     # what the current launch's cost (measured)
-        self._grow: Any = None                  # a reservation starting for a grow
         self._avoid_nodes: set[str] = set()     # nodes a move leaves (being drained)
         self._last_kept: bytes | None = None    # the newest checkpoint kept
 
@@ -282,7 +279,7 @@ class Supervisor:
         self._resize_s = None  # (measured anew for this launch: an older one is not sent)
         self._status(Phase.PENDING, 0, replicas)
         need = replicas - len(keep)
-        reservation = self._take_grow(need)
+        reservation = self._grow.take(need)
         if need > 0 and reservation is None:
             reservation = self._pool.reserve(need)
         logged = started
@@ -370,7 +367,7 @@ class Supervisor:
             self._explain(launch, decision)
             if decision.action != "resize" or target == launch.replicas or \
                     target < self.spec.min_replicas:
-                self._cancel_grow()
+                self._grow.cancel()
                 continue
             if target > launch.replicas and not self._grow_ready(launch,
                                                                       target - launch.replicas):
@@ -409,57 +406,11 @@ class Supervisor:
 
     # -- growing while training -----------------------------------------------------------
     def _grow_ready(self, launch: _Launch, extra: int) -> bool:
-        """Whether ``extra`` new replicas are up for a grow: reserves and starts them when
-        their resources are free (others shrink first), and gives them back if they are
-        not up within _GROW_WAIT_S (the cluster changed meanwhile)."""
-        grow = self._grow
-        if grow is not None and grow.count != extra:
-            self._cancel_grow()
-            grow = None
-        try:
-            if grow is None:
-                if not self._fits_fn(extra):
-                    return False
-                LOG.info("%s: starting %d new replica(s) while it trains", self.name, extra)
-                # (they import what rank 0 has imported: the function's modules too)
-                modules = launch.group.imported_modules()
-                self._grow = grow = self._pool.reserve(
-                    extra, warm_up=(modules, list(self.runner.import_paths)))
-            if grow.up():
-                return True
-        except Exception as exc:  # noqa: BLE001 - the job trains on; the grow is retried
-            LOG.warning("%s: new replicas for a grow could not start (%s); trying again",
-                        self.name, str(exc).splitlines()[0] if str(exc) else exc)
-            self._cancel_grow()
-            return False
-        if time.monotonic() - grow.created > _GROW_WAIT_S:
-            LOG.warning("%s: %d new replica(s) not up within %.0f s; giving their "
-                        "resources back", self.name, extra, _GROW_WAIT_S)
-            self._cancel_grow()
-        return False
-
-    def _take_grow(self, need: int) -> Any:
-        """The grow's reservation if it is up and brings ``need`` replicas, else
-        ``None`` (a grow that does not match is given back)."""
-        grow, self._grow = self._grow, None
-        if grow is not None and grow.count == need and not grow.cancelled:
-            return grow
-        if grow is not None:
-            grow.cancel()
-        return None
-
-    def _cancel_grow(self) -> None:
-        """Give back the replicas started for a grow that is no longer wanted."""
-        if self._grow is not None:
-            LOG.info("%s: grow to %d more replica(s) cancelled", self.name, self._grow.count)
-            self._grow.cancel()
-            self._grow = None
-
-    def _ray_fits(self, extra: int) -> bool:
-        """Whether ``extra`` more replicas' resources are free on the cluster now."""
-        import ray
-        free = ray.available_resources()
-        return all(free.get(k, 0.0) + 1e-9 >= v * extra for k, v in self.spec.resources.items())
+        """Whether ``extra`` new replicas are up for a grow (see
+        :class:`~adaptdl_ray.replicas.pool.Grow`), warmed with what rank 0 imported (the
+        function's modules too) and the runner's import paths."""
+        return self._grow.ready(extra, lambda: (launch.group.imported_modules(),
+                                                list(self.runner.import_paths)))
 
     # -- nodes ------------------------------------------------------------------------------
     def _move_target(self, launch: _Launch) -> int | None:
@@ -564,5 +515,5 @@ class Supervisor:
 
     def _teardown(self) -> None:
         """Stop every replica of the job, started or starting, and free their resources."""
-        self._cancel_grow()
+        self._grow.cancel()
         self._pool.release_all()

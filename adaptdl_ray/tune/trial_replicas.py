@@ -20,11 +20,9 @@ import logging
 import time
 from typing import Any, Callable, Mapping, Sequence
 
-import ray
-
 from adaptdl_ray.replicas.group import WorkerGroup, new_workers, stop_workers
 from adaptdl_ray.replicas.in_process import InProcessReplica
-from adaptdl_ray.replicas.pool import ReplicaPool
+from adaptdl_ray.replicas.pool import Grow, ReplicaPool
 
 LOG = logging.getLogger(__name__)
 
@@ -33,9 +31,6 @@ __all__ = ["TrialReplicas", "reservation_prefix", "remove_leftover_reservations"
 # How long a launch waits for the replicas of its own reservations before it starts on the
 # base bundles alone (the trial grows in place once they are placed).
 _EXTRA_WAIT_S = 60.0
-# How long a grow's new replicas may take to start (the trial trains meanwhile) before their
-# resources are given back and the grow is tried again.
-_GROW_WAIT_S = 120.0
 
 
 def reservation_prefix(trial_id: str) -> str:
@@ -93,10 +88,9 @@ class TrialReplicas:
         self.placement_group = placement_group
         self.base = base if placement_group is not None else 0
         self.in_process = in_process
-        self._fits_fn = fits_fn or self._ray_fits
         self._pool = ReplicaPool(self.resources, trial_info, reservation_prefix(trial_id))
+        self._grow = Grow(self._pool, fits_fn, name=f"trial {trial_id}")
         self._bundle_of: dict[Any, int] = {}  # base actor -> its bundle
-        self._grow: Any = None
 
     def _in_process_allowed(self) -> bool:
         only_cpu = all(v == 0 for k, v in self.resources.items() if k not in ("CPU", "memory"))
@@ -141,11 +135,7 @@ class TrialReplicas:
         """``need`` replicas of the trial's own reservations (the grow's, if it brings as
         many, else reserved now and waited for), or fewer (none) if they are not up in
         time."""
-        grow, self._grow = self._grow, None
-        if grow is None or grow.count != need or grow.cancelled:
-            if grow is not None:
-                grow.cancel()
-            grow = self._pool.reserve(need)
+        grow = self._grow.take(need) or self._pool.reserve(need)
         deadline = time.monotonic() + _EXTRA_WAIT_S
         while not grow.up(wait_s=1.0):
             if time.monotonic() > deadline:
@@ -160,44 +150,18 @@ class TrialReplicas:
         """Whether ``extra`` new replicas are up for a grow: reserves and starts them when
         their resources are free, warmed with rank 0's modules (an in-process replica's
         trial grows with fresh processes, warmed by nothing), and gives them back if they
-        are not up within ``_GROW_WAIT_S``."""
+        are not up in time (see :class:`~adaptdl_ray.replicas.pool.Grow`)."""
         free_base = self.base - len(self._bundle_of) if isinstance(group, WorkerGroup) \
             else max(self.base - 1, 0)
         extra -= min(free_base, extra)  # (free base bundles need no reservation)
         if extra <= 0:
             return True
-        grow = self._grow
-        if grow is not None and grow.count != extra:
-            self.cancel_grow()
-            grow = None
-        try:
-            if grow is None:
-                if not self._fits_fn(extra):
-                    return False
-                modules = group.imported_modules() if isinstance(group, WorkerGroup) else []
-                self._grow = grow = self._pool.reserve(extra, warm_up=(modules, []))
-            if grow.up():
-                return True
-        except Exception as exc:  # noqa: BLE001 - the trial trains on; the grow is retried
-            LOG.warning("new replicas for a grow could not start (%s); trying again",
-                        str(exc).splitlines()[0] if str(exc) else exc)
-            self.cancel_grow()
-            return False
-        if time.monotonic() - grow.created > _GROW_WAIT_S:
-            LOG.warning("%d new replica(s) not up within %.0f s; giving their resources "
-                        "back", extra, _GROW_WAIT_S)
-            self.cancel_grow()
-        return False
+        return self._grow.ready(extra, lambda: (
+            group.imported_modules() if isinstance(group, WorkerGroup) else [], []))
 
     def cancel_grow(self) -> None:
         """Give back the replicas started for a grow that is no longer wanted."""
-        if self._grow is not None:
-            self._grow.cancel()
-            self._grow = None
-
-    def _ray_fits(self, extra: int) -> bool:
-        free = ray.available_resources()
-        return all(free.get(k, 0.0) + 1e-9 >= v * extra for k, v in self.resources.items())
+        self._grow.cancel()
 
     # -- shrinking ----------------------------------------------------------------------------
     def survivors(self, group: Any, target: int) -> list[Any]:

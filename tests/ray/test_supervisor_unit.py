@@ -12,6 +12,7 @@ import pytest
 
 from adaptdl_core.decision import Decision, JobSpec, NodeInfo
 from adaptdl_ray.supervisor import Change, Ending, JobRunner, LaunchEnd, Phase, Supervisor
+from adaptdl_ray.replicas import pool as pool_module
 from adaptdl_ray.supervisor import supervisor as supervisor_module
 from adaptdl_ray.supervisor.supervisor import _Launch
 
@@ -206,7 +207,7 @@ class ScriptSizer(KeepSizer):
 def test_a_grow_starts_its_new_replicas_while_the_job_trains_then_checkpoints():
     pool = FakePool(polls=3)
     sup = make(sizer=ScriptSizer([3]), pool=pool, import_paths=["/the/script/dir"])
-    sup._fits_fn = lambda extra: True
+    sup._grow.fits_fn = lambda extra: True
     group = ActorGroup(["a", "a"])
     assert sup._watch(_Launch(2, group, 0.0)) == LaunchEnd(Change.RESIZE, 3)
     # One reservation of one replica, warmed with rank 0's modules, polled until up; the
@@ -215,7 +216,7 @@ def test_a_grow_starts_its_new_replicas_while_the_job_trains_then_checkpoints():
     assert grow.count == 1 and grow.polls == 0 and not grow.cancelled
     assert grow.warm_up == (["json"], ["/the/script/dir"])
     assert group.stops == 1 and sup.sizer.begun == [3]
-    assert sup._take_grow(1) is grow  # the relaunch takes it
+    assert sup._grow.take(1) is grow  # the relaunch takes it
 
 
 def watch_a_grow_that_never_comes_up(monkeypatch, targets):
@@ -226,7 +227,7 @@ def watch_a_grow_that_never_comes_up(monkeypatch, targets):
     sizer = ScriptSizer(targets)
     sup = make(sizer=sizer, pool=pool,
                draining_fn=lambda: (sup.request_stop() or {}) if sizer.calls > 3 else {})
-    sup._fits_fn = lambda extra: True
+    sup._grow.fits_fn = lambda extra: True
     assert sup._watch(_Launch(2, ActorGroup(["a", "a"]), 0.0)) == LaunchEnd(Ending.STOPPED)
     assert sizer.begun == []
     return pool
@@ -239,7 +240,7 @@ def test_a_grow_no_longer_wanted_gives_its_replicas_back(monkeypatch):
 
 
 def test_a_grow_not_up_in_time_gives_its_replicas_back_and_tries_again(monkeypatch, caplog):
-    monkeypatch.setattr(supervisor_module, "_GROW_WAIT_S", 0.0)
+    monkeypatch.setattr(pool_module, "GROW_WAIT_S", 0.0)
     pool = watch_a_grow_that_never_comes_up(monkeypatch, [3])
     assert len(pool.reserved) >= 2 and all(r.cancelled for r in pool.reserved)
     assert "not up within 0 s; giving their resources back" in caplog.text

@@ -101,10 +101,10 @@ def test_a_grow_reserves_only_beyond_free_base_bundles(replicas):
 
 
 def test_a_grow_waits_for_room_and_gives_back_a_grow_no_longer_wanted(replicas):
-    replicas._fits_fn = lambda extra: False
+    replicas._grow.fits_fn = lambda extra: False
     group = replicas.group(2)
     assert not replicas.grow_ready(group, 1) and replicas._pool.reserved == []
-    replicas._fits_fn = lambda extra: True
+    replicas._grow.fits_fn = lambda extra: True
     assert replicas.grow_ready(group, 1)
     replicas.cancel_grow()
     assert replicas._pool.reserved[0].cancelled
