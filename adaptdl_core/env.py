@@ -11,6 +11,7 @@ describes a one-replica job with no checkpointing.
 | ``ADAPTDL_JOB_ID``         | :func:`job_id`        | ``None``                    |
 | ``ADAPTDL_MASTER_ADDR``    | :func:`master_addr`   | ``"127.0.0.1"``             |
 | ``ADAPTDL_MASTER_PORT``    | :func:`master_port`   | ``0`` (pick a free port)    |
+| ``ADAPTDL_MASTER_FD``      | :func:`master_fd`     | ``None``                    |
 | ``ADAPTDL_REPLICA_RANK``   | :func:`replica_rank`  | ``0``                       |
 | ``ADAPTDL_NUM_REPLICAS``   | :func:`num_replicas`  | ``1``                       |
 | ``ADAPTDL_NUM_NODES``      | :func:`num_nodes`     | ``num_replicas()``          |
@@ -55,6 +56,7 @@ __all__ = [
     "job_id",
     "master_addr",
     "master_port",
+    "master_fd",
     "replica_rank",
     "num_replicas",
     "num_nodes",
@@ -164,6 +166,20 @@ def master_port() -> int:
         ValueError: if the value is not an integer in [0, 65535].
     """
     return _get_int("ADAPTDL_MASTER_PORT", 0, 0, 65535)
+
+
+def master_fd() -> int | None:
+    """File descriptor of a socket bound to the master port, inherited from the launcher,
+    which replica 0's store listens on (``ADAPTDL_MASTER_FD``; see
+    :mod:`adaptdl_core.ports`). ``None`` when unset: the store binds the port itself.
+
+    Raises:
+        ValueError: if the value is not an integer >= 0.
+    """
+    raw = os.environ.get("ADAPTDL_MASTER_FD")
+    if raw is None or raw.strip() == "":
+        return None
+    return _get_int("ADAPTDL_MASTER_FD", 0, 0)
 
 
 def num_replicas() -> int:

@@ -9,7 +9,6 @@ runtime's bookkeeping) lives in the job context, which one call resets.
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 
@@ -53,14 +52,6 @@ def restart():
     State, the restore point, the stop flag), so that States created next reload from
     the newest checkpoint."""
     return context.reset
-
-
-@pytest.fixture
-def free_port():
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

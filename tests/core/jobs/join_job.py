@@ -1,7 +1,8 @@
 """A replica that only joins the job (``adaptdl_core.torch.init_process_group``) and
 writes what happened as JSON into ``<--out>/rank<R>.json``: the error's type, message,
-missing and joined ranks, and the wall-clock time (``time.time()``) when it began to
-join. It then exits through the interpreter's normal exit (atexit handlers included), so
+missing and joined ranks, and the times (``time.monotonic()``, one clock for every
+process of the machine, the one the rendezvous deadline is set on) when it began to join
+and when the call returned or raised. It then exits through the interpreter's normal exit (atexit handlers included), so
 that the test can time the whole exit, not only the error."""
 
 import argparse
@@ -30,7 +31,7 @@ def main():
     from adaptdl_core import env
 
     rank = env.replica_rank()
-    report = {"began": time.time()}
+    report = {"began": time.monotonic()}
     try:
         adl.init_process_group("gloo")
         report["type"] = None
@@ -38,7 +39,7 @@ def main():
         report.update(type=type(exc).__name__, message=str(exc),
                       missing=getattr(exc, "missing_ranks", None),
                       joined=getattr(exc, "joined_ranks", None))
-    report["raised"] = time.time()
+    report["raised"] = time.monotonic()
     if report["type"] is not None or args.then == "exit":
         write(args.out, rank, report)
         return 0 if report["type"] is None else 1
@@ -50,7 +51,7 @@ def main():
         report["type"] = None
     except Exception as exc:
         report.update(type=type(exc).__name__, message=str(exc).splitlines()[0])
-        report["raised"] = time.time()
+        report["raised"] = time.monotonic()
         write(args.out, rank, report)
         raise
     write(args.out, rank, report)
