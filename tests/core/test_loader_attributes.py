@@ -12,16 +12,9 @@ import torch
 from torch.utils.data import TensorDataset
 
 import adaptdl_core.torch as adl
+from tests.exactly_once import assert_exactly_once
 
 DATA = TensorDataset(torch.arange(100))
-
-
-def indices(loader, epochs=1):
-    seen = []
-    for _ in adl.remaining_epochs_until(epochs):
-        for (x,) in loader:
-            seen.extend(x.tolist())
-    return seen
 
 
 def test_batch_size_and_sampler_are_the_adaptive_ones():
@@ -75,8 +68,11 @@ def test_worker_processes_see_every_sample_once(persistent):
     loader = adl.AdaptiveDataLoader(DATA, batch_size=16, shuffle=True, num_workers=2,
                                     persistent_workers=persistent,
                                     multiprocessing_context="forkserver", timeout=60)
-    seen = indices(loader, epochs=2)
-    assert sorted(seen) == sorted(list(range(100)) * 2)
+    events = []
+    for epoch in adl.remaining_epochs_until(2):
+        events += [{"event": "batch", "epoch": epoch, "idx": x.tolist(), "rank": 0}
+                   for (x,) in loader]
+    assert_exactly_once(events, 100, 2)
     assert loader.batch_size == 16 and isinstance(loader.sampler, adl.ElasticSampler)
 
 
