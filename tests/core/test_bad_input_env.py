@@ -1,4 +1,4 @@
-"""Bad ``ADAPTDL_CHECKPOINT_PATH`` (issue 31): set but empty is refused, an unwritable
+"""Bad ``ADAPTDL_CHECKPOINT_PATH``: set but empty is refused, an unwritable
 path is found when the process group starts, not at the first checkpoint after the
 training it was to save; a stop without a checkpoint path says it saved nothing.
 """

@@ -1,4 +1,4 @@
-"""Bad input to the adaptive data loader (issue 31): each case fails at the call with an
+"""Bad input to the adaptive data loader: each case fails at the call with an
 error naming the argument, the value and the fix, or is a documented behaviour; none
 hangs or silently loses samples. In-process, without a process group.
 """

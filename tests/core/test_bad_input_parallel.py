@@ -1,4 +1,4 @@
-"""Bad input to AdaptiveDataParallel (issue 31): a non-module, an optimizer over another
+"""Bad input to AdaptiveDataParallel: a non-module, an optimizer over another
 model's parameters and a non-scaler fail at construction; a resume with another
 optimizer type or model shape raises a CheckpointError that says what differs.
 In-process, with a one-process gloo group (torch's own init, no signal handlers).

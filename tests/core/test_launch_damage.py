@@ -1,5 +1,5 @@
-"""Damaged checkpoints of a real 2-replica job run through ``python -m adaptdl_core.launch``
-(issue 20, as the issue measured it).
+"""Damaged checkpoints of a real 2-replica job run through ``python -m adaptdl_core.launch``,
+as a user meets them.
 
 The job (``jobs/elastic_job.py``: a linear model, SGD with momentum, a shuffled loader, 3
 epochs) takes an in-place checkpoint in epoch 1 (``checkpoint-0``) and is interrupted with

@@ -68,7 +68,7 @@ def test_event_solves_are_spaced_by_the_gap():
 
 
 def test_solves_take_at_most_their_share_of_the_time():
-    # Issue 28: a sweep of 100 short trials re-solved on every trial's start and end, each
+    # Once: a sweep of 100 short trials re-solved on every trial's start and end, each
     # solve 0.3-1.9 s of the policy's time on the machine that ran the trials.
     import dataclasses
 
@@ -140,7 +140,7 @@ def test_a_profiled_job_grows_and_the_resize_is_logged_with_its_measured_cost():
     core.update("a", hints=PROFILED_1)
     clock.now += 600
     d = core.decide()["a"]
-    # Issue 25: not resized while its remaining training is unknown...
+    # Not resized while its remaining training is unknown...
     assert d.action == "hold" and "remaining training not known" in d.reason
     core.update("a", progress=JobProgress(remaining_s=3600.0))
     d = core.decide()["a"]  # ...and resized once known and paying
@@ -163,7 +163,7 @@ def test_restart_cost_comes_from_measurements():
     core, clock, _ = make()
     core.add_job("a", GPU)
     assert core.resize_cost("a") == 30.0  # the policy's prior
-    # Issue 25: a quick start-up (3.4 s, one replica in the trial's own process) predicted
+    # A quick start-up (3.4 s, one replica in the trial's own process) predicted
     # a resize that took 28.3 s; a start-up only raises the prior, never lowers it.
     core.update("a", progress=JobProgress(launch_s=7.0))
     assert core.resize_cost("a") == 30.0

@@ -131,7 +131,7 @@ def used_cpus(controller, *statuses):
 
 PROFILED_2 = {"init_batch_size": 32, "max_profiled_replicas": 2, "max_profiled_nodes": 1}
 # A result of a trial with hours of training left (1 of 1000 epochs in 60 s): a trial whose
-# remaining training is unknown is never resized (issue 25).
+# remaining training is unknown is never resized.
 LONG = {"adaptdl/epochs_done": 1, "adaptdl/epochs": 1000, "time_total_s": 60.0}
 
 
@@ -186,7 +186,7 @@ def test_a_lone_trial_starts_at_one_replica_and_grows_once_profiled(clock):
     hints.hints["solo"] = {"init_batch_size": 32, "max_profiled_replicas": 1,
                            "max_profiled_nodes": 1}
     clock[0] += 600
-    # Not while its remaining training is unknown (issue 25)...
+    # Not while its remaining training is unknown...
     assert sched.on_trial_result(tc, trial, {}) == TrialScheduler.CONTINUE
     assert "not known yet" in sched.state.jobs["solo"].last_veto
     # ...and once it is known, and a growth pays.
@@ -198,8 +198,8 @@ def test_a_lone_trial_starts_at_one_replica_and_grows_once_profiled(clock):
 
 
 def test_each_resize_is_one_visible_line_with_its_predicted_and_measured_cost(clock):
-    """Issue 25: why a trial resized was invisible at Tune's default verbosity. One line
-    per resize, on a logger Ray shows at INFO by default, once its cost is measured."""
+    """Why a trial resized must be visible at Tune's default verbosity: one line per
+    resize, on a logger Ray shows at INFO by default, once its cost is measured."""
     import logging
 
     lines = []
@@ -497,7 +497,7 @@ def test_resize_verdict_rules():
     assert grow.pays and grow.saved_s == pytest.approx(100 * (1 - 1 / 1.9))
     assert not resize_verdict(current=1, target=2, remaining_s=100, cost_s=8,
                               speedup_now=1.0, speedup_new=1.05).pays
-    # Issue 25: a trial whose remaining training is unknown is not grown until known; a
+    # A trial whose remaining training is unknown is not grown until known; a
     # shrink serves other jobs (a new arrival does not wait for the others' first epoch).
     unknown = resize_verdict(current=1, target=2, remaining_s=None, cost_s=8)
     assert not unknown.pays and "not known yet" in unknown.reason
