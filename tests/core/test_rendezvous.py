@@ -1,5 +1,5 @@
 """Joining a job with replicas missing: every replica that waits fails on one deadline,
-with a message naming the missing replicas in words (issue 20).
+with a message naming the missing replicas in words.
 
 Real processes (``tests/core/jobs/join_job.py``) of three jobs run at once: a 3-replica
 job without replica 2, one without replica 0 (the master, which hosts the store), and a
@@ -21,6 +21,10 @@ from tests.core.harness import JOBS
 
 JOB = JOBS / "join_job.py"
 TIMEOUT_S = 5.0
+# The interpreter's own teardown after the exit handlers (torch's modules: seconds under
+# load, up to 10 s measured with a load average of 13 on 2 cores) is only bounded against
+# a hang; the library's part of the exit is timed by itself (see join_job.py).
+TEARDOWN_LIMIT_S = 60.0
 # The job whose replica dies after joining: a long timeout, so that an exit that waited
 # for it (for the dead replica to leave) would show.
 DIES_TIMEOUT_S = 20.0
@@ -76,6 +80,8 @@ def jobs(tmp_path_factory):
         assert path.exists(), f"{job} rank {rank} wrote no report:\n{outputs.get((job, rank))}"
         report = json.loads(path.read_text())
         report["exited"] = exited.get((job, rank), float("inf"))
+        done = root / job / f"rank{rank}.exit"
+        report["handlers_done"] = float(done.read_text()) if done.exists() else float("inf")
         report["status"] = proc.returncode
         reports.setdefault(job, {})[rank] = report
     return reports
@@ -98,10 +104,15 @@ def test_nobody_gives_up_before_the_deadline_nor_waits_again_at_exit(jobs):
             # replica 0's verdict; each deadline is TIMEOUT_S after a call that began
             # after "began" was read.
             assert r["raised"] >= min(r["began"], began_0) + TIMEOUT_S, (job, rank, r)
+            # ...and no later than that deadline plus replica 0's grace of 2 s for its
+            # verdict to be read; half a timeout more leaves a loaded machine room, a
+            # second wait would take a whole one.
+            assert r["raised"] - r["began"] < TIMEOUT_S * 1.5 + 2, (job, rank, r)
             # A second wait at exit (for the replicas that never came, or the store's
-            # goodbye) would last another TIMEOUT_S; the interpreter's own exit is well
-            # under that even with a load average of 8 on 2 cores.
-            assert r["exited"] - r["raised"] < TIMEOUT_S, (job, rank, r)
+            # goodbye) would last another TIMEOUT_S; the exit handlers run in
+            # milliseconds, half of it leaves a loaded machine ample room.
+            assert r["handlers_done"] - r["raised"] < TIMEOUT_S / 2, (job, rank, r)
+            assert r["exited"] - r["handlers_done"] < TEARDOWN_LIMIT_S, (job, rank, r)
 
 
 def test_an_unreachable_master_is_named(jobs):
@@ -118,8 +129,8 @@ def test_a_replica_failing_with_an_error_does_not_wait_a_timeout_to_exit(jobs):
     process ends without waiting (up to the timeout) for replica 1 to leave."""
     r = jobs["dies"][0]
     assert r["type"] == "RuntimeError" and r["status"] == 1, r
-    # Waiting for the dead replica would last DIES_TIMEOUT_S, in the all_reduce or at
-    # exit: half of it leaves the error and the interpreter's exit ample room even with a
-    # load average of 8 on 2 cores.
+    # Waiting for the dead replica would last DIES_TIMEOUT_S, in the all_reduce or in the
+    # exit handlers: half of it leaves a loaded machine ample room.
     assert r["raised"] - r["began"] < DIES_TIMEOUT_S / 2, r
-    assert r["exited"] - r["raised"] < DIES_TIMEOUT_S / 2, r
+    assert r["handlers_done"] - r["raised"] < DIES_TIMEOUT_S / 2, r
+    assert r["exited"] - r["handlers_done"] < TEARDOWN_LIMIT_S, r
