@@ -1,4 +1,4 @@
-"""Shared fixtures for the whole test suite.
+"""Shared fixtures and markers for the whole test suite.
 
 Kept deliberately light: it imports only :mod:`adaptdl_core.context` (which needs
 nothing beyond the standard library) and never torch or ray. Every piece of process-wide
@@ -13,6 +13,13 @@ import os
 import pytest
 
 from adaptdl_core import context
+
+
+def pytest_configure(config):
+    """Register the markers of this suite (``pytest -m "not slow"`` skips the slow tests)."""
+    config.addinivalue_line(
+        "markers", "slow: takes about 20 s or more on a 2-core machine (processes, whole "
+        "trainings or simulations); the quick command leaves it out, CI runs it")
 
 
 def _adaptdl_vars() -> list[str]:

@@ -28,6 +28,7 @@ def run(replicas, tmp_path, restart, *extra, expect=None, timeout=120, env=None)
     return results
 
 
+@pytest.mark.slow
 def test_exactly_once_across_1_2_1_replicas(tmp_path):
     # Interruptions at arbitrary batches: mid-epoch 0, mid-epoch 1 (different K each time).
     run(1, tmp_path, 0, "--stop-after", "5", expect=143)
@@ -54,6 +55,7 @@ def test_resume_continues_at_same_position_and_epoch(tmp_path):
     assert first[0]["local_bsz"] == 4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("replicas", [1, 2])
 def test_interrupted_run_matches_uninterrupted_bitwise(tmp_path, replicas):
     straight, broken = tmp_path / "straight", tmp_path / "broken"
@@ -78,6 +80,7 @@ def test_interrupted_run_matches_uninterrupted_bitwise(tmp_path, replicas):
             assert math.isclose(got[epoch][key], want[epoch][key], rel_tol=1e-9)
 
 
+@pytest.mark.slow
 def test_three_replicas_resume_from_two(tmp_path):
     # 100 samples: 3 replicas do not divide an epoch, so a 3-replica launch pads it (2
     # repeats, allowed by the padding rule; nothing else is). Epoch 0 on 2 replicas (the

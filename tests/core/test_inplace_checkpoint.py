@@ -119,6 +119,7 @@ def test_exit_and_in_place_requests_agreed_together_take_one_checkpoint(tmp_path
     assert_exactly_once(read_events(tmp_path), SIZE, EPOCHS)
 
 
+@pytest.mark.slow
 def test_request_during_validation_is_agreed_through_the_store(tmp_path):
     """Validation batches take no AdaptiveDataParallel step, so the replicas agree through
     the store (every few boundaries); only rank 1 asks, on its 2nd validation batch of

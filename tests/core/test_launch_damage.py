@@ -27,6 +27,9 @@ import torch
 
 from tests.core.harness import JOBS
 
+# One reference run and one interrupted run, then a resumed run per case: about 45 s.
+pytestmark = pytest.mark.slow
+
 JOB = JOBS / "elastic_job.py"
 SIZE = 96
 # 2 replicas, global batch 8: 12 batches per epoch; the 16th is in epoch 1, the 26th in

@@ -87,6 +87,7 @@ def jobs(tmp_path_factory):
     return reports
 
 
+@pytest.mark.slow
 def test_a_replica_that_never_started_is_named_on_every_replica(jobs):
     for r in jobs["no2"].values():
         assert r["type"] == "RendezvousTimeoutError", r
@@ -96,6 +97,7 @@ def test_a_replica_that_never_started_is_named_on_every_replica(jobs):
         assert r["status"] == 1
 
 
+@pytest.mark.slow
 def test_nobody_gives_up_before_the_deadline_nor_waits_again_at_exit(jobs):
     for job in ("no2", "no0"):
         began_0 = jobs[job][0]["began"] if 0 in jobs[job] else float("inf")
@@ -115,6 +117,7 @@ def test_nobody_gives_up_before_the_deadline_nor_waits_again_at_exit(jobs):
             assert r["exited"] - r["handlers_done"] < TEARDOWN_LIMIT_S, (job, rank, r)
 
 
+@pytest.mark.slow
 def test_an_unreachable_master_is_named(jobs):
     for rank, r in jobs["no0"].items():
         assert r["type"] == "RendezvousTimeoutError", r
@@ -124,6 +127,7 @@ def test_an_unreachable_master_is_named(jobs):
         assert r["missing"] == [0]
 
 
+@pytest.mark.slow
 def test_a_replica_failing_with_an_error_does_not_wait_a_timeout_to_exit(jobs):
     """Replica 1 dies after joining; replica 0's all_reduce fails at once, uncaught: its
     process ends without waiting (up to the timeout) for replica 1 to leave."""
