@@ -76,6 +76,25 @@ def test_worker_processes_see_every_sample_once(persistent):
     assert loader.batch_size == 16 and isinstance(loader.sampler, adl.ElasticSampler)
 
 
+def test_a_dropped_loader_is_freed_at_once_and_a_temporary_one_iterates():
+    # No reference cycle keeps a loader (and its persistent workers) until a later
+    # garbage collection, whose wait for the workers once stalled another test for 10 s.
+    import gc
+    import weakref
+
+    loader = adl.AdaptiveDataLoader(DATA, batch_size=10, shuffle=True)
+    assert sum(len(x) for (x,) in loader) == 100
+    gone = weakref.ref(loader)
+    gc.disable()
+    try:
+        del loader
+        assert gone() is None
+    finally:
+        gc.enable()
+    # A loop holds its loader: a loader nobody else holds iterates to its end.
+    assert sum(len(x) for (x,) in adl.AdaptiveDataLoader(DATA, batch_size=10)) == 100
+
+
 def test_pickled_loader_keeps_its_attributes():
     loader = adl.AdaptiveDataLoader(DATA, batch_size=10, shuffle=True, drop_last=True)
     copy = pickle.loads(pickle.dumps(loader))
@@ -83,3 +102,17 @@ def test_pickled_loader_keeps_its_attributes():
     assert isinstance(copy.sampler, adl.ElasticSampler) and copy.sampler.shuffle
     assert copy.sampler is not loader.sampler
     assert copy.batch_sampler.sampler is copy.sampler  # (the copy's own, consistently)
+
+
+def test_a_pickled_copy_becomes_the_training_loader_when_trained_on(process_group):
+    copy = pickle.loads(pickle.dumps(adl.AdaptiveDataLoader(DATA, batch_size=10)))
+    model = torch.nn.Linear(1, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    ddp = adl.AdaptiveDataParallel(model, opt)
+    seen = []
+    for (x,) in copy:
+        opt.zero_grad()
+        ddp(x.float().unsqueeze(1)).pow(2).mean().backward()
+        opt.step()
+        seen.append(copy.training)
+    assert seen[1:] and all(seen[1:])  # (from the first optimizer step on its batches)
