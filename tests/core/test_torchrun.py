@@ -167,6 +167,7 @@ def _finish(proc, timeout=60):
     return proc.returncode, out
 
 
+@pytest.mark.slow
 def test_sigterm_to_torchrun_checkpoints_then_one_process_resumes_exactly_once(tmp_path):
     marker = tmp_path / "started"
     # (0.2 s a batch: training lasts several seconds after the first batch, far longer
@@ -196,6 +197,7 @@ def test_sigterm_to_torchrun_checkpoints_then_one_process_resumes_exactly_once(t
     assert after["index"] == before[-1]["index"] + 8 or before[-1]["index"] == SIZE
 
 
+@pytest.mark.slow
 def test_torchrun_restart_resumes_from_the_checkpoint(tmp_path):
     # Replica 1 stops the job after 20 steps (status 143, a failure to torchrun), which
     # restarts both workers: they resume from the checkpoint in the same agent store.
