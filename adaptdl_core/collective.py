@@ -48,7 +48,7 @@ from typing import Any, Callable
 
 import torch.distributed as dist
 
-from adaptdl_core import context, env, validation
+from adaptdl_core import context, env, ports, validation
 
 __all__ = [
     "CollectiveError",
@@ -162,9 +162,12 @@ class _Group:
             port = 0 if rank == 0 else _find_published(addr, port, scope, size, deadline)
         if rank != 0 and deadline is not None:
             _connect_deadline(addr, port, deadline)
+        # Replica 0 listens on the socket held for its port since the port was picked, if
+        # there is one (adaptdl_core.ports): the port was never free in between.
+        listen_fd = ports.take_for_store(port) if rank == 0 and port else None
         self.store = dist.TCPStore(addr, port, size, is_master=(rank == 0),
                                    timeout=timedelta(seconds=timeout_s),
-                                   wait_for_workers=False)
+                                   wait_for_workers=False, master_listen_fd=listen_fd)
         self.port = self.store.port
         if scope is not None and rank == 0:
             _publish(self.store, addr, launcher_port, scope, size, timeout_s)
@@ -410,7 +413,8 @@ def initialize(master_addr: str | None = None, master_port: int | None = None,
     Arguments:
         master_addr: address of replica 0.
         master_port: port of the store on replica 0; 0 picks a free port (only sensible
-            for a single replica).
+            for a single replica). Replica 0 listens on the socket held for that port
+            since it was picked, when there is one (:mod:`adaptdl_core.ports`).
         replica_rank: this replica's rank, in ``[0, num_replicas)``.
         num_replicas: number of replicas in the job.
         timeout: seconds any wait may block, default ``ADAPTDL_TIMEOUT`` (30).
@@ -421,7 +425,8 @@ def initialize(master_addr: str | None = None, master_port: int | None = None,
             them in words ("replica 2 of 3 never joined within 30 s (joined: 0, 1; ...)"),
             or says that replica 0's store could not be reached.
         RuntimeError: if already initialized, or the store cannot be created or reached
-            (for example an unknown host name).
+            (for example an unknown host name, or an ``ADAPTDL_MASTER_FD`` that names no
+            socket bound to the master port).
     """
     addr = master_addr if master_addr is not None else env.master_addr()
     port = master_port if master_port is not None else env.master_port()

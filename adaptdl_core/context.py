@@ -2,7 +2,8 @@
 
 A replica of a job holds some state for the life of its process: the registry of
 checkpointed :class:`~adaptdl_core.checkpoint.State` objects and the checkpoint they
-restore from, the connection to the job's store, the graceful-stop flag and the pending
+restore from, the connection to the job's store (and the port held for it until it
+listens), the graceful-stop flag and the pending
 in-place checkpoint requests, and the bookkeeping of the torch runtime (the loader loops,
 the epoch counter, the step profile, the current model). All of it lives in one
 :class:`JobContext`; the modules that use a piece reach it with :func:`current` and the
@@ -182,6 +183,8 @@ class JobContext:
         requests: the :class:`StopRequests`.
         group: the collective group (an object with ``close()``) or ``None``; owned by
             :mod:`adaptdl_core.collective`.
+        held_port: a port held for replica 0's store in this process (an object with
+            ``close()``) or ``None``; owned by :mod:`adaptdl_core.ports`.
         metrics, epoch_state, epoch_target, loops, model: the torch runtime's
             bookkeeping, each created by the module that owns its type (``_metrics``,
             ``epoch``, ``data``, ``parallel``); ``None`` until then.
@@ -196,6 +199,7 @@ class JobContext:
         self.states = StateRegistry()
         self.requests = StopRequests()
         self.group: Any = None
+        self.held_port: Any = None
         self.metrics: Any = None
         self.epoch_state: Any = None
         self.epoch_target: int | None = None
@@ -212,10 +216,14 @@ class JobContext:
         self._world = world
 
     def close(self) -> None:
-        """Disconnect from the job's store and cancel pending checkpoint requests."""
+        """Disconnect from the job's store, release a port held for it and cancel pending
+        checkpoint requests."""
         group, self.group = self.group, None
         if group is not None:
             group.close()
+        held, self.held_port = self.held_port, None
+        if held is not None:
+            held.close()
         for request in self.requests.clear():
             request.cancel()
 
@@ -253,9 +261,10 @@ def start(world: World) -> JobContext:
 
 def reset() -> None:
     """Forget the job context, as if the process started anew: every State, the restore
-    point, the runtime's bookkeeping and the stop flag; the store connection is closed
-    and pending checkpoint requests are cancelled. The next :func:`current` builds a
-    fresh context. (Test fixtures use it; a real job restarts its process instead.)"""
+    point, the runtime's bookkeeping and the stop flag; the store connection is closed, a
+    port held for the store released and pending checkpoint requests are cancelled. The
+    next :func:`current` builds a fresh context. (Test fixtures use it; a real job
+    restarts its process instead.)"""
     global _CURRENT
     with _LOCK:
         ctx, _CURRENT = _CURRENT, None

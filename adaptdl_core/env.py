@@ -4,21 +4,7 @@ A launcher (a shell, a test harness, or the Ray trainable) sets these before the
 script starts. A single process needs none of them: every function has a default that
 describes a one-replica job with no checkpointing.
 
-=========================== ======================== ============================
-variable                    function                 default
-=========================== ======================== ============================
-``ADAPTDL_CHECKPOINT_PATH`` :func:`checkpoint_path`  ``None`` (no checkpoints)
-``ADAPTDL_SHARE_PATH``      :func:`share_path`       ``None``
-``ADAPTDL_JOB_ID``          :func:`job_id`           ``None``
-``ADAPTDL_MASTER_ADDR``     :func:`master_addr`      ``"127.0.0.1"``
-``ADAPTDL_MASTER_PORT``     :func:`master_port`      ``0`` (pick a free port)
-``ADAPTDL_REPLICA_RANK``    :func:`replica_rank`     ``0``
-``ADAPTDL_NUM_REPLICAS``    :func:`num_replicas`     ``1``
-``ADAPTDL_NUM_NODES``       :func:`num_nodes`        ``num_replicas()``
-``ADAPTDL_NUM_RESTARTS``    :func:`num_restarts`     ``0``
-``ADAPTDL_TIMEOUT``         :func:`timeout`          ``30`` seconds
-=========================== ======================== ============================
-
+=========================== ======================== =====================
 Values are read on every call (not cached) so that tests and launchers can change them;
 invalid values raise :class:`ValueError` naming the variable and what is expected. An
 empty value means the default, except for ``ADAPTDL_CHECKPOINT_PATH``, where it is
@@ -59,6 +45,7 @@ __all__ = [
     "job_id",
     "master_addr",
     "master_port",
+    "master_fd",
     "replica_rank",
     "num_replicas",
     "num_nodes",
@@ -168,6 +155,20 @@ def master_port() -> int:
         ValueError: if the value is not an integer in [0, 65535].
     """
     return _get_int("ADAPTDL_MASTER_PORT", 0, 0, 65535)
+
+
+def master_fd() -> int | None:
+    """File descriptor of a socket bound to the master port, inherited from the launcher,
+    which replica 0's store listens on (``ADAPTDL_MASTER_FD``; see
+    :mod:`adaptdl_core.ports`). ``None`` when unset: the store binds the port itself.
+
+    Raises:
+        ValueError: if the value is not an integer >= 0.
+    """
+    raw = os.environ.get("ADAPTDL_MASTER_FD")
+    if raw is None or raw.strip() == "":
+        return None
+    return _get_int("ADAPTDL_MASTER_FD", 0, 0)
 
 
 def num_replicas() -> int:

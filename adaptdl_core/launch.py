@@ -4,7 +4,9 @@ From the shell::
 
     python -m adaptdl_core.launch --replicas 2 --checkpoint-path /tmp/ckpt train.py --lr 0.1
 
-starts ``train.py`` twice (ranks 0 and 1) with a free master port, waits for both, and
+starts ``train.py`` twice (ranks 0 and 1) with a free master port (held from the moment it
+is picked until replica 0's store listens on it: see :mod:`adaptdl_core.ports`), waits for
+both, and
 exits with their status: 0 when all finished, 143 when all were checkpointed and stopped
 (Ctrl-C reaches every replica of the terminal's process group), else the first failure.
 Run the same command again, with any ``--replicas``, to resume: the restart count comes
@@ -23,15 +25,14 @@ import argparse
 import dataclasses
 import logging
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from adaptdl_core import checkpoint, validation
+from adaptdl_core import checkpoint, ports, validation
 
-__all__ = ["free_port", "replica_env", "start_replicas", "wait_replicas", "job_status",
+__all__ = ["replica_env", "start_replicas", "wait_replicas", "job_status",
            "ResumePoint", "resume_point", "restarts_for", "end_line", "main"]
 
 LOG = logging.getLogger(__name__)
@@ -40,13 +41,6 @@ LOG = logging.getLogger(__name__)
 # a manifest says whether training finished; not imported from there, which would import
 # torch into the launcher.
 _EPOCH_STATE = "adaptdl-epoch"
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free on ``host`` right now (the OS picks it)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def replica_env(rank: int, num_replicas: int, master_port: int, *,
@@ -91,7 +85,8 @@ def start_replicas(command: Sequence[str], num_replicas: int, *,
         num_replicas: how many replicas (>= 1).
         checkpoint_path: ``ADAPTDL_CHECKPOINT_PATH`` for all replicas (None: not set).
         num_restarts: ``ADAPTDL_NUM_RESTARTS`` (increase it on every restart).
-        master_port: the store port on rank 0 (default: a free one).
+        master_port: the store port on rank 0 (default: a free one, held for rank 0's
+            store: rank 0 inherits the bound socket, see :mod:`adaptdl_core.ports`).
         extra_env: more variables for every replica.
         capture_output: collect stdout and stderr together (text) instead of inheriting.
         cwd: working directory of the replicas.
@@ -102,14 +97,32 @@ def start_replicas(command: Sequence[str], num_replicas: int, *,
     if not command:
         raise ValueError("start_replicas(command=...): the command is empty")
     num_replicas = validation.integer("num_replicas", num_replicas, 1)
-    port = master_port if master_port is not None else free_port()
+    held = ports.HeldPort() if master_port is None else None
+    port = held.port if held is not None else master_port
     output = dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) \
         if capture_output else {}
-    return [subprocess.Popen(list(command), cwd=cwd, **output,
-                             env=replica_env(rank, num_replicas, port,
-                                             checkpoint_path=checkpoint_path,
-                                             num_restarts=num_restarts, extra_env=extra_env))
-            for rank in range(num_replicas)]
+    procs = []
+    try:
+        for rank in range(num_replicas):
+            env = replica_env(rank, num_replicas, port, checkpoint_path=checkpoint_path,
+                              num_restarts=num_restarts, extra_env=extra_env)
+            inherit: tuple[int, ...] = ()
+            if held is not None and rank == 0:
+                env.update(held.env())
+                inherit = (held.fileno(),)
+            procs.append(subprocess.Popen(list(command), cwd=cwd, **output, env=env,
+                                          pass_fds=inherit))
+            if held is not None:
+                held.close()  # (rank 0 holds its own copy now)
+                held = None
+    except BaseException:
+        for proc in procs:
+            proc.kill()
+        raise
+    finally:
+        if held is not None:
+            held.close()
+    return procs
 
 
 def wait_replicas(procs: Sequence[subprocess.Popen], timeout: float | None = None

@@ -11,7 +11,6 @@ import math
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,34 +22,34 @@ sys.path.insert(0, str(ROOT))
 from adaptdl_core import launch  # noqa: E402  (light: no torch import)
 
 
-free_port = launch.free_port
-
-
-def child_env(rank: int = 0, replicas: int = 1, port: int | None = None,
-              extra: dict | None = None) -> dict:
-    """Environment of one replica: the job's ADAPTDL_* variables (no checkpoint path),
-    one intra-op thread, the repository on PYTHONPATH."""
-    base = {k: v for k, v in os.environ.items() if not k.startswith("ADAPTDL_")}
-    return launch.replica_env(rank, replicas, port if port is not None else free_port(),
-                              base_env=base, extra_env={
+def child_variables(extra: dict | None = None) -> dict:
+    """The variables of a replica besides the job's ``ADAPTDL_*`` ones: a long timeout,
+    one intra-op thread, the repository on PYTHONPATH, then ``extra``."""
+    return {
         "ADAPTDL_TIMEOUT": "120",
         "OMP_NUM_THREADS": "1",
         "MKL_NUM_THREADS": "1",
         "PYTHONUNBUFFERED": "1",
         "PYTHONPATH": os.pathsep.join([str(ROOT)] + ([os.environ["PYTHONPATH"]]
                                                      if os.environ.get("PYTHONPATH") else [])),
-        **(extra or {})})
+        **(extra or {})}
+
+
+def child_env(extra: dict | None = None) -> dict:
+    """Environment of a one-replica job: its ADAPTDL_* variables (no checkpoint path; port
+    0: its store picks a free port itself) and :func:`child_variables`."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("ADAPTDL_")}
+    return launch.replica_env(0, 1, 0, base_env=base, extra_env=child_variables(extra))
 
 
 def launch_job(script: str | Path, args: Sequence[str], replicas: int = 1,
                timeout: float = 600) -> list[tuple[int, str]]:
-    """Run ``replicas`` processes of ``script args`` as one job; returns (status, output)
-    per rank. Processes still running at ``timeout`` are killed."""
-    port = free_port()
-    procs = [subprocess.Popen([sys.executable, str(script), *args],
-                              env=child_env(rank, replicas, port), cwd=str(ROOT),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for rank in range(replicas)]
+    """Run ``replicas`` processes of ``script args`` as one job (on a port held for its
+    store until replica 0 listens: :func:`adaptdl_core.launch.start_replicas`); returns
+    (status, output) per rank. Processes still running at ``timeout`` are killed."""
+    procs = launch.start_replicas([sys.executable, str(script), *args], replicas,
+                                  extra_env=child_variables(), capture_output=True,
+                                  cwd=str(ROOT))
     return launch.wait_replicas(procs, timeout)
 
 

@@ -572,7 +572,7 @@ def overhead_worker(args: argparse.Namespace) -> None:
 def _run_child(worker_args: list[str], extra_env: dict, timeout: float) -> tuple[int, str, float]:
     """Run this script as a one-replica job (free port, ``ADAPTDL_*``); returns (status,
     output, seconds)."""
-    env = _common.child_env(0, 1, _common.free_port(), extra=extra_env)
+    env = _common.child_env(extra=extra_env)
     t = time.perf_counter()
     try:
         proc = subprocess.run([sys.executable, str(SCRIPT), *worker_args], env=env,

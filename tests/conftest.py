@@ -1,4 +1,4 @@
-"""Shared fixtures for the whole test suite.
+"""Shared fixtures and markers for the whole test suite.
 
 Kept deliberately light: it imports only :mod:`adaptdl_core.context` (which needs
 nothing beyond the standard library) and never torch or ray. Every piece of process-wide
@@ -9,11 +9,17 @@ runtime's bookkeeping) lives in the job context, which one call resets.
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 
 from adaptdl_core import context
+
+
+def pytest_configure(config):
+    """Register the markers of this suite (``pytest -m "not slow"`` skips the slow tests)."""
+    config.addinivalue_line(
+        "markers", "slow: takes about 20 s or more on a 2-core machine (processes, whole "
+        "trainings or simulations); the quick command leaves it out, CI runs it")
 
 
 def _adaptdl_vars() -> list[str]:
@@ -53,14 +59,6 @@ def restart():
     State, the restore point, the stop flag), so that States created next reload from
     the newest checkpoint."""
     return context.reset
-
-
-@pytest.fixture
-def free_port():
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

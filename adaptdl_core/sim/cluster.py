@@ -21,8 +21,12 @@ Policies (see :func:`make_policy`; :func:`simulate` also takes a policy object):
   job's estimated remaining work) through the same decision core, same jobs.
 * ``tiresias`` / ``optimus``: the TunedJobs baselines of :mod:`adaptdl_core.sim.baselines`.
 
-Every policy learns of a job's remaining work only what a front-end knows: the core's
-estimate from its finished epochs and training time (:func:`.pollux.remaining_seconds`).
+``pollux`` and ``adaptdl`` learn of a job's remaining work only what a front-end knows: the
+core's estimate from its finished epochs and training time
+(:func:`.pollux.remaining_seconds`). ``tiresias`` reads none (only the GPU time a job has
+attained). ``optimus`` is the paper's Optimus+Oracle: it reads the exact remaining
+optimizer steps and the traced step times (:meth:`SimJob.remaining_iterations`), which no
+front-end knows.
 
 With ``elastic`` settings (:class:`~adaptdl_core.sim.autoscale.ElasticSettings`) the node
 set changes over time: autoscaling by the goodput or throughput rule, node start-up delays,

@@ -20,7 +20,6 @@ batch size limits).
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 from typing import Any, Iterator
@@ -114,7 +113,7 @@ class AdaptiveDataLoader(DataLoader):
         checkpoint.load_state(self._state)
         # The step machinery: plans, runs, measures, agrees on and sizes every step.
         self._cycle = StepCycle(self, self._state, sampler, batch_sampler, control, world,
-                                functools.partial(DataLoader.__iter__, self))
+                                DataLoader.__iter__)
         self._cycle.decide(initial=True)
 
     # -- DataLoader attributes ---------------------------------------------------------
@@ -331,9 +330,15 @@ class AdaptiveDataLoader(DataLoader):
         """Global position in the current pass (samples consumed by all replicas)."""
         return self._state.current_index
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """An unpickled copy: its step cycle (which knows its loader only weakly) is this
+        copy's."""
+        self.__dict__.update(state)
+        self._cycle.rebind(self)
+
     # -- iteration -------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         """One loop over the loader (see the class docstring): its steps are run by the
         loader's :class:`~adaptdl_core.torch.step_cycle.StepCycle`."""
         n = len(self.dataset)  # type: ignore[arg-type]
-        return self._cycle.loop(n)
+        return self._cycle.loop(n, self)  # (the loop holds the loader while it runs)

@@ -25,6 +25,7 @@ import enum
 import logging
 import math
 import time
+import weakref
 from typing import Any, Callable, Iterable, Iterator
 
 from adaptdl_core import collective
@@ -131,19 +132,20 @@ class StepCycle:
     """Plans, runs, measures, agrees on and sizes the optimizer steps of one loader.
 
     Arguments:
-        owner: the loader (its identity marks it as the job's training loader).
+        owner: the loader (its identity marks it as the job's training loader; weakly).
         state: the loader's checkpointed position and batch configuration; the cycle
             writes ``current_index``, ``local_bsz`` and ``accum_steps``.
         elastic_sampler, batch_sampler: the loader's samplers.
         control: the batch size rules and limits (the one place they are held).
         world: ``(nodes, replicas, rank)`` of this process.
-        batches: makes the iterator of one pass's batches (the DataLoader's own).
+        batches: makes a loader's iterator of one pass's batches (DataLoader.__iter__).
     """
 
     def __init__(self, owner: Any, state: LoaderState, elastic_sampler: ElasticSampler,
                  batch_sampler: LocalBatchSampler, control: BatchSizeController,
-                 world: tuple[int, int, int], batches: Callable[[], Iterable[Any]]):
-        self.owner = owner
+                 world: tuple[int, int, int], batches: Callable[[Any], Iterable[Any]]):
+        self._owner: weakref.ref | None = None
+        self.rebind(owner)
         self.state = state
         self.elastic_sampler = elastic_sampler
         self.batch_sampler = batch_sampler
@@ -167,11 +169,21 @@ class StepCycle:
         # Replica 0's choice, waiting to travel with the next step's side values.
         self.proposal: tuple[int, int] | None = None
 
+    def rebind(self, owner: Any) -> None:
+        """Make ``owner`` this cycle's loader (also an unpickled copy's). Known weakly: a
+        dropped loader is freed (its persistent workers stopped) at once, not at a later
+        garbage collection, where torch's wait for the workers stalls for seconds."""
+        self._owner = weakref.ref(owner)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_owner": None}  # (a weak reference does not pickle)
+
     # -- what the loader reports ---------------------------------------------------------
     @property
     def training(self) -> bool:
         """True if the owner is the loader whose batches the optimizer steps on."""
-        return (self._book or boundary.loops()).training is self.owner
+        owner = self._owner() if self._owner is not None else None
+        return owner is not None and (self._book or boundary.loops()).training is owner
 
     def autoscaled(self) -> bool:
         """An autoscaled training loader: its loops end by statistical progress. (Read
@@ -190,13 +202,13 @@ class StepCycle:
         return int(self.state.local_bsz) * (int(self.state.accum_steps) + 1) * self.world[1]
 
     # -- a loop: passes until it ends ----------------------------------------------------
-    def loop(self, n: int) -> Iterator[Any]:
+    def loop(self, n: int, owner: Any) -> Iterator[Any]:
         """One loop over a dataset of ``n`` samples, in its
         :func:`~adaptdl_core.torch.elastic_loop.loop_scope` (skipped if it finished before
         a restart): passes over the data until the loop ends (a fixed batch: one pass; an
         autoscaled training loader: an epoch's statistical progress, possibly several
-        passes), starting a new pass whenever the local batch changes."""
-        with loop_scope(self.owner, self.state, adaptive_loader=True) as entry:
+        passes), starting a new pass whenever the local batch changes (of loader ``owner``)."""
+        with loop_scope(owner, self.state, adaptive_loader=True) as entry:
             if entry.skip:
                 return
             epoch = entry.epoch
@@ -208,7 +220,7 @@ class StepCycle:
                     if self.training:
                         self.decide(initial=True)
                     self._check_pass_has_a_batch(n)
-                    restarted = yield from self._one_pass(epoch, n, target)
+                    restarted = yield from self._one_pass(owner, epoch, n, target)
                     if not restarted and not self.autoscaled():
                         break
                 self.micro_index = 0
@@ -268,10 +280,11 @@ class StepCycle:
         return measure
 
     # -- a pass: the steps ---------------------------------------------------------------
-    def _one_pass(self, epoch: int | None, n: int, target: float | None) -> Iterator[Any]:
+    def _one_pass(self, owner: Any, epoch: int | None, n: int,
+                  target: float | None) -> Iterator[Any]:
         """Hand out the batches of one pass from the current position; returns True when
         the pass stopped early for a new local batch size (the loop starts another)."""
-        state, book, owner = self.state, self._book, self.owner
+        state, book = self.state, self._book
         replicas = self.world[1]
         pass_end = (state.current_index // n + 1) * n
         measure = self._configure_pass(epoch)
@@ -279,7 +292,7 @@ class StepCycle:
         self.micro_index = 0
         self.step_samples = 0
         timer = StepTimer()
-        for batch in self._batches():
+        for batch in self._batches(owner):
             now = time.perf_counter()
             opens_pair, size = kinds.popleft()
             # (4: measure) The micro-batch handed out before this one ends now.

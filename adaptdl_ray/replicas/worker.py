@@ -93,11 +93,10 @@ class ReplicaWorker:
         return ray.util.get_node_ip_address(), ray.get_runtime_context().get_node_id()
 
     def free_port(self) -> int:
-        """A TCP port free on this node (rank 0 hosts the job's store on it)."""
-        import socket
-        with socket.socket() as s:
-            s.bind(("", 0))
-            return s.getsockname()[1]
+        """A TCP port of this node, held until rank 0's store (run by this worker) listens
+        on it (see ``adaptdl_core.ports``)."""
+        from adaptdl_core import ports
+        return ports.hold_for_store("")
 
     def imported_modules(self) -> list[str]:
         """The names of every module this process has imported (a replica joining the job

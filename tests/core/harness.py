@@ -9,8 +9,6 @@ from pathlib import Path
 
 from adaptdl_core import launch
 
-free_port = launch.free_port
-
 JOBS = Path(__file__).parent / "jobs"
 
 

@@ -28,12 +28,6 @@ class Stream(IterableDataset):
         return iter(range(4))
 
 
-@pytest.fixture
-def no_process_group():
-    if dist.is_initialized():  # pragma: no cover - only if another test leaked one
-        pytest.skip("a torch process group is initialized in this process")
-
-
 # -- AdaptiveDataLoader ----------------------------------------------------------------------
 
 @pytest.mark.parametrize("key", ["sampler", "batch_sampler"])

@@ -16,12 +16,6 @@ import adaptdl_core.torch as adl
 from adaptdl_core import checkpoint, context, env
 
 
-@pytest.fixture
-def no_process_group():
-    if dist.is_initialized():  # pragma: no cover - only if another test leaked one
-        pytest.skip("a torch process group is initialized in this process")
-
-
 @pytest.mark.parametrize("blank", ["", " ", "\t"])
 def test_a_set_but_empty_checkpoint_path_is_refused(monkeypatch, blank):
     # Once: a stop request then exited 143 ("checkpointed") having saved nothing.

@@ -13,6 +13,7 @@ from torch.utils.data import IterableDataset, TensorDataset
 import adaptdl_core.torch as adl
 from adaptdl_core import checkpoint, collective
 from adaptdl_core.torch.batch_control import BatchSizeController
+from tests.exactly_once import assert_exactly_once
 
 
 def dataset(n):
@@ -230,7 +231,7 @@ def test_drop_padding_leaves_each_sample_exactly_once(monkeypatch, replicas, n, 
     # Each replica's shard, iterated here one rank after the other: without the padding
     # the shards are the dataset, each sample once.
     monkeypatch.setenv("ADAPTDL_NUM_REPLICAS", str(replicas))
-    seen, padded = [], 0
+    events, padded = [], 0
     for rank in range(replicas):
         monkeypatch.setenv("ADAPTDL_REPLICA_RANK", str(rank))
         restart_context()
@@ -238,8 +239,9 @@ def test_drop_padding_leaves_each_sample_exactly_once(monkeypatch, replicas, n, 
         for batch_ in loader:
             (x,) = adl.drop_padding(batch_)
             padded += loader.batch_padding
-            seen += x.tolist()
-    assert sorted(seen) == list(map(float, range(n)))
+            events.append({"event": "batch", "epoch": 0, "rank": rank,
+                           "idx": [int(i) for i in x.tolist()]})
+    assert_exactly_once(events, n, 1, padded=False)
     shares = -(-n // replicas) * replicas
     assert padded == shares - n  # (the padding exists when n does not divide evenly)
 

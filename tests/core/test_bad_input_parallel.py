@@ -8,19 +8,9 @@ import logging
 
 import pytest
 import torch
-import torch.distributed as dist
 
 import adaptdl_core.torch as adl
 from adaptdl_core import checkpoint
-
-
-@pytest.fixture(scope="module")
-def process_group():
-    if dist.is_initialized():  # pragma: no cover - only if another test leaked one
-        pytest.skip("a torch process group is initialized in this process")
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def sgd(model):

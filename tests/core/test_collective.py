@@ -5,13 +5,12 @@ To keep the suite fast on a 2-core machine, every multi-process scenario runs at
 once per module (the ``runs`` fixture): the 2-replica scenario as separate interpreters
 started by tests/core/harness.py, the others as replicas forked by one launcher process
 (so that torch is imported once); every replica has its own ADAPTDL_* variables and a
-scenario's replicas share a free port.
+scenario's replicas share a port, held from the start (adaptdl_core.ports).
 """
 
 import concurrent.futures
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -23,7 +22,7 @@ from tests.core import harness
 JOB = harness.JOBS / "collective_job.py"
 TIMEOUT_S = 3.0
 # The scenarios that do not test the timeout get a long one: on a loaded machine a replica
-# may start seconds after another.
+# may start seconds after another, and an error that came only at the timeout would show.
 OPS_TIMEOUT_S = 60.0
 # Generous: the test machines are small and shared.
 MARGIN_S = 12.0
@@ -136,17 +135,6 @@ def test_invalid_environment_is_reported(monkeypatch):
 
 # -- several processes ---------------------------------------------------------------------
 
-def _free_ports(count):
-    socks = [socket.socket() for _ in range(count)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 class Runs:
     """Reports and exit statuses of the multi-process scenarios."""
 
@@ -171,12 +159,12 @@ class Runs:
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("collective")
     result = Runs(root)
-    ports = _free_ports(len(FORKED) + 1)
-    spec = [{"name": name, "mode": mode, "replicas": replicas, "port": port,
+    spec = [{"name": name, "mode": mode, "replicas": replicas,
              "absent": absent, "hang": hang,
-             "env": {"ADAPTDL_TIMEOUT": str(OPS_TIMEOUT_S if mode in ("ops", "lastread")
+             "env": {"ADAPTDL_TIMEOUT": str(OPS_TIMEOUT_S if mode in ("ops", "lastread",
+                                                                   "hostdies")
                                             else TIMEOUT_S)}}
-            for (name, (mode, replicas, absent, hang)), port in zip(FORKED.items(), ports)]
+            for name, (mode, replicas, absent, hang) in FORKED.items()]
     (root / "spec.json").write_text(json.dumps(spec))
     env = {k: v for k, v in os.environ.items() if not k.startswith("ADAPTDL_")}
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
@@ -260,19 +248,14 @@ def test_one_missing_replica_of_two(runs):
     assert TIMEOUT_S * 0.9 <= r["elapsed"] < TIMEOUT_S + MARGIN_S
 
 
-def test_store_host_exiting_is_a_collective_error_not_a_timeout(runs):
-    reports = runs.reports("hostdies")
-    r = reports[1]
+def test_store_host_exiting_is_a_collective_error_at_once_not_a_timeout(runs):
+    r = runs.reports("hostdies")[1]
     assert r["type"] == "CollectiveError", r
     assert "replica 0" in r["message"]
-    assert r["elapsed"] < TIMEOUT_S + MARGIN_S
-
-
-def test_store_host_exiting_fails_fast(runs):
-    # Whatever its type, the error comes at once rather than after the timeout.
-    r = runs.reports("hostdies")[1]
-    assert r["type"] in ("CollectiveError", "CollectiveTimeoutError"), r
-    assert r["elapsed"] < TIMEOUT_S, r
+    # The scenario's timeout is OPS_TIMEOUT_S: an error that waited for it would come a
+    # minute after the host left (0.3 s after rank 1 began to wait); a quarter of it
+    # leaves a loaded machine ample room.
+    assert r["elapsed"] < OPS_TIMEOUT_S / 4, r
 
 
 def test_store_host_waits_for_the_last_collective_to_be_read(runs):

@@ -110,6 +110,7 @@ def _run(tmp_path, replicas, restart, *args, expect):
         assert code == expect, f"rank {rank} exited {code}:\n{out[-4000:]}"
 
 
+@pytest.mark.slow
 def test_replicas_and_restarts_count_each_sample_once(tmp_path):
     # 2 replicas, batch 9 of 50: the last batch of a pass is padded, not counted twice;
     # interrupted in epoch 1 and finished on 1 replica.

@@ -66,6 +66,7 @@ def test_single_process_reaches_95_percent():
     assert result.stdout.strip().splitlines()[-1].startswith("final test accuracy: "), output
 
 
+@pytest.mark.slow
 def test_interrupt_two_replicas_and_resume_on_one(tmp_path):
     ckpt = tmp_path / "ckpt"
     # 20 epochs of ~22 batches leave the job well over a second of training after the

@@ -44,6 +44,7 @@ def checkpoints(root):
     return sorted(p.name for p in root.iterdir() if p.name.startswith("checkpoint-"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("replicas,save_rank,requests,thread", [
     (1, 0, 1, True),    # from a side thread while training goes on
     (2, 0, 1, True),
@@ -100,6 +101,7 @@ def test_in_place_checkpoint_mid_training_then_resume_from_a_copy(tmp_path, repl
         assert torch.equal(a[name], b[name]), f"{name} differs after resuming"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("replicas", [1, 2])
 def test_exit_and_in_place_requests_agreed_together_take_one_checkpoint(tmp_path, replicas):
     """Rank 0 asks to stop and the last rank to checkpoint, at the same batch: one
@@ -119,6 +121,7 @@ def test_exit_and_in_place_requests_agreed_together_take_one_checkpoint(tmp_path
     assert_exactly_once(read_events(tmp_path), SIZE, EPOCHS)
 
 
+@pytest.mark.slow
 def test_request_during_validation_waits_for_the_next_epoch(tmp_path):
     """Validation batches take no AdaptiveDataParallel step, so the replicas agree through
     the store (every few boundaries); only rank 1 asks, on its 2nd validation batch of

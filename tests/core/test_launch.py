@@ -9,6 +9,7 @@ from adaptdl_core import checkpoint, launch
 from tests.core.harness import JOBS, read_events
 
 
+@pytest.mark.slow
 def test_cli_stops_with_143_resumes_on_fewer_replicas_then_finds_the_job_finished(tmp_path):
     """The same command three times: Ctrl-C-like stop (143); resume on one replica, the
     restart count taken from the checkpoint, to the end (0), leaving the end of training

@@ -1,11 +1,12 @@
-"""Damaged checkpoints of a real 2-replica job run through ``python -m adaptdl_core.launch``
-(a job interrupted with Ctrl-C in epoch 2, as a user would).
+"""Damaged checkpoints of a real 2-replica job run through ``python -m adaptdl_core.launch``,
+as a user meets them.
 
 The job (``jobs/elastic_job.py``: a linear model, SGD with momentum, a shuffled loader, 3
 epochs) takes an in-place checkpoint in epoch 1 (``checkpoint-0``) and is interrupted with
 SIGINT to its whole process group, as Ctrl-C would, in epoch 2 (``checkpoint-1``, status
-143). Each case copies that checkpoint tree, damages it one way, and runs the same command
-again with ``--restarts 1``. It must either finish with final weights bitwise equal to an
+143): both replicas hold at a batch of epoch 2 until the signal has landed. Each case
+copies that checkpoint tree, damages it one way, and runs the same command again with
+``--restarts 1``. It must either finish with final weights bitwise equal to an
 uninterrupted 2-replica run's (falling back to ``checkpoint-0`` with a warning naming the
 damaged file, or ignoring junk beside an intact ``checkpoint-1``), or exit non-zero with a
 message naming the damaged files. One reference run and one interrupted run serve every
@@ -26,10 +27,15 @@ import torch
 
 from tests.core.harness import JOBS
 
+# One reference run and one interrupted run, then a resumed run per case: about 45 s.
+pytestmark = pytest.mark.slow
+
 JOB = JOBS / "elastic_job.py"
 SIZE = 96
-# 2 replicas, global batch 8: 12 batches per epoch; the 16th is in epoch 1.
+# 2 replicas, global batch 8: 12 batches per epoch; the 16th is in epoch 1, the 26th in
+# epoch 2.
 JOB_ARGS = ["--size", str(SIZE), "--batch-size", "8", "--save-after", "16"]
+HOLD_AFTER = 26
 MODEL, LOADER = "adaptdl-dataparallel", "adaptdl-dataloader-0"
 
 
@@ -45,12 +51,8 @@ def _launch(ckpt, record, *extra, restarts=0, session=False):
         start_new_session=session)
 
 
-def _epoch2_started(record):
-    path = record / "r0-rank0.jsonl"
-    if not path.exists():
-        return False
-    return any(e.get("event") == "batch" and e.get("epoch") == 2
-               for e in map(json.loads, path.read_text().splitlines()) if e)
+def _held(record):
+    return all((record / f"held-r0-rank{rank}").exists() for rank in (0, 1))
 
 
 @pytest.fixture(scope="module")
@@ -58,12 +60,13 @@ def runs(tmp_path_factory):
     """The uninterrupted run's final weights and the interrupted run's checkpoint tree."""
     root = tmp_path_factory.mktemp("launch_damage")
     reference = _launch(root / "ref" / "ckpt", root / "ref")
-    # (--sleep: epoch 2 lasts long enough for the signal to land in it.)
-    broken = _launch(root / "broken" / "ckpt", root / "broken", "--sleep", "0.1", session=True)
-    deadline = time.time() + 120
-    while not _epoch2_started(root / "broken") and broken.poll() is None \
-            and time.time() < deadline:
+    broken = _launch(root / "broken" / "ckpt", root / "broken", "--hold-after",
+                     str(HOLD_AFTER), session=True)
+    deadline = time.monotonic() + 120
+    while not _held(root / "broken") and broken.poll() is None \
+            and time.monotonic() < deadline:
         time.sleep(0.01)
+    assert _held(root / "broken"), broken.communicate(timeout=120)[0][-4000:]
     os.killpg(broken.pid, signal.SIGINT)
     out, _ = broken.communicate(timeout=120)
     assert broken.returncode == 143, out[-4000:]

@@ -12,16 +12,9 @@ import torch
 from torch.utils.data import TensorDataset
 
 import adaptdl_core.torch as adl
+from tests.exactly_once import assert_exactly_once
 
 DATA = TensorDataset(torch.arange(100))
-
-
-def indices(loader, epochs=1):
-    seen = []
-    for _ in adl.remaining_epochs_until(epochs):
-        for (x,) in loader:
-            seen.extend(x.tolist())
-    return seen
 
 
 def test_batch_size_and_sampler_are_the_adaptive_ones():
@@ -75,9 +68,31 @@ def test_worker_processes_see_every_sample_once(persistent):
     loader = adl.AdaptiveDataLoader(DATA, batch_size=16, shuffle=True, num_workers=2,
                                     persistent_workers=persistent,
                                     multiprocessing_context="forkserver", timeout=60)
-    seen = indices(loader, epochs=2)
-    assert sorted(seen) == sorted(list(range(100)) * 2)
+    events = []
+    for epoch in adl.remaining_epochs_until(2):
+        events += [{"event": "batch", "epoch": epoch, "idx": x.tolist(), "rank": 0}
+                   for (x,) in loader]
+    assert_exactly_once(events, 100, 2)
     assert loader.batch_size == 16 and isinstance(loader.sampler, adl.ElasticSampler)
+
+
+def test_a_dropped_loader_is_freed_at_once_and_a_temporary_one_iterates():
+    # No reference cycle keeps a loader (and its persistent workers) until a later
+    # garbage collection, whose wait for the workers once stalled another test for 10 s.
+    import gc
+    import weakref
+
+    loader = adl.AdaptiveDataLoader(DATA, batch_size=10, shuffle=True)
+    assert sum(len(x) for (x,) in loader) == 100
+    gone = weakref.ref(loader)
+    gc.disable()
+    try:
+        del loader
+        assert gone() is None
+    finally:
+        gc.enable()
+    # A loop holds its loader: a loader nobody else holds iterates to its end.
+    assert sum(len(x) for (x,) in adl.AdaptiveDataLoader(DATA, batch_size=10)) == 100
 
 
 def test_pickled_loader_keeps_its_attributes():
@@ -87,3 +102,17 @@ def test_pickled_loader_keeps_its_attributes():
     assert isinstance(copy.sampler, adl.ElasticSampler) and copy.sampler.shuffle
     assert copy.sampler is not loader.sampler
     assert copy.batch_sampler.sampler is copy.sampler  # (the copy's own, consistently)
+
+
+def test_a_pickled_copy_becomes_the_training_loader_when_trained_on(process_group):
+    copy = pickle.loads(pickle.dumps(adl.AdaptiveDataLoader(DATA, batch_size=10)))
+    model = torch.nn.Linear(1, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    ddp = adl.AdaptiveDataParallel(model, opt)
+    seen = []
+    for (x,) in copy:
+        opt.zero_grad()
+        ddp(x.float().unsqueeze(1)).pow(2).mean().backward()
+        opt.step()
+        seen.append(copy.training)
+    assert seen[1:] and all(seen[1:])  # (from the first optimizer step on its batches)

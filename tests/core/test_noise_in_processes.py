@@ -33,6 +33,7 @@ def test_single_replica_pairs_of_whole_batches_when_halves_are_below_the_bound(t
     assert abs(result["var"] / result["true_var"] - 1) < 0.25
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["", "bucket_view"])
 def test_two_replica_estimate_on_sampled_steps_within_25_percent_of_truth(mode, tmp_path):
     # Local norms taken in one call after the backward pass (default), or per parameter

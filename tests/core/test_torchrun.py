@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,7 +16,7 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from adaptdl_core import env
+from adaptdl_core import env, ports
 from tests.core.harness import JOBS, read_events
 from tests.exactly_once import assert_exactly_once
 
@@ -113,10 +112,8 @@ def test_replicas_find_this_rounds_store_through_the_agent_store(no_torchrun, st
     other = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=timedelta(seconds=30),
                           wait_for_workers=False)
     other.set("adaptdl/store-id", b"another-job")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        gone = s.getsockname()[1]
-    stale_port = gone if stale == "gone" else other.port
+    gone = ports.HeldPort()  # held and refusing connections, as a store that is gone
+    stale_port = gone.port if stale == "gone" else other.port
     key = "adaptdl/torchrun/run-7/store"
     agent.set(key, json.dumps({"port": stale_port, "id": "an-earlier-round"}).encode())
     base = {k: v for k, v in os.environ.items() if not k.startswith("ADAPTDL_")}
@@ -144,6 +141,7 @@ def test_replicas_find_this_rounds_store_through_the_agent_store(no_torchrun, st
     port = results[0]["port"]
     assert results[1]["port"] == port and port not in (agent.port, stale_port)
     assert json.loads(agent.get(key).decode())["port"] == port
+    gone.close()
 
 
 def _torchrun(tmp_path, nproc, *args, extra=()):
@@ -169,6 +167,7 @@ def _finish(proc, timeout=60):
     return proc.returncode, out
 
 
+@pytest.mark.slow
 def test_sigterm_to_torchrun_checkpoints_then_one_process_resumes_exactly_once(tmp_path):
     marker = tmp_path / "started"
     # (0.2 s a batch: training lasts several seconds after the first batch, far longer
@@ -198,6 +197,7 @@ def test_sigterm_to_torchrun_checkpoints_then_one_process_resumes_exactly_once(t
     assert after["index"] == before[-1]["index"] + 8 or before[-1]["index"] == SIZE
 
 
+@pytest.mark.slow
 def test_torchrun_restart_resumes_from_the_checkpoint(tmp_path):
     # Replica 1 stops the job after 20 steps (status 143, a failure to torchrun), which
     # restarts both workers: they resume from the checkpoint in the same agent store.

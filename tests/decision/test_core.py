@@ -7,7 +7,7 @@ import pytest
 from adaptdl_core.decision import (CoreState, Decision, DecisionCore, JobProgress, JobSpec,
                                    NodeInfo)
 from adaptdl_core.policy import ResizeVerdict
-from tests.decision.stubs import CountingPolicy
+from tests.decision.stubs import CountingPolicy, FixedSizePolicy
 
 GPU = JobSpec({"GPU": 1})
 PROFILED_1 = {"init_batch_size": 32, "max_profiled_replicas": 1, "max_profiled_nodes": 1}
@@ -258,14 +258,33 @@ def test_a_removed_job_frees_its_replicas():
 
 
 def test_a_custom_resize_rule_decides():
-    always = lambda **kw: ResizeVerdict(True, "always")  # noqa: E731
-    core, clock, _ = make(interval=30.0, resize_rule=always)
+    calls = []
+
+    def three_or_nothing(**kwargs):
+        calls.append(kwargs)
+        return ResizeVerdict(kwargs["target"] == 3, "three or nothing")
+
+    clock, policy = Clock(), FixedSizePolicy(1)
+    core = DecisionCore(policy=policy, clock=clock, interval_s=30.0,
+                        resize_rule=three_or_nothing)
+    core.set_nodes({"n0": NodeInfo({"GPU": 4})})
     core.add_job("a", GPU)
-    core.running("a", nodes=list(core.decide()["a"].nodes))
-    core.update("a", hints=POOR, progress=JobProgress(remaining_s=1.0))
+    assert core.decide()["a"].action == "start" and calls == []  # a start is no resize
+    core.running("a", nodes=["n0"])
+    core.update("a", hints=POOR, progress=JobProgress(remaining_s=100.0))
+    # The policy proposes 2 replicas: the rule is asked, says no, and the job holds.
+    policy.replicas = 2
     clock.now += 600
-    reason = core.decide()["a"].reason
-    assert reason in ("always", "no change") or reason.startswith("nearly finished"), reason
+    d = core.decide()["a"]
+    assert (d.action, d.replicas, d.proposed, d.reason) == ("hold", 1, 2, "three or nothing")
+    assert calls and {(c["current"], c["target"], c["remaining_s"]) for c in calls} == \
+        {(1, 2, 100.0)}
+    # 3 replicas: the rule says yes, and the job resizes.
+    policy.replicas = 3
+    clock.now += 600
+    d = core.decide()["a"]
+    assert (d.action, d.replicas, d.reason) == ("resize", 3, "three or nothing")
+    assert (calls[-1]["current"], calls[-1]["target"]) == (1, 3)
 
 
 def test_state_round_trip_and_restore():

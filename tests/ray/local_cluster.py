@@ -3,15 +3,22 @@
 ``ray.init(address="local", include_dashboard=True)`` cannot choose the dashboard agent's
 port, and on a machine where another Ray instance holds the default one (52365) the agent
 runs without its HTTP server, so every job submission fails ("No available agent to
-submit job"). This helper runs ``ray start --head --block`` instead, with every port picked
-free and a temporary directory of its own (so no other process on the machine finds this
-cluster through the usual search, and this cluster joins no other), and stops it by
-signalling that process, never with ``ray stop`` (which stops every Ray instance on the
-machine).
+submit job"). This helper runs ``ray start --head --block`` instead, with a temporary
+directory of its own (so no other process on the machine finds this cluster through the
+usual search, and this cluster joins no other), and stops it by signalling that process,
+never with ``ray stop`` (which stops every Ray instance on the machine).
+
+Ports: Ray picks (and binds at once) every port it can pick itself and nobody here needs
+to know (``0``). The few this helper must name in advance (the GCS, the dashboard, the
+metrics export and the Ray client server: Ray cannot report them all, nor take a bound
+socket) are picked free, which leaves a moment in which another process may take one: the
+cluster is then known by its dashboard answering with this cluster's session (not another
+cluster's that took the port), and a start that fails is retried on newly picked ports.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -39,13 +46,18 @@ def cluster_env(extra: dict | None = None) -> dict:
     env.update(extra or {})
     return env
 
-_PORT_OPTIONS = ("--port", "--dashboard-port", "--dashboard-agent-listen-port",
-                 "--dashboard-agent-grpc-port", "--metrics-export-port",
-                 "--runtime-env-agent-port", "--node-manager-port", "--object-manager-port",
-                 "--ray-client-server-port")
+# Ports Ray picks itself (0) and nobody here needs to know.
+_RAY_PICKS = ("--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
+              "--runtime-env-agent-port", "--node-manager-port", "--object-manager-port")
+# Ports this helper must know (or Ray cannot pick: the client server's).
+_PICKED_HERE = ("--port", "--dashboard-port", "--metrics-export-port",
+                "--ray-client-server-port")
+_ATTEMPTS = 3
 
 
 def _free_ports(count: int) -> list[int]:
+    """``count`` distinct ports free a moment ago (held together while picked, so they
+    differ, then released for ``ray start`` to bind)."""
     socks = []
     try:
         for _ in range(count):
@@ -64,16 +76,32 @@ class LocalCluster:
     Args:
         num_cpus: logical CPUs of the node.
         env: the environment of the cluster's processes (default: this one's).
-        timeout_s: how long to wait for the dashboard's job API.
+        timeout_s: how long to wait for the dashboard's job API, per attempt.
 
     Raises:
-        RuntimeError: the cluster did not come up (with the end of its output).
+        RuntimeError: the cluster did not come up in :data:`_ATTEMPTS` attempts (with the
+            end of the last attempt's output).
     """
 
     def __init__(self, num_cpus: int = 4, env: dict[str, str] | None = None,
                  timeout_s: float = 60.0) -> None:
+        for attempt in range(1, _ATTEMPTS + 1):
+            self._start(num_cpus, env)
+            try:
+                self._wait_ready(timeout_s)
+                return
+            except BaseException as exc:
+                output = self.output()
+                self.stop()
+                if attempt == _ATTEMPTS or not isinstance(exc, RuntimeError):
+                    raise
+                print(f"LocalCluster: attempt {attempt} failed ({exc}); retrying on other "
+                      f"ports. Its output ends with:\n{output[-1500:]}", file=sys.stderr)
+
+    def _start(self, num_cpus: int, env: dict[str, str] | None) -> None:
         self.temp_dir = tempfile.mkdtemp(prefix="ray-")
-        ports = dict(zip(_PORT_OPTIONS, _free_ports(len(_PORT_OPTIONS))))
+        ports = dict(zip(_PICKED_HERE, _free_ports(len(_PICKED_HERE))))
+        ports.update(dict.fromkeys(_RAY_PICKS, 0))
         self.address = f"http://127.0.0.1:{ports['--dashboard-port']}"
         self.gcs_address = f"127.0.0.1:{ports['--port']}"
         #: Where the node exports Ray's metrics (Prometheus text at ``/metrics``).
@@ -88,22 +116,25 @@ class LocalCluster:
         self._log = open(os.path.join(self.temp_dir, "ray-start.log"), "w+")
         self.proc = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT,
                                      env=env, start_new_session=True)
-        try:
-            self._wait_ready(timeout_s)
-        except BaseException:
-            self.stop()
-            raise
 
     def _wait_ready(self, timeout_s: float) -> None:
+        """Wait until the dashboard at :attr:`address` answers as this cluster's (its
+        session directory is under :attr:`temp_dir`: another cluster may have taken the
+        port first)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                break
+                raise RuntimeError(f"ray start exited with status {self.proc.returncode}")
             try:
-                with urllib.request.urlopen(f"{self.address}/api/version", timeout=2):
-                    return
-            except OSError:
+                with urllib.request.urlopen(f"{self.address}/api/version", timeout=2) as r:
+                    session = json.loads(r.read().decode()).get("session_name", "")
+            except (OSError, ValueError):
                 time.sleep(0.5)
+                continue
+            if session and os.path.isdir(os.path.join(self.temp_dir, session)):
+                return
+            raise RuntimeError(f"port {self.address} answers for another cluster "
+                               f"(session {session!r})")
         raise RuntimeError(f"the Ray cluster did not start within {timeout_s:.0f} s:\n"
                            f"{self.output()[-3000:]}")
 

@@ -96,23 +96,30 @@ def test_bad_node_count_is_named(bad):
         ResourceRequester(NODE, request_fn=Recorder()).request(bad)
 
 
-def test_local_ray_accepts_and_records_the_request(ray_session):
-    ray = ray_session
+def _standing_request() -> list[dict]:
+    """The bundles of the standing request, read where Ray's autoscaler reads them: the
+    GCS's cluster constraints under autoscaler v2, the internal KV under v1 (Ray 2.60's
+    internals, read by this test only: the library itself uses the public SDK call)."""
     from ray.autoscaler.v2.utils import is_autoscaler_v2
 
-    req = ResourceRequester({"CPU": 2})
-    assert req.request(3) is True
     if is_autoscaler_v2():
-        pytest.skip("autoscaler v2 keeps requests in the GCS, not in the KV read below")
-    # Peek at where Ray 2.60's v1 autoscaler reads standing requests (a Ray internal,
-    # read by this test only: the library itself uses the public SDK call).
+        from ray.autoscaler.v2.sdk import get_cluster_resource_state
+        from ray.experimental.internal_kv import internal_kv_get_gcs_client
+
+        state = get_cluster_resource_state(internal_kv_get_gcs_client())
+        return [dict(r.request.resources_bundle)
+                for c in state.cluster_resource_constraints
+                for r in c.resource_requests for _ in range(r.count)]
     from ray.autoscaler._private.constants import AUTOSCALER_RESOURCE_REQUEST_CHANNEL
     from ray.experimental.internal_kv import _internal_kv_get
 
-    def recorded():
-        return json.loads(_internal_kv_get(AUTOSCALER_RESOURCE_REQUEST_CHANNEL))
+    return json.loads(_internal_kv_get(AUTOSCALER_RESOURCE_REQUEST_CHANNEL))
 
-    assert ray.is_initialized()
-    assert recorded() == [{"CPU": 2}] * 3
-    assert req.request(1) is True and recorded() == [{"CPU": 2}]
-    assert req.withdraw() is True and recorded() == []
+
+def test_local_ray_accepts_and_records_the_request(ray_session):
+    """Under either autoscaler (run with RAY_enable_autoscaler_v2=1 for v2)."""
+    assert ray_session.is_initialized()
+    req = ResourceRequester({"CPU": 2})
+    assert req.request(3) is True and _standing_request() == [{"CPU": 2}] * 3
+    assert req.request(1) is True and _standing_request() == [{"CPU": 2}]
+    assert req.withdraw() is True and _standing_request() == []

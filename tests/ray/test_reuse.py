@@ -58,7 +58,7 @@ def _stateful_job(config):
     tune.report(found)
 
 
-def test_recycled_worker_forgets_the_previous_job(free_port):
+def test_recycled_worker_forgets_the_previous_job():
     """In one process: after recycle() the next run finds no State, no process group, no
     stray variable and a new trial's context; the local files of the first job are gone."""
     import os
@@ -71,7 +71,8 @@ def test_recycled_worker_forgets_the_previous_job(free_port):
              "node_rank": 0}
     worker = ReplicaWorker(0, {"trial_id": "a"})
     try:
-        first = worker.run(_stateful_job, {}, {}, _job_env(free_port), None, None, 1, world)
+        first = worker.run(_stateful_job, {}, {}, _job_env(worker.free_port()), None, None, 1,
+                           world)
         assert first["status"] == "finished", first
         assert dist.is_initialized()
         old_root = os.environ["ADAPTDL_CHECKPOINT_PATH"]
@@ -79,7 +80,8 @@ def test_recycled_worker_forgets_the_previous_job(free_port):
         assert not dist.is_initialized() and not os.path.exists(old_root)
         assert not [k for k in os.environ if k.startswith("ADAPTDL_")]
         assert worker.next_results(0.0) == ([], False)  # the first job's reports are gone
-        second = worker.run(_stateful_job, {}, {}, _job_env(free_port), None, None, 1, world)
+        second = worker.run(_stateful_job, {}, {}, _job_env(worker.free_port()), None, None,
+                            1, world)
         assert second["status"] == "finished", second
         [report], ended = worker.next_results(1.0)
         assert ended  # the function returned: its end came after its report

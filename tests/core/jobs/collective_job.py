@@ -21,8 +21,9 @@ happened. Modes:
               with ``request_checkpoint_and_exit``; records what it expects on disk.
 ``launch``    runs many of the above at once to save time on small machines: it imports
               torch once, then forks every replica of every scenario listed in
-              ``--spec`` (a JSON list of ``{"name", "mode", "replicas", "port", "env",
-              "absent", "hang"}``); each replica is a separate process with its own
+              ``--spec`` (a JSON list of ``{"name", "mode", "replicas", "env", "absent",
+              "hang"}``), each scenario on a port held from the start (its replica 0
+              keeps it for its store); each replica is a separate process with its own
               ``ADAPTDL_*`` variables and writes into ``<--out>/<name>/``. The exit status
               of every replica goes to ``<--out>/statuses.json``.
 """
@@ -294,8 +295,13 @@ def launch(args):
 
     import torch.distributed  # noqa: F401  (imported once, inherited by every replica)
 
+    from adaptdl_core import ports
+
     with open(args.spec) as f:
         spec = json.load(f)
+    # One port per scenario, held from now on; each scenario's replica 0 keeps its own
+    # for its store, every other process closes its copies.
+    held = {scenario["name"]: ports.HeldPort() for scenario in spec}
     children = {}
     for scenario in spec:
         out = os.path.join(args.out, scenario["name"])
@@ -307,11 +313,16 @@ def launch(args):
             if pid == 0:
                 code = 1
                 try:
+                    for name, port in held.items():
+                        if name == scenario["name"] and rank == 0:
+                            port.keep_for_store()
+                        else:
+                            port.close()
                     for key in [k for k in os.environ if k.startswith("ADAPTDL_")]:
                         del os.environ[key]
                     os.environ.update({
                         "ADAPTDL_MASTER_ADDR": "127.0.0.1",
-                        "ADAPTDL_MASTER_PORT": str(scenario["port"]),
+                        "ADAPTDL_MASTER_PORT": str(held[scenario["name"]].port),
                         "ADAPTDL_REPLICA_RANK": str(rank),
                         "ADAPTDL_NUM_REPLICAS": str(scenario["replicas"]),
                     })
@@ -329,6 +340,8 @@ def launch(args):
                     sys.stderr.flush()
                     os._exit(code)
             children[pid] = (scenario["name"], rank)
+    for port in held.values():
+        port.close()
     statuses = {name: {} for name in (s["name"] for s in spec)}
     deadline = time.monotonic() + args.limit
     while children:

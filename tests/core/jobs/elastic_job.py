@@ -15,6 +15,7 @@ import logging
 import os
 import sys
 import threading
+import time
 
 import torch
 
@@ -60,6 +61,11 @@ def main():
     p.add_argument("--sleep-per-sample", type=float, default=0.0,
                    help="seconds per sample of the local batch: a step's time scales with it, "
                         "as a compute-bound model's does (more replicas pay)")
+    p.add_argument("--hold-after", type=int, default=-1,
+                   help="after this many batches, rank --hold-rank (-1: every rank) "
+                        "touches <--record>/held-r<restart>-rank<rank> and waits (up to "
+                        "120 s) until a stop is requested (a test sends its signal then)")
+    p.add_argument("--hold-rank", type=int, default=-1)
     p.add_argument("--save-after", type=int, default=-1,
                    help="rank --save-rank (-1: every rank) calls request_checkpoint "
                         "--save-requests times after this many batches")
@@ -132,6 +138,14 @@ def main():
     return 0
 
 
+def hold(record, rank):
+    """Say that this replica holds at a known batch, then wait for a stop request."""
+    open(os.path.join(record, f"held-r{env.num_restarts()}-rank{rank}"), "w").close()
+    deadline = time.monotonic() + 120
+    while not adl.exit_requested() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def train_epochs(args, rank, model, opt, sched, train, valid, accum, emit, ask, askers):
     batches = valid_batches = 0
 
@@ -159,8 +173,9 @@ def train_epochs(args, rank, model, opt, sched, train, valid, accum, emit, ask, 
             if batches == 1 and args.signal_file and rank == 0:
                 open(args.signal_file, "w").close()
             if args.sleep or args.sleep_per_sample:
-                import time
                 time.sleep(args.sleep + args.sleep_per_sample * len(idx))
+            if batches == args.hold_after and args.hold_rank in (-1, rank):
+                hold(args.record, rank)
             grown = args.stop_when_grown and train.current_batch_size > args.batch_size
             if not args.save_in_valid:
                 maybe_ask(batches)

@@ -9,8 +9,8 @@ read its result shows up as ``CollectiveError ... Connection reset by peer`` on 
 rank.
 
 This process imports torch once, then forks the replicas of every round at once (a few
-milliseconds each; each round has its own port). Prints one JSON line: ``{"rounds", "failures": [[round, rank,
-status], ...], "elapsed"}``.
+milliseconds each; each round has its own port, held from the start). Prints one JSON
+line: ``{"rounds", "failures": [[round, rank, status], ...], "elapsed"}``.
 """
 
 import argparse
@@ -20,7 +20,7 @@ import sys
 import time
 import traceback
 
-from adaptdl_core.launch import free_port
+from adaptdl_core import ports
 
 
 def replica(port, rank, size, ops):
@@ -42,32 +42,6 @@ def replica(port, rank, size, ops):
     os._exit(code)
 
 
-def store_ports(count):
-    """``count`` distinct ports free now, below the OS's ephemeral range where it can be
-    read: the replicas' own connections take their source ports from that range, so a port
-    picked there and released (``free_port``) could be in use by one of the other rounds'
-    connections when its store starts (seen once in CI: EADDRINUSE for 20 s)."""
-    import random
-    import socket
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            low = int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return [free_port() for _ in range(count)]
-    ports = set()
-    for port in random.sample(range(10000, max(low, 10001 + count)), k=min(
-            max(low, 10001 + count) - 10000, 50 * count)):
-        if len(ports) == count:
-            break
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        ports.add(port)
-    return sorted(ports) if len(ports) == count else [free_port() for _ in range(count)]
-
-
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--rounds", type=int, default=16)
@@ -82,15 +56,26 @@ def main():
     # All rounds at once: more chances for a slow reader (the race this checks), and the
     # wall time stays that of one round even where a TCP connect now and then stalls for
     # seconds (seen in sandboxed test machines, with or without this fix).
+    # One port per round, held from now on (nothing else can take it, the replicas' own
+    # connections included); each round's replica 0 keeps its own for its store, every
+    # other process closes its copies.
+    held = [ports.HeldPort() for _ in range(args.rounds)]
     children = {}
-    for round_, port in enumerate(store_ports(args.rounds)):
+    for round_, port in enumerate(held):
         for rank in range(args.replicas):
             sys.stdout.flush()
             sys.stderr.flush()
             pid = os.fork()
             if pid == 0:
-                replica(port, rank, args.replicas, args.ops)
+                for other in held:
+                    if other is port and rank == 0:
+                        other.keep_for_store()
+                    else:
+                        other.close()
+                replica(port.port, rank, args.replicas, args.ops)
             children[pid] = (round_, rank)
+    for port in held:
+        port.close()
     while children:
         pid, status = os.waitpid(-1, 0)
         round_, rank = children.pop(pid)

@@ -1,10 +1,14 @@
 """A replica that only joins the job (``adaptdl_core.torch.init_process_group``) and
 writes what happened as JSON into ``<--out>/rank<R>.json``: the error's type, message,
-missing and joined ranks, and the wall-clock time (``time.time()``) when it began to
-join. It then exits through the interpreter's normal exit (atexit handlers included), so
-that the test can time the whole exit, not only the error."""
+missing and joined ranks, and the times (``time.monotonic()``, one clock for every
+process of the machine, the one the rendezvous deadline is set on) when it began to join
+and when the call returned or raised. It then exits through the interpreter's normal exit
+(atexit handlers included); ``<--out>/rank<R>.exit`` holds the time when every exit handler
+had run, so that the test can time the library's part of the exit apart from the
+interpreter's teardown."""
 
 import argparse
+import atexit
 import json
 import os
 import sys
@@ -23,14 +27,22 @@ def main():
                    help="die: after joining, the last rank dies (os._exit(7)) and the others "
                         "run an all_reduce, record its error and re-raise it uncaught")
     args = p.parse_args()
+    rank = int(os.environ["ADAPTDL_REPLICA_RANK"])
+
+    def exit_handlers_done():
+        # Registered first, so it runs after every other exit handler (the library's):
+        # what is left of the exit then is the interpreter's own teardown.
+        with open(os.path.join(args.out, f"rank{rank}.exit"), "w") as f:
+            f.write(repr(time.monotonic()))
+
+    atexit.register(exit_handlers_done)
     import torch
     import torch.distributed as dist
 
     import adaptdl_core.torch as adl
     from adaptdl_core import env
 
-    rank = env.replica_rank()
-    report = {"began": time.time()}
+    report = {"began": time.monotonic()}
     try:
         adl.init_process_group("gloo")
         report["type"] = None
@@ -38,7 +50,7 @@ def main():
         report.update(type=type(exc).__name__, message=str(exc),
                       missing=getattr(exc, "missing_ranks", None),
                       joined=getattr(exc, "joined_ranks", None))
-    report["raised"] = time.time()
+    report["raised"] = time.monotonic()
     if report["type"] is not None or args.then == "exit":
         write(args.out, rank, report)
         return 0 if report["type"] is None else 1
@@ -50,7 +62,7 @@ def main():
         report["type"] = None
     except Exception as exc:
         report.update(type=type(exc).__name__, message=str(exc).splitlines()[0])
-        report["raised"] = time.time()
+        report["raised"] = time.monotonic()
         write(args.out, rank, report)
         raise
     write(args.out, rank, report)
