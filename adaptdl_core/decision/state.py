@@ -75,6 +75,8 @@ class JobRecord:
         placed_known: ``placed`` came from the front-end (else it is a guess).
         live: the job is added and not removed (restored records stay not live until
             the front-end adds them again).
+        hints_by_type: on a cluster of several accelerator types, its latest hints with
+            a throughput fit on each type it reported from (type -> hints).
     """
 
     created: float
@@ -95,6 +97,7 @@ class JobRecord:
     current: int = 0
     placed_known: bool = False
     live: bool = False
+    hints_by_type: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass

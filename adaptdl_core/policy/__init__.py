@@ -16,7 +16,8 @@ from .allocator import (
 from .cluster_size import ClusterSizeDecision, ClusterSizeRule
 from .remaining import (POLICY_NAMES, RemainingWorkPolicy, admission_order, policy_by_name,
                         remaining_weights)
-from .resize import MIN_COST_MULTIPLES, ResizeVerdict, resize_verdict
+from .resize import MIN_COST_MULTIPLES, ResizeVerdict, move_verdict, resize_verdict
+from .typed import TypedAllocator, node_types, typed_round_applies
 from .speedup import GoodputOptimizer, LinearSpeedup, SpeedupFunction
 
 __all__ = [
@@ -34,13 +35,17 @@ __all__ = [
     "RemainingWorkPolicy",
     "ResizeVerdict",
     "SpeedupFunction",
+    "TypedAllocator",
     "admission_order",
     "check_allocations",
     "effective_speedups",
+    "move_verdict",
+    "node_types",
     "optimize",
     "policy_by_name",
     "power_mean",
     "remaining_weights",
     "resize_verdict",
     "restart_penalty",
+    "typed_round_applies",
 ]
