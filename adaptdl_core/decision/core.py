@@ -57,8 +57,8 @@ import numpy as np
 
 from adaptdl_core import validation
 from adaptdl_core.policy import (DEFAULT_RESTART_COST_S, MIN_COST_MULTIPLES, AllocationResult,
-                                 NodeInfo, ResizeVerdict, move_verdict, node_types,
-                                 resize_verdict)
+                                 NodeInfo, ResizeVerdict, mixed_types, move_verdict,
+                                 node_types, resize_verdict)
 
 from .jobs import (EXPLORATION_FACTOR, JobSpec, allocation_policy, check_profile_group,
                    checked_nodes, cluster_capacity, group_hints, job_info, pack_guess,
@@ -262,6 +262,7 @@ class DecisionCore:
         # Accelerator types of the nodes (first seen first); with several, the per-type
         # models below are used.
         self._types: list = []
+        self._mixed = False
         # (profile group, type) -> (job id, hints) of its most widely profiled job there.
         self._group_typed: dict[tuple, tuple[Hashable, dict]] = {}
         self._speeds: TypeSpeeds | None = None
@@ -352,6 +353,7 @@ class DecisionCore:
         if nodes != self._nodes:
             self._nodes = nodes
             self._types = node_types(nodes)
+            self._mixed = mixed_types(nodes)
             self._dirty = True
 
     def add_job(self, job_id: Hashable, spec: JobSpec, *, replicas: int | None = None,
@@ -670,7 +672,7 @@ class DecisionCore:
         self._state.last_allocation = now
         live = {k: r for k, r in self._state.jobs.items() if r.live}
         entries = []
-        typed = len(self._types) >= 2
+        typed = self._mixed
         for job_id, record in live.items():
             entries.append(_Entry(job_id, self._spec(job_id, record), record.created,
                                   self._effective_hints(job_id, record), record.restarts,
@@ -858,7 +860,7 @@ class DecisionCore:
     def _type_move(self, record: JobRecord) -> tuple | None:
         """``(type now, type targeted)`` when the policy moves a running job to another
         accelerator type, else ``None``."""
-        if len(self._types) < 2 or not record.current or not record.target:
+        if not self._mixed or not record.current or not record.target:
             return None
         now, new = self._placed_type(record), self._nodes_type(record.nodes)
         if now is None or new is None or now == new:

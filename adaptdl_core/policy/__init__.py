@@ -17,7 +17,7 @@ from .cluster_size import ClusterSizeDecision, ClusterSizeRule
 from .remaining import (POLICY_NAMES, RemainingWorkPolicy, admission_order, policy_by_name,
                         remaining_weights)
 from .resize import MIN_COST_MULTIPLES, ResizeVerdict, move_verdict, resize_verdict
-from .typed import TypedAllocator, node_types, typed_round_applies
+from .typed import TypedAllocator, mixed_types, node_types, typed_round_applies
 from .speedup import GoodputOptimizer, LinearSpeedup, SpeedupFunction
 
 __all__ = [
@@ -39,6 +39,7 @@ __all__ = [
     "admission_order",
     "check_allocations",
     "effective_speedups",
+    "mixed_types",
     "move_verdict",
     "node_types",
     "optimize",

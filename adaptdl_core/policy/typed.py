@@ -44,7 +44,7 @@ from .fitness import _KEEP_BONUS, _cost_terms, power_mean
 from .problem import _Problem
 from .records import AllocationResult, Allocations, JobInfo, NodeInfo
 
-__all__ = ["TypedAllocator", "typed_round_applies", "node_types"]
+__all__ = ["TypedAllocator", "typed_round_applies", "node_types", "mixed_types"]
 
 # Cost of an idle job in the Lagrangian and exact programs, relative to the largest
 # running cost: large enough that running one more job always wins (lexicographic).
@@ -57,11 +57,18 @@ def node_types(nodes: Mapping[Hashable, NodeInfo]) -> List[Optional[str]]:
     return list(dict.fromkeys(n.accelerator_type for n in nodes.values()))
 
 
+def mixed_types(nodes: Mapping[Hashable, NodeInfo]) -> bool:
+    """Whether ``nodes`` carry more than one known accelerator type (nodes of no known
+    type, e.g. CPU-only ones, do not make a cluster mixed)."""
+    return len([t for t in node_types(nodes) if t is not None]) >= 2
+
+
 def typed_round_applies(jobs: Mapping[Hashable, JobInfo],
                         nodes: Mapping[Hashable, NodeInfo]) -> bool:
     """Whether a round is one for :class:`TypedAllocator`: the nodes carry more than one
-    accelerator type and every job requests the same resources per replica."""
-    if len(node_types(nodes)) < 2 or not jobs:
+    known accelerator type (:func:`mixed_types`) and every job requests the same
+    resources per replica."""
+    if not mixed_types(nodes) or not jobs:
         return False
     first = None
     for job in jobs.values():
@@ -126,8 +133,8 @@ class TypedAllocator:
         if prob.J == 0:
             return AllocationResult({}, {}, 0.0, 0, True, 0.0, time.perf_counter() - t0)
         if not typed_round_applies(jobs, nodes):
-            raise ValueError("the typed allocator needs nodes of several accelerator types "
-                             "and jobs that all request the same resources per replica")
+            raise ValueError("the typed allocator needs nodes of several known accelerator "
+                             "types and jobs that all request the same resources per replica")
         view = _TypedView(prob, nodes, self.fair_share)
         movable = [j for j in range(prob.J) if not prob.pinned[j]]
         opts = view.options(movable, self.min_gain)

@@ -129,6 +129,9 @@ def test_when_the_typed_round_applies_and_the_adaptdl_policy_routes_to_it():
     assert typed_round_applies(jobs, nodes)
     one_type = {k: NodeInfo({"GPU": 4}, accelerator_type="t4") for k in "xy"}
     assert not typed_round_applies(jobs, one_type)
+    # A node of no known type (a CPU-only head node) does not make a cluster mixed.
+    with_head = dict(one_type, head=NodeInfo({"CPU": 8}))
+    assert not typed_round_applies(jobs, with_head)
     mixed = dict(jobs, c=JobInfo({"GPU": 1, "CPU": 2}, Lin(1, 2), 0.0))
     assert not typed_round_applies(mixed, nodes)
     result = policy_by_name("adaptdl").allocate(jobs, nodes, {}, now=10.0)
@@ -148,5 +151,5 @@ def test_bad_input_is_named():
     with pytest.raises(ValueError, match="p must be < 0"):
         TypedAllocator(1.0)
     nodes = {"x": NodeInfo({"GPU": 4}, accelerator_type="t4")}
-    with pytest.raises(ValueError, match="several accelerator types"):
+    with pytest.raises(ValueError, match="several known accelerator types"):
         TypedAllocator(-1).allocate({"a": typed_job({"t4": 1.0})}, nodes, {}, now=0.0)
