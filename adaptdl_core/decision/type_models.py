@@ -11,8 +11,9 @@ cluster, the hints the policy models the job with:
    the same model ran there.
 3. **Projected**: from the job's own fit on another type (the most widely profiled), else
    its group's, every time of the throughput model divided by the speed ratio of the two
-   types (:class:`TypeSpeeds`): the median ratio over the profile groups measured on both,
-   else the ratio of the types' published peak figures (:data:`ACCELERATOR_SPECS`), else 1.
+   types at the job's batch (:class:`TypeSpeeds`): the median ratio over the profile
+   groups measured on both, else the ratio of the types' published peak figures
+   (:data:`ACCELERATOR_SPECS`), else 1.
    The projected fit keeps the source's profiled extent, so the job may explore there as
    far as it has elsewhere.
 4. **Unknown**: no fit on any type and none in its group: ``None`` (the linear prior,
@@ -38,7 +39,8 @@ from .jobs import EXPLORATION_FACTOR, exploration_cap, group_hints, profiled_ext
     speedup_from_hints
 
 __all__ = ["ACCELERATOR_SPECS", "TypeSpeeds", "type_speed_prior", "project_hints",
-           "typed_hints", "compute_speed", "ScaledSpeedup", "typed_speedups"]
+           "typed_hints", "compute_speed", "reference_batch", "ScaledSpeedup",
+           "typed_speedups"]
 
 #: Public peak figures of common accelerators: (dense FP16 tensor TFLOPS, memory GB/s),
 #: from the vendors' data sheets. Keys are lower case; Ray's ``accelerator_type`` names
@@ -92,56 +94,60 @@ def compute_speed(hints: Mapping[str, Any], batch: float) -> Optional[float]:
     return batch / t if t > 0 else None
 
 
-def _reference_batch(a: Mapping[str, Any], b: Mapping[str, Any]) -> float:
-    """A per-replica batch both types' fits cover: the model's initial batch, within both
-    hints' local bounds."""
-    batch = float(a.get("init_batch_size") or 1)
-    for h in (a, b):
-        lo, hi = (h.get("local_bsz_bounds") or (None, None))
-        if hi:
-            batch = min(batch, float(hi))
-        if lo:
-            batch = max(batch, float(lo))
+def reference_batch(hints: Mapping[str, Any]) -> float:
+    """The per-replica batch at which a job's types are compared: its initial batch size,
+    within its hints' local batch bounds."""
+    batch = float(hints.get("init_batch_size") or 1)
+    lo, hi = (hints.get("local_bsz_bounds") or (None, None))
+    if hi:
+        batch = min(batch, float(hi))
+    if lo:
+        batch = max(batch, float(lo))
     return batch
 
 
 class TypeSpeeds:
-    """How much faster one accelerator type trains than another, learnt from the profile
-    groups measured on both (a median over groups), else from :func:`type_speed_prior`.
+    """How much faster one accelerator type trains than another for a given per-replica
+    batch, learnt from the profile groups measured on both (the median over groups of
+    their compute speeds' ratio at that batch), else from :func:`type_speed_prior`.
 
     Args:
         fits: per profile group, its hints per type (``{group: {type: hints}}``).
     """
 
     def __init__(self, fits: Mapping[Any, Mapping[Optional[str], Mapping[str, Any]]]) -> None:
-        self._pairs: Dict[Tuple[Optional[str], Optional[str]], float] = {}
-        ratios: Dict[Tuple[Optional[str], Optional[str]], list] = {}
-        for by_type in fits.values():
-            types = [t for t, h in by_type.items() if profiled_extent(h)]
-            for a in types:
-                for b in types:
-                    if a == b:
-                        continue
-                    batch = _reference_batch(by_type[a], by_type[b])
-                    sa, sb = compute_speed(by_type[a], batch), compute_speed(by_type[b], batch)
-                    if sa and sb:
-                        ratios.setdefault((a, b), []).append(sb / sa)
-        for pair, values in ratios.items():
-            self._pairs[pair] = statistics.median(values)
+        self._fits = [{t: h for t, h in by_type.items() if profiled_extent(h)}
+                      for by_type in fits.values()]
+        self._cache: Dict[Tuple[Optional[str], Optional[str], float], Optional[float]] = {}
 
-    def ratio(self, source: Optional[str], target: Optional[str]) -> float:
-        """Speed on ``target`` over speed on ``source`` (1 when nothing says)."""
+    def _learnt(self, source: Optional[str], target: Optional[str],
+                batch: float) -> Optional[float]:
+        key = (source, target, float(batch))
+        if key not in self._cache:
+            ratios = []
+            for by_type in self._fits:
+                if source in by_type and target in by_type:
+                    sa = compute_speed(by_type[source], batch)
+                    sb = compute_speed(by_type[target], batch)
+                    if sa and sb:
+                        ratios.append(sb / sa)
+            self._cache[key] = statistics.median(ratios) if ratios else None
+        return self._cache[key]
+
+    def ratio(self, source: Optional[str], target: Optional[str], batch: float) -> float:
+        """Speed on ``target`` over speed on ``source`` at ``batch`` samples per replica
+        (1 when nothing says)."""
         if source == target:
             return 1.0
-        learnt = self._pairs.get((source, target))
+        learnt = self._learnt(source, target, batch)
         if learnt is not None:
             return learnt
         a, b = type_speed_prior(source), type_speed_prior(target)
         return b / a if a and b else 1.0
 
-    def learnt(self, source: Optional[str], target: Optional[str]) -> bool:
+    def learnt(self, source: Optional[str], target: Optional[str], batch: float) -> bool:
         """Whether :meth:`ratio` of the pair comes from measurements."""
-        return (source, target) in self._pairs
+        return self._learnt(source, target, batch) is not None
 
 
 def project_hints(hints: Mapping[str, Any], ratio: float) -> Dict[str, Any]:
@@ -201,7 +207,8 @@ def typed_hints(types: Iterable[Optional[str]], own: Mapping[Optional[str], Mapp
             out[t] = _with_latest(group[t], latest)
         elif sources:
             src_type, src = sources[0]
-            out[t] = project_hints(_with_latest(src, latest), speeds.ratio(src_type, t))
+            base = _with_latest(src, latest)
+            out[t] = project_hints(base, speeds.ratio(src_type, t, reference_batch(base)))
         else:
             out[t] = None
     return out
@@ -263,7 +270,8 @@ def typed_speedups(type_hints: Mapping[Optional[str], Optional[Mapping[str, Any]
         if hasattr(fn, "base_goodput") and ref is not None and hasattr(fns[ref], "base_goodput"):
             scale = fn.base_goodput / fns[ref].base_goodput
         else:
-            scale = speeds.ratio(ref, t)
+            hints = type_hints[ref] or type_hints[t] or {}
+            scale = speeds.ratio(ref, t, reference_batch(hints))
         cap = exploration_cap(type_hints[t], factor)
         if t == current_type:
             cap = max(cap, int(current_replicas))

@@ -328,6 +328,15 @@ class Application:
         return out
 
 
+    def measurements(self, max_nodes: Optional[int] = None) -> np.ndarray:
+        """The placement measurements as rows ``(nodes, replicas, local batch, step time,
+        sync time)`` (on at most ``max_nodes`` nodes if given)."""
+        rows = [(len(k), sum(int(c) for c in k), b, st, sy)
+                for k, b, st, sy in zip(self._pl_key, self._pl_bsz, self._pl_step,
+                                        self._pl_sync)
+                if max_nodes is None or len(k) <= max_nodes]
+        return np.array(rows, dtype=float).reshape(-1, 5)
+
     def one_gpu_throughput(self) -> float:
         """Samples per second of one replica at its largest measured local batch (the
         throughput the Sia paper profiles every job at on every type)."""
@@ -342,13 +351,10 @@ class Application:
         traces of most types stop at 1-3 nodes): the throughput model fitted to all of
         the type's measurements, ``alpha + beta * b`` compute and Pollux's sync form."""
         if self._type_model is None:
-            xs = [(len(k), sum(int(c) for c in k), b, st, sy)
-                  for k, b, st, sy in zip(self._pl_key, self._pl_bsz, self._pl_step,
-                                          self._pl_sync)]
-            xs += [(float(n), float(k), float(b), float(st), float(sy)) for n, k, b, st, sy in
-                   zip(self._sc["num_nodes"], self._sc["num_replicas"], self._sc["local_bsz"],
-                       self._sc["step_time"], self._sc["sync_time"])]
-            arr = np.array(xs, dtype=float)
+            xs = [(float(n), float(k), float(b), float(st), float(sy)) for n, k, b, st, sy in
+                  zip(self._sc["num_nodes"], self._sc["num_replicas"], self._sc["local_bsz"],
+                      self._sc["step_time"], self._sc["sync_time"])]
+            arr = np.concatenate([self.measurements(), np.array(xs, dtype=float)])
             params = fit_perf_params(arr[:, 0], arr[:, 1], arr[:, 2], arr[:, 3] - arr[:, 4],
                                      arr[:, 3])
             self._type_model = GoodputFunction(params, (1.0, 0.0), self.init_batch_size)

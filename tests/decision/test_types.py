@@ -33,8 +33,8 @@ class Clock:
 
 def test_typed_hints_measured_then_borrowed_then_projected_then_unknown():
     speeds = TypeSpeeds({"g": {"t4": FIT, "a100": faster(FIT, 4.0)}})
-    assert speeds.ratio("t4", "a100") == pytest.approx(4.0)
-    assert speeds.learnt("t4", "a100") and not speeds.learnt("t4", "h100")
+    assert speeds.ratio("t4", "a100", 64) == pytest.approx(4.0)
+    assert speeds.learnt("t4", "a100", 64) and not speeds.learnt("t4", "h100", 64)
     latest = dict(FIT, grad_params={"sqr": 1.0, "var": 900.0})
     own = {"t4": FIT}
     group = {"rtx": faster(FIT, 2.0, max_profiled_replicas=8)}
