@@ -1091,7 +1091,11 @@ class SolveRequest:
         jobs: dict[Hashable, Any] = {}
         # How far beyond its profile a job may grow: the policy's own bound, else Pollux's.
         factor = getattr(self.policy, "exploration_factor", EXPLORATION_FACTOR)
+        capacities: dict = {}   # per replica request: what the whole cluster holds
         for e in self.entries:
+            need = tuple(sorted(e.spec.resources.items()))
+            if need not in capacities:
+                capacities[need] = cluster_capacity(e.spec, nodes)
             try:
                 fn, fns = self._speedup_for(e.job_id, e.hints), None
                 if e.type_hints is not None:
@@ -1102,7 +1106,7 @@ class SolveRequest:
                     restarts=e.restarts, restart_cost_s=e.cost_s,
                     current_replicas=e.current, speedup_fn=fn,
                     remaining_s=e.remaining_s, exploration_factor=factor,
-                    type_speedups=fns)
+                    type_speedups=fns, capacity=capacities[need])
             except ValueError as exc:
                 self.unfit[e.job_id] = str(exc)
                 continue

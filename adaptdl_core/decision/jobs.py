@@ -255,7 +255,8 @@ def job_info(spec: JobSpec, nodes: Mapping[Hashable, NodeInfo], *, created: floa
              restart_cost_s: float | None = None, current_replicas: int = 0,
              speedup_fn: Any = None, remaining_s: float | None = None,
              exploration_factor: int = EXPLORATION_FACTOR,
-             type_speedups: Mapping[Any, Any] | None = None) -> JobInfo:
+             type_speedups: Mapping[Any, Any] | None = None,
+             capacity: int | None = None) -> JobInfo:
     """One job as a policy job.
 
     Args:
@@ -274,12 +275,14 @@ def job_info(spec: JobSpec, nodes: Mapping[Hashable, NodeInfo], *, created: floa
             function per type (:func:`~adaptdl_core.decision.type_models.typed_speedups`;
             each flat beyond its own exploration bound, its ``cap``): the job may get up
             to the largest of those bounds.
+        capacity: :func:`cluster_capacity` of ``spec`` on ``nodes`` if known (a cache).
 
     Raises:
         ValueError: if the cluster cannot hold ``spec.min_replicas`` replicas at all (the
             message says what is missing).
     """
-    capacity = cluster_capacity(spec, nodes)
+    if capacity is None:
+        capacity = cluster_capacity(spec, nodes)
     if capacity < spec.min_replicas:
         raise ValueError(
             f"the job needs at least min_replicas={spec.min_replicas} replicas of "

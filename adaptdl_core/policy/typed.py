@@ -6,8 +6,9 @@ maximises the same power-mean fitness as Pollux (:mod:`.fitness`: lexicographic 
 ``p < 0``, first run as many jobs as possible), now over a choice of ``(type, replicas)``
 per job:
 
-1. **Options.** For every job and type, the replica counts whose speedup beats every
-   smaller count's (a flat or falling speedup is never worth the capacity), valued at the
+1. **Options.** For every job and type, the replica counts (every count up to two nodes'
+   worth, then whole nodes: :func:`candidate_counts`) whose speedup beats every smaller
+   count's (a flat or falling speedup is never worth the capacity), valued at the
    job's speedup there on the fewest nodes of that type that hold them (or one more, if
    faster), over its speedup at its fair share of the cluster (an even share of every
    type; with ``fair_share``) and scaled by its weight; a change from the job's current
@@ -105,7 +106,7 @@ class TypedAllocator:
     """
 
     def __init__(self, p: float = -1.0, *, fair_share: bool = True, min_gain: float = 1e-6,
-                 max_exact_options: int = 4000, exact_time_limit_s: float = 5.0,
+                 max_exact_options: int = 1500, exact_time_limit_s: float = 5.0,
                  **packer_options) -> None:
         if not p < 0:
             raise ValueError(f"p must be < 0 for the typed allocator, got {p!r}")
@@ -115,7 +116,12 @@ class TypedAllocator:
         self.max_exact_options = int(max_exact_options)
         self.exact_time_limit_s = float(exact_time_limit_s)
         packer_options.pop("fair_share", None)
+        # Within a type the allocator's searches rarely pay for their time here (the types
+        # are chosen already): keep them short (benchmarks/policy_round_time_mixed.py).
+        packer_options.setdefault("max_bnb_nodes", 100)
+        packer_options.setdefault("max_search_evals", 300)
         self.packer = PolluxPolicy(self.p, min_gain=min_gain, **packer_options)
+        self._curves: Dict[tuple, _Curve] = {}
 
     # -- public --------------------------------------------------------------------------
     def allocate(self, jobs: Mapping[Hashable, JobInfo], nodes: Mapping[Hashable, NodeInfo],
@@ -135,9 +141,11 @@ class TypedAllocator:
         if not typed_round_applies(jobs, nodes):
             raise ValueError("the typed allocator needs nodes of several known accelerator "
                              "types and jobs that all request the same resources per replica")
-        view = _TypedView(prob, nodes, self.fair_share)
+        view = _TypedView(prob, nodes, self.fair_share, self._curves, self.min_gain)
         movable = [j for j in range(prob.J) if not prob.pinned[j]]
-        opts = view.options(movable, self.min_gain)
+        opts = view.options(movable)
+        # Curves of jobs or types no longer in the round are dropped.
+        self._curves = {k: v for k, v in self._curves.items() if k in view.seen}
         n_opts = int(opts.valid.sum())
         if n_opts <= self.max_exact_options:
             pick, method = self._exact(opts, view.capacity), "exact"
@@ -224,14 +232,35 @@ class TypedAllocator:
         return out
 
 
+@dataclass
+class _Curve:
+    """One job's speedups on one type at its candidate counts (cached across rounds while
+    its speedup function, count range and the type's node layout are the same)."""
+
+    fn: object
+    key: tuple
+    ks: np.ndarray        # candidate counts, ascending
+    raw: np.ndarray       # speedup at each (unscaled)
+    useful: np.ndarray    # indices of the counts that beat every smaller one
+
+
+def candidate_counts(kmin: int, kmax: int, node_size: int) -> np.ndarray:
+    """Replica counts a job is considered at on one type: every count up to two nodes'
+    worth, then whole nodes (what a larger job would spread over anyway), and ``kmax``."""
+    low = np.arange(kmin, min(kmax, 2 * node_size) + 1)
+    whole = np.arange(3 * node_size, kmax + 1, node_size)
+    return np.unique(np.concatenate([low, whole, [kmax]])).astype(np.int64)
+
+
 class _TypedView:
     """A round's jobs and nodes seen by type: capacities, fair-share scales, options."""
 
     def __init__(self, prob: _Problem, nodes: Mapping[Hashable, NodeInfo],
-                 fair_share: bool) -> None:
+                 fair_share: bool, cache: Dict[tuple, _Curve], min_gain: float) -> None:
         self.prob = prob
         self.nodes = nodes
         self.types = node_types(nodes)
+        self.min_gain = min_gain
         index = {t: i for i, t in enumerate(self.types)}
         self.node_type = np.array([index[nodes[k].accelerator_type] for k in prob.node_keys])
         T = len(self.types)
@@ -245,26 +274,33 @@ class _TypedView:
         self.capacity = np.array([self.slots[self.nodes_of[t]].sum() for t in range(T)],
                                  dtype=np.float64)
         self._cum = [np.cumsum(np.sort(self.slots[self.nodes_of[t]])[::-1]) for t in range(T)]
+        self._layout = [hash(c.tobytes()) for c in self._cum]
+        self._node_size = [int(self.slots[self.nodes_of[t]].max(initial=1)) or 1
+                           for t in range(T)]
         # The type of each job's current allocation (-1: none, or spanning types).
         self.base_type = np.full(prob.J, -1, dtype=np.int64)
-        for j in range(prob.J):
-            on = np.flatnonzero(prob.base[j])
-            kinds = set(self.node_type[on].tolist())
-            if prob.base_known[j] and len(kinds) == 1:
-                self.base_type[j] = kinds.pop()
+        for j in np.flatnonzero(prob.base_known):
+            kinds = np.unique(self.node_type[np.flatnonzero(prob.base[j])])
+            if kinds.size == 1:
+                self.base_type[j] = int(kinds[0])
         self._fns: Dict[Tuple[int, int], object] = {}
+        self._cache = cache
+        self.seen: set = set()
         self.scale = np.ones(prob.J)
         weights = np.array([job.weight for job in prob.jobs])
         total = float(self.capacity.sum())
+        fair = max(int(math.ceil(total / prob.J - 1e-9)), 1)
         for j in range(prob.J):
             base = 0.0
             if fair_share and total > 0:
-                fair = max(int(math.ceil(total / prob.J - 1e-9)), 1)
                 for t in range(T):
-                    if self.capacity[t] <= 0 or self.fn(j, t) is None:
+                    curve = self.curve(j, t)
+                    if curve is None or self.capacity[t] <= 0:
                         continue
-                    k = int(min(fair, self.capacity[t]))
-                    base += self.capacity[t] / total * self._value(j, t, np.array([k]))[0]
+                    pos = min(int(np.searchsorted(curve.ks, min(fair, self.capacity[t]),
+                                                  side="right")) - 1, curve.ks.size - 1)
+                    if pos >= 0:
+                        base += self.capacity[t] / total * float(curve.raw[pos])
             scale = 1.0 / base if base > 0 else 1.0
             self.scale[j] = scale * weights[j] ** (1.0 / prob.p)
 
@@ -296,6 +332,27 @@ class _TypedView:
                              f"{self.types[t]!r} must return finite speedups >= 0")
         return np.maximum(vals[:ks.size], np.where(n2 > n1, vals[ks.size:], 0.0))
 
+    def curve(self, j: int, t: int) -> Optional[_Curve]:
+        """Job ``j``'s speedups on type ``t`` at its candidate counts (``None``: it cannot
+        run there), from the cache when its inputs are unchanged."""
+        fn = self.fn(j, t)
+        prob = self.prob
+        kmin = int(prob.min_r[j])
+        kmax = int(min(prob.max_r[j], self.capacity[t]))
+        if fn is None or kmax < kmin:
+            return None
+        ckey = (prob.job_keys[j], self.types[t])
+        self.seen.add(ckey)
+        key = (kmin, kmax, self._layout[t])
+        curve = self._cache.get(ckey)
+        if curve is None or curve.fn is not fn or curve.key != key:
+            ks = candidate_counts(kmin, kmax, self._node_size[t])
+            raw = self._value(j, t, ks)
+            best = np.concatenate([[-1.0], np.maximum.accumulate(raw)[:-1]])
+            useful = np.flatnonzero((raw > 0) & ((best < 0) | (raw > best * (1.0 + self.min_gain))))
+            curve = self._cache[ckey] = _Curve(fn, key, ks, raw, useful)
+        return curve
+
     def type_of(self, alloc: Sequence[Hashable]) -> int:
         """The type index of an allocation's (first) node."""
         return int(self.node_type[self.prob.node_index[alloc[0]]])
@@ -313,49 +370,43 @@ class _TypedView:
             raw *= prob.factor[j]
         return raw
 
-    def options(self, movable: Sequence[int], min_gain: float) -> _Options:
+    def options(self, movable: Sequence[int]) -> _Options:
         """The options of the ``movable`` jobs (module doc, step 1)."""
         prob = self.prob
         per_job = []
         for j in movable:
-            kinds, ks, vals, keeps = [-1], [0], [0.0], [False]
+            kinds, ks, vals, keeps = [np.array([-1])], [np.array([0])], [np.array([0.0])], \
+                [np.array([False])]
+            factor = self.scale[j] * (prob.factor[j] if prob.base_known[j] else 1.0)
             for t in range(len(self.types)):
-                if self.fn(j, t) is None or self.capacity[t] < prob.min_r[j]:
+                curve = self.curve(j, t)
+                if curve is None or not curve.useful.size:
                     continue
-                kmax = int(min(prob.max_r[j], self.capacity[t]))
-                if kmax < prob.min_r[j]:
-                    continue
-                k = np.arange(int(prob.min_r[j]), kmax + 1, dtype=np.int64)
-                v = self._value(j, t, k) * self.scale[j]
-                if prob.base_known[j]:
-                    v = v * prob.factor[j]
-                # Keep the counts that beat every smaller one by min_gain.
-                best = np.concatenate([[-1.0], np.maximum.accumulate(v)[:-1]])
-                good = (v > 0) & ((best < 0) | (v > best * (1.0 + min_gain)))
-                kinds += [t] * int(good.sum())
-                ks += k[good].tolist()
-                vals += v[good].tolist()
-                keeps += [False] * int(good.sum())
+                kinds.append(np.full(curve.useful.size, t))
+                ks.append(curve.ks[curve.useful])
+                vals.append(curve.raw[curve.useful] * factor)
+                keeps.append(np.zeros(curve.useful.size, bool))
             t0 = int(self.base_type[j])
             if t0 >= 0 and self.fn(j, t0) is not None:
                 kb = int(prob.base[j].sum())
                 nb = int(np.count_nonzero(prob.base[j]))
-                if prob.min_r[j] <= kb <= max(prob.max_r[j], kb):
+                if prob.min_r[j] <= kb:
                     v = float(np.asarray(self.fn(j, t0)(np.array([nb]), np.array([kb])))
                               .reshape(-1)[0]) * self.scale[j] * (1.0 + _KEEP_BONUS)
                     if v > 0:
-                        kinds.append(t0)
-                        ks.append(kb)
-                        vals.append(v)
-                        keeps.append(True)
-            per_job.append((kinds, ks, vals, keeps))
-        width = max((len(x[0]) for x in per_job), default=1)
+                        kinds.append(np.array([t0]))
+                        ks.append(np.array([kb]))
+                        vals.append(np.array([v]))
+                        keeps.append(np.array([True]))
+            per_job.append((np.concatenate(kinds), np.concatenate(ks), np.concatenate(vals),
+                            np.concatenate(keeps)))
+        width = max((x[0].size for x in per_job), default=1)
         J = len(per_job)
         out = _Options(np.full((J, width), -1, np.int64), np.zeros((J, width), np.int64),
                        np.zeros((J, width)), np.zeros((J, width), bool),
                        np.zeros((J, width), bool))
         for r, (kinds, ks, vals, keeps) in enumerate(per_job):
-            m = len(kinds)
+            m = kinds.size
             out.kind[r, :m] = kinds
             out.k[r, :m] = ks
             out.s[r, :m] = vals
