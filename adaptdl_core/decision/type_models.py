@@ -19,6 +19,9 @@ cluster, the hints the policy models the job with:
 4. **Unknown**: no fit on any type and none in its group: ``None`` (the linear prior,
    scaled by the type's speed: :func:`type_speed_prior`).
 
+A fit whose type is not known (hints from a job whose nodes the front-end did not report)
+stands for the job on every type its group has not measured, unscaled.
+
 So a new job needs no profiling on every type: a job that has run on one type, or whose
 model has run on others, is modelled everywhere, including on a type no trace covers (an
 L4, an H100) through the spec ratio. ``benchmarks/type_bootstrap.py`` measures how wrong
@@ -195,9 +198,13 @@ def typed_hints(types: Iterable[Optional[str]], own: Mapping[Optional[str], Mapp
     """
     own = {t: h for t, h in own.items() if profiled_extent(h)}
     group = {t: h for t, h in group.items() if profiled_extent(h)}
+    mine = sorted(own.items(), key=lambda kv: -profiled_extent(kv[1]))
+    if not mine and profiled_extent(latest):
+        # A fit of no known type (the front-end could not say where it ran): taken as is
+        # on every type the group has not measured.
+        mine = [(None, latest)]
     sources: Sequence[Tuple[Optional[str], Mapping[str, Any]]] = \
-        sorted(own.items(), key=lambda kv: -profiled_extent(kv[1])) + \
-        sorted(group.items(), key=lambda kv: -profiled_extent(kv[1]))
+        mine + sorted(group.items(), key=lambda kv: -profiled_extent(kv[1]))
     out: Dict[Optional[str], Optional[Dict[str, Any]]] = {}
     for t in types:
         if t in own:

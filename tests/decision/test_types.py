@@ -53,6 +53,9 @@ def test_typed_hints_measured_then_borrowed_then_projected_then_unknown():
     assert out["a100"]["max_profiled_replicas"] == 4
     # Nothing measured anywhere: unknown.
     assert typed_hints(["t4"], {}, {}, None, speeds) == {"t4": None}
+    # A fit of no known type stands for the job on every type, unscaled.
+    blind = typed_hints(["t4", "a100"], {}, {}, FIT, speeds)
+    assert blind["t4"]["perf_params"] == blind["a100"]["perf_params"] == FIT["perf_params"]
 
 
 def test_spec_prior_orders_common_accelerators_and_knows_ray_names():
