@@ -46,7 +46,7 @@ import numpy as np
 from adaptdl_core import validation
 
 from .autoscale import ElasticCluster, ElasticSettings
-from .gpu_types import ClusterSpec, cluster_spec
+from .gpu_types import RESTART_DELAY_S, ClusterSpec, cluster_spec
 from .job_model import DATA_DIR, SimJob, get_application
 from .rounds import ArrivalAdmission, Observer, Schedule, run_rounds
 
@@ -508,7 +508,9 @@ def _simulate(workload, policy, *, traces, interval, restart_s, nodes, gpus_per_
         "num_jobs": len(jobs),
         "restarts": int(sum(j.num_restarts or 0 for j in jobs)),
         "num_fits": int(sum(j.num_fits for j in jobs)),
-        "settings": {"interval": interval, "restart_s": restart_s, "nodes": nodes,
+        "settings": {"interval": interval, "restart_s": restart_s if restart_s is not None
+                     else (dict(RESTART_DELAY_S) if spec is not None else 30.0),
+                     "nodes": nodes,
                      "gpus_per_node": gpus_per_node, "seed": seed,
                      "interference": interference,
                      "pollux_path": getattr(pol, "path", None),
