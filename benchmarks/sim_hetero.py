@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 
 from adaptdl_core.sim.cluster import PUBLISHED_DIR, simulate  # noqa: E402
+from sim_cluster import parse_options  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 TRACES = {"philly": 8, "helios": 10}
@@ -41,20 +42,6 @@ def published(cluster: str) -> dict:
     """Table 3 (and 4) of the Sia paper: ``{trace: {policy: {metric: hours}}}``."""
     table = json.loads((PUBLISHED_DIR / "sia-table3.json").read_text())
     return table.get(cluster, {})
-
-
-def parse_options(text: str) -> dict:
-    """``"alpha=1,max_weight=4"`` -> ``{"alpha": 1.0, "max_weight": 4.0}``."""
-    out = {}
-    for item in filter(None, text.split(",")):
-        key, sep, value = item.partition("=")
-        try:
-            if not sep:
-                raise ValueError
-            out[key.strip()] = float(value)
-        except ValueError:
-            raise SystemExit(f"--adaptdl-options: {item!r} is not KEY=NUMBER") from None
-    return out
 
 
 def _run(task) -> dict:

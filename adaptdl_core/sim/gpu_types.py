@@ -92,23 +92,18 @@ class ClusterSpec:
         if not self.groups:
             raise ValueError("a cluster needs at least one node group")
 
+    def _node_groups(self) -> Dict[int, NodeGroup]:
+        """Node id -> its group."""
+        ids = [g for g in self.groups for _ in range(g.count)]
+        return dict(enumerate(ids))
+
     def node_gpus(self) -> Dict[int, int]:
         """Node id -> GPUs."""
-        out, n = {}, 0
-        for g in self.groups:
-            for _ in range(g.count):
-                out[n] = g.gpus_per_node
-                n += 1
-        return out
+        return {n: g.gpus_per_node for n, g in self._node_groups().items()}
 
     def node_types(self) -> Dict[int, str]:
         """Node id -> GPU type."""
-        out, n = {}, 0
-        for g in self.groups:
-            for _ in range(g.count):
-                out[n] = g.gpu_type
-                n += 1
-        return out
+        return {n: g.gpu_type for n, g in self._node_groups().items()}
 
     @property
     def types(self) -> Tuple[str, ...]:

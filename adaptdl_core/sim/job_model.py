@@ -660,13 +660,6 @@ class SimJob:
             out[self.gpu_type] = (self.perf_params, self.max_profiled_replicas)
         return out
 
-    def profiled_types(self) -> Tuple[str, ...]:
-        """The GPU types a type-aware job has measured steps on (sorted)."""
-        types = {t for t, (profile, _) in self._stashed.items() if profile}
-        if self.profile and self.gpu_type is not None:
-            types.add(self.gpu_type)
-        return tuple(sorted(t for t in types if t is not None))
-
     def _hold(self, seconds: float, replicas: int) -> None:
         """Count ``seconds`` of holding ``replicas`` GPUs (of the current type)."""
         self.attained_service += seconds * replicas
