@@ -28,7 +28,8 @@ The rules, each applied here and nowhere else:
   (:func:`~adaptdl_core.decision.group_hints`), so a new trial starts at the size the
   group's profile supports instead of one replica.
 * **Finishing jobs** (less training left than ``MIN_COST_MULTIPLES`` resize costs) are
-  pinned where they are (non-preemptible for that solve).
+  pinned where they are (non-preemptible for that solve), and so are jobs the front-end
+  reports restarting (``JobProgress.restarting``).
 * **Placement of a running job** is what the front-end reported, else the policy's last
   placement when its size matches, else a packing guess.
 * **Per resize**, the job's own check (``resize_rule``, by default
@@ -110,12 +111,17 @@ class JobProgress:
             front-end carried out (a relaunch after a failure is not a resize).
         launch_s: seconds its latest launch took to its first step (a resize costs at
             least that).
+        restarting: the job is checkpointing or relaunching now (it has not trained since
+            its latest start or resize). A restarting job keeps its allocation in the
+            next solve, as a finishing one does: moving it would waste the restart it is
+            paying for (the Sia scheduler's rule).
     """
 
     remaining_s: float | None = None
     restarts: int | None = None
     resize_cost_s: float | None = None
     launch_s: float | None = None
+    restarting: bool | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -466,6 +472,11 @@ class DecisionCore:
         remaining = _check_number("progress.remaining_s", progress.remaining_s, minimum=0.0)
         if remaining is not None:
             record.remaining_s = remaining
+        if progress.restarting is not None:
+            if not isinstance(progress.restarting, (bool, np.bool_)):
+                raise ValueError(f"progress.restarting must be True, False or None, got "
+                                 f"{progress.restarting!r}")
+            record.restarting = bool(progress.restarting)
         return (record.restarts, record.resize_s) != before
 
     def running(self, job_id: Hashable, nodes: Sequence[Hashable] | None = None, *,
@@ -678,7 +689,8 @@ class DecisionCore:
                                   self._effective_hints(job_id, record), record.restarts,
                                   self.resize_cost(job_id),
                                   record.current,
-                                  bool(record.current) and self.finishing(job_id),
+                                  bool(record.current) and (record.restarting
+                                                            or self.finishing(job_id)),
                                   record.remaining_s,
                                   self._type_hints(job_id, record) if typed else None,
                                   self._placed_type(record) if typed else None))

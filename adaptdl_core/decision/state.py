@@ -77,6 +77,7 @@ class JobRecord:
             the front-end adds them again).
         hints_by_type: on a cluster of several accelerator types, its latest hints with
             a throughput fit on each type it reported from (type -> hints).
+        restarting: the front-end reported it checkpointing or relaunching.
     """
 
     created: float
@@ -98,6 +99,7 @@ class JobRecord:
     placed_known: bool = False
     live: bool = False
     hints_by_type: dict = dataclasses.field(default_factory=dict)
+    restarting: bool = False
 
 
 @dataclasses.dataclass

@@ -220,13 +220,15 @@ def make_policy(name: str, *, gpus_per_node: int = 4, p: float = -1.0,
         if use_core is False:
             raise ValueError("use_core=False (--no-core) applies to policy 'pollux' only")
         try:
-            policy = RemainingWorkPolicy(p, **(options or {}))
+            opts = dict(options or {})
+            policy = RemainingWorkPolicy(opts.pop("p", p), **opts)
         except TypeError as e:
             raise ValueError(f"policy options {dict(options or {})}: {e}; see "
                              "RemainingWorkPolicy for the options") from None
         if cluster is not None:
             return CorePollux(interval=interval, policy=policy,
-                              node_types=cluster.node_types(), profile_groups=True)
+                              node_types=cluster.node_types(), profile_groups=True,
+                              report_restarting=True)
         return CorePollux(interval=interval, policy=policy)
     if name == "tiresias":
         from .baselines import TiresiasPolicy

@@ -87,6 +87,8 @@ class CorePollux:
             resize the core could not place where it said is placed on its own type.
         profile_groups: put the jobs of one model in one profile group (see
             :class:`~adaptdl_core.decision.JobSpec`).
+        report_restarting: tell the core which jobs are still paying their restart
+            (``JobProgress.restarting``), so that it keeps them where they are.
 
     Attributes:
         conflicts: starts/resizes whose target nodes were still held by a job the core
@@ -99,11 +101,12 @@ class CorePollux:
     def __init__(self, p: float = -1.0, interval: float = 60.0, resize_rule=None,
                  policy=None, *, max_replicas: int = MAX_REPLICAS,
                  node_types: Optional[Mapping[int, str]] = None,
-                 profile_groups: bool = False) -> None:
+                 profile_groups: bool = False, report_restarting: bool = False) -> None:
         self._now = 0.0
         self.max_replicas = int(max_replicas)
         self.node_types = dict(node_types) if node_types is not None else None
         self.profile_groups = bool(profile_groups)
+        self.report_restarting = bool(report_restarting)
         if policy is not None:
             self.name = getattr(policy, "name", type(policy).__name__)
         self.core = DecisionCore(policy=policy or PolluxPolicy(p=p, fair_share=True),
@@ -142,7 +145,9 @@ class CorePollux:
             core.update(name, hints=hints,
                         progress=JobProgress(remaining_s=remaining_seconds(job),
                                              restarts=job.num_restarts or 0,
-                                             launch_s=job.restart_s or None))
+                                             launch_s=job.restart_s or None,
+                                             restarting=(job.rescale_left > 0
+                                                         if self.report_restarting else None)))
             core.running(name, nodes=list(allocations.get(name, [])))
         decisions = self.driver.decide()
         free = dict(nodes)
