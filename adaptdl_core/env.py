@@ -4,7 +4,22 @@ A launcher (a shell, a test harness, or the Ray trainable) sets these before the
 script starts. A single process needs none of them: every function has a default that
 describes a one-replica job with no checkpointing.
 
-=========================== ======================== =====================
+=========================== ======================== ============================
+variable                    function                 default
+=========================== ======================== ============================
+``ADAPTDL_CHECKPOINT_PATH`` :func:`checkpoint_path`  ``None`` (no checkpoints)
+``ADAPTDL_SHARE_PATH``      :func:`share_path`       ``None``
+``ADAPTDL_JOB_ID``          :func:`job_id`           ``None``
+``ADAPTDL_MASTER_ADDR``     :func:`master_addr`      ``"127.0.0.1"``
+``ADAPTDL_MASTER_PORT``     :func:`master_port`      ``0`` (pick a free port)
+``ADAPTDL_MASTER_FD``       :func:`master_fd`        ``None``
+``ADAPTDL_REPLICA_RANK``    :func:`replica_rank`     ``0``
+``ADAPTDL_NUM_REPLICAS``    :func:`num_replicas`     ``1``
+``ADAPTDL_NUM_NODES``       :func:`num_nodes`        ``num_replicas()``
+``ADAPTDL_NUM_RESTARTS``    :func:`num_restarts`     ``0``
+``ADAPTDL_TIMEOUT``         :func:`timeout`          ``30`` seconds
+=========================== ======================== ============================
+
 Values are read on every call (not cached) so that tests and launchers can change them;
 invalid values raise :class:`ValueError` naming the variable and what is expected. An
 empty value means the default, except for ``ADAPTDL_CHECKPOINT_PATH``, where it is

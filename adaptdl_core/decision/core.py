@@ -28,13 +28,21 @@ The rules, each applied here and nowhere else:
   (:func:`~adaptdl_core.decision.group_hints`), so a new trial starts at the size the
   group's profile supports instead of one replica.
 * **Finishing jobs** (less training left than ``MIN_COST_MULTIPLES`` resize costs) are
-  pinned where they are (non-preemptible for that solve).
+  pinned where they are (non-preemptible for that solve), and so are jobs the front-end
+  reports restarting (``JobProgress.restarting``).
 * **Placement of a running job** is what the front-end reported, else the policy's last
   placement when its size matches, else a packing guess.
 * **Per resize**, the job's own check (``resize_rule``, by default
   :func:`~adaptdl_core.policy.resize_verdict`): a proposed resize that does not pay is a
   ``hold`` with the reason (logged once per reason); every resize carried out is recorded
   with its reason, predicted saving and assumed cost, and later its measured cost.
+* **Accelerator types**: on nodes of several types (``NodeInfo.accelerator_type``) the
+  core keeps each job's hints per type it reported from (the hints' ``"accelerator_type"``
+  key, else the type of the nodes it runs on) and its profile group's best per type, and
+  gives the policy each job's speedup on every type
+  (:mod:`~adaptdl_core.decision.type_models`: measured, borrowed from the group, or
+  projected). A move to another type is a resize, checked by
+  :func:`~adaptdl_core.policy.move_verdict`.
 """
 
 from __future__ import annotations
@@ -50,7 +58,8 @@ import numpy as np
 
 from adaptdl_core import validation
 from adaptdl_core.policy import (DEFAULT_RESTART_COST_S, MIN_COST_MULTIPLES, AllocationResult,
-                                 NodeInfo, ResizeVerdict, resize_verdict)
+                                 NodeInfo, ResizeVerdict, mixed_types, move_verdict,
+                                 node_types, resize_verdict)
 
 from .held import held_reasons
 from .jobs import (EXPLORATION_FACTOR, JobSpec, allocation_policy, check_profile_group,
@@ -58,6 +67,7 @@ from .jobs import (EXPLORATION_FACTOR, JobSpec, allocation_policy, check_profile
                    profiled_extent, speedup_from_hints)
 from .resize_cost import CostSample, ResizeCostEstimate, estimate_resize_cost
 from .state import CoreState, JobRecord
+from .type_models import TypeSpeeds, typed_hints, typed_speedups
 
 LOG = logging.getLogger(__name__)
 
@@ -102,12 +112,17 @@ class JobProgress:
             front-end carried out (a relaunch after a failure is not a resize).
         launch_s: seconds its latest launch took to its first step (a resize costs at
             least that).
+        restarting: the job is checkpointing or relaunching now (it has not trained since
+            its latest start or resize). A restarting job keeps its allocation in the
+            next solve, as a finishing one does: moving it would waste the restart it is
+            paying for (the Sia scheduler's rule).
     """
 
     remaining_s: float | None = None
     restarts: int | None = None
     resize_cost_s: float | None = None
     launch_s: float | None = None
+    restarting: bool | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -255,6 +270,18 @@ class DecisionCore:
         # Job id -> (own hints, donor hints, hints the policy sees), reused while both
         # inputs are the same objects (so that the speedup cache keeps hitting).
         self._effective: dict[Hashable, tuple[Any, Any, Any]] = {}
+        # Accelerator types of the nodes (first seen first); with several, the per-type
+        # models below are used.
+        self._types: list = []
+        self._mixed = False
+        # (profile group, type) -> (job id, hints) of its most widely profiled job there.
+        self._group_typed: dict[tuple, tuple[Hashable, dict]] = {}
+        self._speeds: TypeSpeeds | None = None
+        # Job id -> (inputs, per-type hints), and (job id, type) -> (hints, speedup fn).
+        self._typed_cache: dict[Hashable, tuple[tuple, dict]] = {}
+        self._typed_fns: dict[tuple, tuple[Any, Any]] = {}
+        # Job id -> its per-type speedups of the latest solve (for the move check).
+        self._last_typed: dict[Hashable, dict] = {}
         # Profile group -> (its measured resizes, its start-ups), rebuilt when one of its
         # jobs measures a resize or a launch (so that a solve does not scan every record
         # of a large sweep once per job).
@@ -299,9 +326,16 @@ class DecisionCore:
         self._group_best.clear()
         self._group_costs.clear()
         self._cost_cache.clear()
+        self._group_typed.clear()
+        self._speeds = None
+        self._typed_cache.clear()
+        self._typed_fns.clear()
+        self._last_typed.clear()
         for job_id, record in state.jobs.items():
             if record.spec is not None:
                 self._offer(job_id, record)
+                for kind in record.hints_by_type:
+                    self._offer_typed(job_id, record, kind)
         self._dirty = True
 
     def record(self, job_id: Hashable) -> JobRecord:
@@ -331,6 +365,8 @@ class DecisionCore:
         nodes = checked_nodes(nodes)
         if nodes != self._nodes:
             self._nodes = nodes
+            self._types = node_types(nodes)
+            self._mixed = mixed_types(nodes)
             self._dirty = True
 
     def add_job(self, job_id: Hashable, spec: JobSpec, *, replicas: int | None = None,
@@ -414,6 +450,10 @@ class DecisionCore:
             if hints and hints != record.hints:
                 record.hints = dict(hints)
                 self._offer(job_id, record)
+                kind = self._hints_type(record, hints)
+                if kind is not None and profiled_extent(hints):
+                    record.hints_by_type[kind] = record.hints
+                    self._offer_typed(job_id, record, kind)
         if progress is None:
             return False
         if not isinstance(progress, JobProgress):
@@ -446,6 +486,11 @@ class DecisionCore:
         remaining = _check_number("progress.remaining_s", progress.remaining_s, minimum=0.0)
         if remaining is not None:
             record.remaining_s = remaining
+        if progress.restarting is not None:
+            if not isinstance(progress.restarting, (bool, np.bool_)):
+                raise ValueError(f"progress.restarting must be True, False or None, got "
+                                 f"{progress.restarting!r}")
+            record.restarting = bool(progress.restarting)
         return (record.restarts, record.resize_s) != before
 
     def running(self, job_id: Hashable, nodes: Sequence[Hashable] | None = None, *,
@@ -504,6 +549,10 @@ class DecisionCore:
         self._speedups.pop(job_id, None)
         self._effective.pop(job_id, None)
         self._unfit.discard(job_id)
+        self._typed_cache.pop(job_id, None)
+        self._last_typed.pop(job_id, None)
+        for key in [k for k in self._typed_fns if k[0] == job_id]:
+            del self._typed_fns[key]
 
     def cancel_resize(self, job_id: Hashable, reason: str) -> None:
         """A resize begun (:meth:`begin_resize`) will not be carried out (the policy
@@ -673,17 +722,24 @@ class DecisionCore:
         self._state.last_allocation = now
         live = {k: r for k, r in self._state.jobs.items() if r.live}
         entries = []
+        typed = self._mixed
         for job_id, record in live.items():
             entries.append(_Entry(job_id, self._spec(job_id, record), record.created,
                                   self._effective_hints(job_id, record), record.restarts,
                                   self.resize_cost(job_id),
                                   record.current,
-                                  bool(record.current) and self.finishing(job_id),
-                                  record.remaining_s, record.name))
+                                  bool(record.current) and (record.restarting
+                                                            or self.finishing(job_id)),
+                                  record.remaining_s, record.name,
+                                  self._type_hints(job_id, record) if typed else None,
+                                  self._placed_type(record) if typed else None))
         base = self._bases(live)
         request = SolveRequest(now, dict(self._nodes), entries, base, self.policy,
                                self._speedup_for)
         request.ended, self._ended = self._ended, {}
+        if typed:
+            request.speeds = self._type_speeds()
+            request.typed_speedup_for = self._typed_speedup_for
         return request
 
     def finish_solve(self, request: "SolveRequest") -> None:
@@ -716,6 +772,11 @@ class DecisionCore:
                 record.history.append([request.now, len(placement)])
             record.target = len(placement)
             record.nodes = placement
+            info = request.infos.get(entry.job_id)
+            if info is not None and info.type_speedups:
+                self._last_typed[entry.job_id] = info.type_speedups
+            else:
+                self._last_typed.pop(entry.job_id, None)
         solve_s = request.result.solve_time_s if request.result is not None else 0.0
         # The policy's time, but never more than the core's clock saw pass since the
         # solve began (a simulated or frozen clock then imposes no rest in real seconds).
@@ -777,6 +838,88 @@ class DecisionCore:
         self._speedups[job_id] = (hints, fn)
         return fn
 
+    # -- accelerator types ----------------------------------------------------------
+    def _nodes_type(self, nodes: Sequence[Hashable]) -> Any:
+        """The one accelerator type of ``nodes`` (``None``: none, unknown nodes, or
+        several types)."""
+        kinds = {self._nodes[n].accelerator_type for n in nodes if n in self._nodes}
+        return kinds.pop() if len(kinds) == 1 and all(n in self._nodes for n in nodes) \
+            else None
+
+    def _placed_type(self, record: JobRecord) -> Any:
+        """The type of the nodes the job runs on (``None``: not running or unknown)."""
+        return self._nodes_type(record.placed) if record.current and record.placed else None
+
+    def _hints_type(self, record: JobRecord, hints: Mapping[str, Any]) -> str | None:
+        """The accelerator type ``hints`` were measured on: their ``"accelerator_type"``
+        key, else the type of the nodes the job runs on (``None``: not known)."""
+        kind = hints.get("accelerator_type")
+        if isinstance(kind, str) and kind:
+            return kind
+        placed = self._placed_type(record)
+        return placed if isinstance(placed, str) else None
+
+    def _offer_typed(self, job_id: Hashable, record: JobRecord, kind: str) -> None:
+        """Make the job's hints on ``kind`` its group's best there if they cover more
+        replicas than the group's best so far (or are a newer fit of that job)."""
+        group = self._spec(job_id, record).profile_group if record.spec is not None or \
+            job_id in self._specs else None
+        hints = record.hints_by_type.get(kind)
+        extent = profiled_extent(hints)
+        if group is None or not extent:
+            return
+        best = self._group_typed.get((group, kind))
+        if best is None or extent > profiled_extent(best[1]) or best[0] == job_id:
+            self._group_typed[(group, kind)] = (job_id, hints)
+            self._speeds = None
+
+    def _type_speeds(self) -> TypeSpeeds:
+        """Speed ratios between types, from the groups' per-type fits (cached)."""
+        if self._speeds is None:
+            fits: dict = {}
+            for (group, kind), (_, hints) in self._group_typed.items():
+                fits.setdefault(group, {})[kind] = hints
+            self._speeds = TypeSpeeds(fits)
+        return self._speeds
+
+    def _type_hints(self, job_id: Hashable, record: JobRecord) -> dict:
+        """The hints the job is modelled with on each type of the cluster
+        (:func:`~adaptdl_core.decision.type_models.typed_hints`), cached while their
+        inputs are the same objects."""
+        spec = self._spec(job_id, record)
+        group = {kind: hints for (g, kind), (donor, hints) in self._group_typed.items()
+                 if g is not None and g == spec.profile_group and donor != job_id}
+        speeds = self._type_speeds()
+        key = (tuple(self._types), id(record.hints),
+               tuple((k, id(v)) for k, v in record.hints_by_type.items()),
+               tuple((k, id(v)) for k, v in group.items()), id(speeds))
+        cached = self._typed_cache.get(job_id)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        out = typed_hints(self._types, record.hints_by_type, group, record.hints, speeds)
+        self._typed_cache[job_id] = (key, out)
+        return out
+
+    def _typed_speedup_for(self, job_id: Hashable, kind: Any, hints: Any) -> Any:
+        """The speedup function of ``hints`` on type ``kind``, built once per hints
+        object (see :meth:`_speedup_for`)."""
+        cached = self._typed_fns.get((job_id, kind))
+        if cached is not None and cached[0] is hints:
+            return cached[1]
+        fn = speedup_from_hints(hints)
+        self._typed_fns[(job_id, kind)] = (hints, fn)
+        return fn
+
+    def _type_move(self, record: JobRecord) -> tuple | None:
+        """``(type now, type targeted)`` when the policy moves a running job to another
+        accelerator type, else ``None``."""
+        if not self._mixed or not record.current or not record.target:
+            return None
+        now, new = self._placed_type(record), self._nodes_type(record.nodes)
+        if now is None or new is None or now == new:
+            return None
+        return now, new
+
     def _guess_placement(self, job_id: Hashable, record: JobRecord, count: int) -> list:
         # The policy's last placement stands in for the real one when its size matches.
         if len(record.nodes) == count:
@@ -834,7 +977,7 @@ class DecisionCore:
             reason = "the cluster cannot hold its minimum size" if job_id in self._unfit \
                 else "no room for it now"
             return Decision(job_id, Action.WAIT, 0, (), reason, None, None, 0)
-        if target == current:
+        if target == current and self._type_move(record) is None:
             return Decision(job_id, Action.KEEP, current, tuple(record.placed),
                             record.held or "no change", None, None, target)
         verdict = self._verdict(job_id, record)
@@ -860,9 +1003,20 @@ class DecisionCore:
                                             f"under {MIN_COST_MULTIPLES:g} resize costs of "
                                             f"{cost:.1f} s")
             return ResizeVerdict(True, "preempted for other jobs")
+        move = self._type_move(record)
+        fns = self._last_typed.get(job_id)
+        if move is not None and fns is not None and move[0] in fns and move[1] in fns:
+            nodes_now = max(len(set(record.placed)), 1)
+            nodes_new = max(len(set(record.nodes)), 1)
+            return move_verdict(
+                remaining_s=record.remaining_s, cost_s=cost,
+                speedup_now=float(np.asarray(fns[move[0]](nodes_now, current))),
+                speedup_new=float(np.asarray(fns[move[1]](nodes_new, target))))
         speedups = None
         if record.remaining_s is not None:
-            fn = self._speedup_fn(job_id, record)
+            kind = self._placed_type(record)
+            fn = fns[kind] if fns is not None and kind in fns else \
+                self._speedup_fn(job_id, record)
             nodes_now = max(len(set(record.placed)), 1) if record.placed else 1
             nodes_new = max(len(set(record.nodes)), 1)
             speedups = (float(np.asarray(fn(nodes_now, current))),
@@ -891,6 +1045,8 @@ class _Entry:
     pinned: bool
     remaining_s: float | None = None
     name: str | None = None
+    type_hints: dict | None = None
+    current_type: Any = None
 
 
 class SolveRequest:
@@ -931,6 +1087,12 @@ class SolveRequest:
         self.seconds = 0.0
         self.reasons: dict = {}
         self.ended: dict = {}
+        #: On a cluster of several accelerator types: the type speed ratios, and
+        #: ``(job id, type, hints) -> speedup function`` (a cache; see ``job_infos``).
+        self.speeds: TypeSpeeds | None = None
+        self.typed_speedup_for: Callable[[Hashable, Any, Any], Any] | None = None
+        #: The policy's jobs of the latest :meth:`run` (job id -> JobInfo).
+        self.infos: dict = {}
 
     # -- the request as plain data (a solve run in another process) ------------------
     def to_plain(self) -> dict[str, Any]:
@@ -947,6 +1109,10 @@ class SolveRequest:
                 "restarts": e.restarts, "cost_s": e.cost_s, "current": e.current,
                 "pinned": e.pinned, "remaining_s": e.remaining_s,
                 "base": list(self.base.get(e.job_id, [])), "name": e.name}
+            if e.type_hints is not None:
+                jobs[str(e.job_id)]["type_hints"] = {str(k): v for k, v in
+                                                     e.type_hints.items() if k is not None}
+                jobs[str(e.job_id)]["current_type"] = e.current_type
         return {"now": self.now, "jobs": jobs,
                 "ended": {str(k): dict(v) for k, v in self.ended.items()}}
 
@@ -968,7 +1134,8 @@ class SolveRequest:
                                       float(job["created"]), job.get("hints"),
                                       int(job["restarts"]), float(job["cost_s"]),
                                       int(job["current"]), bool(job["pinned"]),
-                                      job.get("remaining_s"), job.get("name")))
+                                      job.get("remaining_s"), job.get("name"),
+                                      job.get("type_hints"), job.get("current_type")))
             except (KeyError, TypeError) as exc:
                 raise ValueError(f"job {job_id!r}: malformed solve entry ({exc!r})") from None
             if job.get("base"):
@@ -1001,14 +1168,22 @@ class SolveRequest:
         jobs: dict[Hashable, Any] = {}
         # How far beyond its profile a job may grow: the policy's own bound, else Pollux's.
         factor = getattr(self.policy, "exploration_factor", EXPLORATION_FACTOR)
+        capacities: dict = {}   # per replica request: what the whole cluster holds
         for e in self.entries:
+            need = tuple(sorted(e.spec.resources.items()))
+            if need not in capacities:
+                capacities[need] = cluster_capacity(e.spec, nodes)
             try:
+                fn, fns = self._speedup_for(e.job_id, e.hints), None
+                if e.type_hints is not None:
+                    fns = self._typed(e, factor)
+                    fn = fns.get(e.current_type) or next(iter(fns.values()))
                 jobs[e.job_id] = job_info(
                     e.spec, nodes, created=e.created, hints=e.hints,
                     restarts=e.restarts, restart_cost_s=e.cost_s,
-                    current_replicas=e.current,
-                    speedup_fn=self._speedup_for(e.job_id, e.hints),
-                    remaining_s=e.remaining_s, exploration_factor=factor)
+                    current_replicas=e.current, speedup_fn=fn,
+                    remaining_s=e.remaining_s, exploration_factor=factor,
+                    type_speedups=fns, capacity=capacities[need])
             except ValueError as exc:
                 # Only a job the whole cluster cannot hold is unfit: one that other work
                 # (or a trial's own reservation, not reported yet) leaves no room for now
@@ -1022,11 +1197,20 @@ class SolveRequest:
                 jobs[e.job_id].preemptible = False
         return jobs
 
+    def _typed(self, e: "_Entry", factor: int) -> dict:
+        """Entry ``e``'s speedup per accelerator type (one unit across types)."""
+        speeds = self.speeds if self.speeds is not None else TypeSpeeds({})
+        cache = self.typed_speedup_for
+        build = None if cache is None else (lambda kind, hints: cache(e.job_id, kind, hints))
+        return typed_speedups(e.type_hints, speeds, factor=factor,
+                              current_type=e.current_type, current_replicas=e.current,
+                              build=build)
+
     def run(self) -> None:
         """Build the policy's jobs and solve; errors are kept in :attr:`error`."""
         t0 = time.perf_counter()
         try:
-            jobs = self.job_infos()
+            jobs = self.infos = self.job_infos()
             base = {k: v for k, v in self.base.items() if k in jobs}
             _unpin_conflicts(jobs, base, self.nodes)
             if jobs:

@@ -261,7 +261,9 @@ def job_info(spec: JobSpec, nodes: Mapping[Hashable, NodeInfo], *, created: floa
              hints: Mapping[str, Any] | None, restarts: int = 0,
              restart_cost_s: float | None = None, current_replicas: int = 0,
              speedup_fn: Any = None, remaining_s: float | None = None,
-             exploration_factor: int = EXPLORATION_FACTOR) -> JobInfo:
+             exploration_factor: int = EXPLORATION_FACTOR,
+             type_speedups: Mapping[Any, Any] | None = None,
+             capacity: int | None = None) -> JobInfo:
     """One job as a policy job.
 
     Args:
@@ -276,19 +278,28 @@ def job_info(spec: JobSpec, nodes: Mapping[Hashable, NodeInfo], *, created: floa
         remaining_s: the front-end's estimate of the seconds of training left (``None``:
             unknown), for policies that weigh remaining work.
         exploration_factor: see :func:`exploration_cap`.
+        type_speedups: on a cluster of several accelerator types, the job's speedup
+            function per type (:func:`~adaptdl_core.decision.type_models.typed_speedups`;
+            each flat beyond its own exploration bound, its ``cap``): the job may get up
+            to the largest of those bounds.
+        capacity: :func:`cluster_capacity` of ``spec`` on ``nodes`` if known (a cache).
 
     Raises:
         ValueError: if the cluster cannot hold ``spec.min_replicas`` replicas at all (the
             message says what is missing).
     """
-    capacity = cluster_capacity(spec, nodes)
+    if capacity is None:
+        capacity = cluster_capacity(spec, nodes)
     if capacity < spec.min_replicas:
         raise ValueError(
             f"the job needs at least min_replicas={spec.min_replicas} replicas of "
             f"{dict(spec.resources)} but the whole cluster holds {capacity}: lower "
             "min_replicas or the resources per worker, or add nodes")
-    upper = max(exploration_cap(hints, exploration_factor), current_replicas,
-                spec.min_replicas)
+    if type_speedups:
+        explore = max(int(getattr(fn, "cap", 1)) for fn in type_speedups.values())
+    else:
+        explore = exploration_cap(hints, exploration_factor)
+    upper = max(explore, current_replicas, spec.min_replicas)
     upper = min(upper, capacity)
     if spec.max_replicas is not None:
         upper = min(upper, spec.max_replicas)
@@ -297,4 +308,5 @@ def job_info(spec: JobSpec, nodes: Mapping[Hashable, NodeInfo], *, created: floa
                    speedup_from_hints(hints),
                    creation_timestamp=created, min_replicas=spec.min_replicas,
                    max_replicas=upper, num_restarts=restarts,
-                   restart_cost_s=restart_cost_s, remaining_s=remaining_s)
+                   restart_cost_s=restart_cost_s, remaining_s=remaining_s,
+                   type_speedups=dict(type_speedups) if type_speedups else None)

@@ -81,6 +81,9 @@ class JobRecord:
         live: the job is added and not removed (restored records stay not live until
             the front-end adds them again).
         name: how people know the job (a Tune trial's name; ``None``: its id).
+        hints_by_type: on a cluster of several accelerator types, its latest hints with
+            a throughput fit on each type it reported from (type -> hints).
+        restarting: the front-end reported it checkpointing or relaunching.
     """
 
     created: float
@@ -104,6 +107,8 @@ class JobRecord:
     placed_known: bool = False
     live: bool = False
     name: str | None = None
+    hints_by_type: dict = dataclasses.field(default_factory=dict)
+    restarting: bool = False
 
 
 @dataclasses.dataclass

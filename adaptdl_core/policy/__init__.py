@@ -17,7 +17,8 @@ from .cluster_size import ClusterSizeDecision, ClusterSizeRule
 from .remaining import (POLICY_NAMES, RemainingWorkPolicy, admission_order, policy_by_name,
                         remaining_weights)
 from .resize import (MIN_COST_MULTIPLES, ResizeVerdict, amortised_resize_verdict,
-                     resize_verdict)
+                     move_verdict, resize_verdict)
+from .typed import TypedAllocator, mixed_types, node_types, typed_round_applies
 from .speedup import GoodputOptimizer, LinearSpeedup, SpeedupFunction
 
 __all__ = [
@@ -35,9 +36,13 @@ __all__ = [
     "RemainingWorkPolicy",
     "ResizeVerdict",
     "SpeedupFunction",
+    "TypedAllocator",
     "admission_order",
     "check_allocations",
     "effective_speedups",
+    "mixed_types",
+    "move_verdict",
+    "node_types",
     "optimize",
     "policy_by_name",
     "power_mean",
@@ -45,4 +50,5 @@ __all__ = [
     "resize_verdict",
     "amortised_resize_verdict",
     "restart_penalty",
+    "typed_round_applies",
 ]

@@ -102,6 +102,11 @@ class JobInfo:
             (``None``: unknown). Pollux ignores it; remaining-work-aware policies weigh by it.
         weight: the job's weight in the fitness (``> 0``, default 1): its power term is
             multiplied by it, so with ``p < 0`` a heavier job is given more replicas.
+        type_speedups: accelerator type -> the job's speedup function on nodes of that
+            type (:attr:`NodeInfo.accelerator_type`), all in one unit so that types
+            compare (twice the value: twice as fast); ``None`` (default): the job runs
+            alike on every type, at ``speedup_fn``. A type-aware policy never places the
+            job on a type missing here; type-unaware policies use ``speedup_fn``.
 
     Raises:
         ValueError: when a field is malformed; the message names the field.
@@ -117,9 +122,19 @@ class JobInfo:
     restart_cost_s: float = DEFAULT_RESTART_COST_S
     remaining_s: Optional[float] = None
     weight: float = 1.0
+    type_speedups: Optional[Mapping[str, SpeedupFn]] = None
 
     def __post_init__(self) -> None:
         self.resources = _check_resources("JobInfo", self.resources, need_positive=True)
+        if self.type_speedups is not None:
+            if not isinstance(self.type_speedups, Mapping) or not self.type_speedups:
+                raise ValueError("JobInfo.type_speedups must be None or a non-empty dict of "
+                                 "accelerator type -> speedup function, got "
+                                 f"{self.type_speedups!r}")
+            for name, fn in self.type_speedups.items():
+                if not callable(fn):
+                    raise ValueError(f"JobInfo.type_speedups[{name!r}] must be callable("
+                                     f"num_nodes, num_replicas), got {type(fn).__name__}")
         if not callable(self.speedup_fn):
             raise ValueError("JobInfo.speedup_fn must be callable(num_nodes, num_replicas), "
                              f"got {type(self.speedup_fn).__name__}")
@@ -168,10 +183,14 @@ class JobInfo:
 
     def replica_bound(self) -> int:
         """Most replicas the allocator considers for this job: ``max_replicas``, the speedup
-        function's ``max_useful_replicas`` and :data:`UNBOUNDED_REPLICA_CAP`, whichever are
-        given and smallest (never below ``min_replicas``)."""
+        function's ``max_useful_replicas`` (with ``type_speedups``: the largest of theirs)
+        and :data:`UNBOUNDED_REPLICA_CAP`, whichever are given and smallest (never below
+        ``min_replicas``)."""
         bound = UNBOUNDED_REPLICA_CAP if self.max_replicas is None else self.max_replicas
-        useful = getattr(self.speedup_fn, "max_useful_replicas", None)
+        fns = [self.speedup_fn] if self.type_speedups is None else list(
+            self.type_speedups.values())
+        each = [getattr(fn, "max_useful_replicas", None) for fn in fns]
+        useful = max(each) if all(_is_int(u) and u >= 1 for u in each) else None
         if _is_int(useful) and useful >= 1:
             bound = min(bound, int(useful))
         return max(bound, self.min_replicas)
@@ -185,6 +204,10 @@ class NodeInfo:
         resources: amounts available to jobs, e.g. ``{"CPU": 32, "GPU": 4}``.
         preemptible: whether the node may disappear (spot instance); non-preemptible jobs
             are never placed on it.
+        accelerator_type: the kind of accelerator the node carries (e.g. ``"A100"``; Ray's
+            ``accelerator_type:<T>`` resource), ``None`` when unknown. A type-aware policy
+            runs each job on nodes of one type and weighs the types by the job's speed
+            there (:attr:`JobInfo.type_speedups`); type-unaware policies ignore it.
 
     Raises:
         ValueError: when a field is malformed; the message names the field.
@@ -192,12 +215,17 @@ class NodeInfo:
 
     resources: Mapping[str, float]
     preemptible: bool = False
+    accelerator_type: Optional[str] = None
 
     def __post_init__(self) -> None:
         self.resources = _check_resources("NodeInfo", self.resources, need_positive=False)
         if not isinstance(self.preemptible, (bool, np.bool_)):
             raise ValueError(f"NodeInfo.preemptible must be a bool, got {self.preemptible!r}")
         self.preemptible = bool(self.preemptible)
+        if self.accelerator_type is not None and (
+                not isinstance(self.accelerator_type, str) or not self.accelerator_type):
+            raise ValueError(f"NodeInfo.accelerator_type must be None or a non-empty string "
+                             f"such as 'A100', got {self.accelerator_type!r}")
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,7 @@ import numpy as np
 from adaptdl_core import validation
 
 from .allocator import AllocationResult, JobInfo, NodeInfo, PolluxPolicy, power_mean
+from .typed import TypedAllocator, typed_round_applies
 
 LOG = logging.getLogger(__name__)
 
@@ -157,6 +158,8 @@ class RemainingWorkPolicy:
                  **pollux_options) -> None:
         pollux_options.pop("fair_share", None)
         self.pollux = PolluxPolicy(p, fair_share=True, **pollux_options)
+        #: Rounds on nodes of several accelerator types (see :mod:`.typed`).
+        self.typed = TypedAllocator(p, fair_share=True, **pollux_options)
         if not self.pollux.p < 0:
             raise ValueError(f"p must be < 0 for RemainingWorkPolicy (weights scale speedups "
                              f"as w ** (1/p)), got {p!r}; use -1")
@@ -239,7 +242,8 @@ class RemainingWorkPolicy:
         weighted = {k: jobs[k] if weights[k] == 1.0 else
                     dataclasses.replace(jobs[k], weight=weights[k] * jobs[k].weight)
                     for k in admitted}
-        result = self.pollux.allocate(weighted, nodes, base, now=now)
+        solver = self.typed if typed_round_applies(weighted, nodes) else self.pollux
+        result = solver.allocate(weighted, nodes, base, now=now)
         allocations = {k: list(result.allocations.get(k, [])) for k in jobs}
         speedups = {k: float(result.speedups.get(k, 0.0)) for k in jobs}
         values = list(speedups.values())

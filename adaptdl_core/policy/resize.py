@@ -14,7 +14,10 @@ every resize a policy proposes:
   ``remaining_s * (1 - speedup_now / speedup_new)``, exceeds the resize cost.
 
 A shrink serves other jobs (or, when the job's own model predicts fewer replicas as fast,
-the job itself: its reason then says so), so only the first rule applies to it.
+the job itself: its reason then says so), so only the first rule applies to it. A move to
+another accelerator type (:func:`move_verdict`) is judged by the speedups on the two types:
+one that makes the job faster as a growth, one that makes it slower (for other jobs) as a
+shrink.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import operator
 
 from adaptdl_core import validation
 
-__all__ = ["ResizeVerdict", "resize_verdict", "amortised_resize_verdict",
+__all__ = ["ResizeVerdict", "resize_verdict", "amortised_resize_verdict", "move_verdict",
            "MIN_COST_MULTIPLES", "AMORTISE_MULTIPLES", "MIN_DWELL_S"]
 
 # A job with less than this many resize costs of training left is not resized.
@@ -172,3 +175,40 @@ def amortised_resize_verdict(*, since_last_s: float | None = None,
                                             f"at its size ({AMORTISE_MULTIPLES:g}x its cost, at "
                                             f"least {MIN_DWELL_S:g} s)")
     return resize_verdict(**kwargs)
+
+
+def move_verdict(*, remaining_s: float | None, cost_s: float, speedup_now: float,
+                 speedup_new: float,
+                 min_cost_multiples: float = MIN_COST_MULTIPLES) -> ResizeVerdict:
+    """Whether moving a running job to nodes of another accelerator type pays (see the
+    module doc): ``speedup_now`` and ``speedup_new`` are its speedups (one unit across
+    types) where it runs and where it would run.
+
+    Raises:
+        ValueError: a ``remaining_s``, ``cost_s`` or speedup that is not a finite number
+            ``>= 0`` (named).
+    """
+    if remaining_s is not None:
+        remaining_s = validation.number("remaining_s", remaining_s, 0.0,
+                                        what="None or a finite number of seconds")
+    cost_s = validation.number("cost_s", cost_s, 0.0, what="a finite number of seconds")
+    speedup_now = validation.number("speedup_now", speedup_now, 0.0)
+    speedup_new = validation.number("speedup_new", speedup_new, 0.0)
+    faster = speedup_new > speedup_now
+    if remaining_s is None:
+        if faster:
+            return ResizeVerdict(False, "remaining training not known yet: whether a move "
+                                        "to a faster type pays cannot be told")
+        return ResizeVerdict(True, "moved for other jobs (remaining training not known yet)")
+    if remaining_s < min_cost_multiples * cost_s:
+        return ResizeVerdict(False, f"{remaining_s:.1f} s of training left, under "
+                                    f"{min_cost_multiples:g} resize costs of {cost_s:.1f} s")
+    if not faster:
+        return ResizeVerdict(True, f"moved for other jobs ({remaining_s:.1f} s left, "
+                                   f"resize cost {cost_s:.1f} s)")
+    saved = remaining_s * (1.0 - speedup_now / speedup_new) if speedup_now > 0 else remaining_s
+    if saved <= cost_s:
+        return ResizeVerdict(False, f"moving saves {saved:.1f} s of {remaining_s:.1f} s left, "
+                                    f"not more than the resize cost {cost_s:.1f} s", saved)
+    return ResizeVerdict(True, f"moving saves {saved:.1f} s of {remaining_s:.1f} s left, "
+                               f"more than the resize cost {cost_s:.1f} s", saved)

@@ -35,10 +35,19 @@ def _cluster_parser(sub) -> None:
     p.add_argument("--traces", help="traces folder (default: the vendored traces)")
     p.add_argument("--out", help="write the result JSON here")
     p.add_argument("--interval", type=float, default=60.0, help="seconds per round")
-    p.add_argument("--restart-s", type=float, default=30.0,
-                   help="seconds without progress per start or change of allocation")
-    p.add_argument("--nodes", type=int, default=16)
-    p.add_argument("--gpus-per-node", type=int, default=4)
+    p.add_argument("--restart-s", type=float,
+                   help="seconds without progress per start or change of allocation "
+                   "(default 30; on a --cluster each model's own delay)")
+    p.add_argument("--nodes", type=int, help="nodes of the default cluster (default 16)")
+    p.add_argument("--gpus-per-node", type=int,
+                   help="GPUs per node of the default cluster (default 4)")
+    p.add_argument("--cluster", metavar="NAME_OR_FILE",
+                   help="a cluster of several GPU types instead: sia-heterogeneous (6 t4 + "
+                   "3 rtx + 2 a100 nodes), sia-homogeneous (16 t4 nodes), or a .json/.toml "
+                   "file listing node groups (docs/mixed_clusters.md)")
+    p.add_argument("--no-calibration", action="store_true",
+                   help="--cluster: train at the traced speed (default: slowed by each "
+                   "model's calibration factor, as the Sia simulator)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--interference", type=float, default=0.0,
                    help="slowdown of multi-node jobs sharing a node (0..1)")
@@ -117,29 +126,40 @@ def main(argv: Optional[List[str]] = None) -> int:
                 options[key] = None
             if options[key] is None:
                 parser.error(f"--policy-option {item!r}: give KEY=NUMBER, e.g. alpha=1")
+        if args.cluster is not None and (args.nodes is not None
+                                         or args.gpus_per_node is not None):
+            parser.error("cluster: --cluster gives the nodes; drop --nodes/--gpus-per-node")
+        if args.cluster is None and args.no_calibration:
+            parser.error("cluster: --no-calibration applies to a --cluster only")
+        nodes = 16 if args.nodes is None else args.nodes
+        gpus_per_node = 4 if args.gpus_per_node is None else args.gpus_per_node
         try:
             if args.out:
                 check_out_path(args.out)
             elastic = elastic_settings(args)
             workload = (args.workload if args.workload is not None
-                        else synthetic_workload(args.synthetic, args.nodes, seed=args.seed))
+                        else synthetic_workload(args.synthetic, nodes, seed=args.seed))
             result = simulate(workload, args.policy, traces=args.traces,
                               interval=args.interval, restart_s=args.restart_s,
-                              nodes=args.nodes, gpus_per_node=args.gpus_per_node,
+                              nodes=nodes, gpus_per_node=gpus_per_node,
                               seed=args.seed, interference=args.interference,
                               max_time=args.max_time,
                               use_core=False if args.no_core else None,
-                              policy_options=options or None, elastic=elastic)
+                              policy_options=options or None, elastic=elastic,
+                              cluster=args.cluster, calibrate=not args.no_calibration)
         except (ValueError, FileNotFoundError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
         if args.synthetic is not None:
-            result["workload"] = f"synthetic-{args.synthetic}x{args.nodes}n-seed{args.seed}"
+            result["workload"] = f"synthetic-{args.synthetic}x{nodes}n-seed{args.seed}"
         print(f"{result['policy']} {result['workload']}: avg JCT {result['avg_jct']:.0f} s, "
               f"p99 {result['p99_jct']:.0f} s, makespan {result['makespan']:.0f} s, "
               f"{result['completed']}/{result['num_jobs']} jobs, {result['gpu_hours']:.1f} "
               f"GPU-h, decision median {result['decision_s']['median'] * 1e3:.1f} ms "
               f"max {result['decision_s']['max'] * 1e3:.1f} ms, wall {result['wall_s']:.1f} s")
+        if "gpu_hours_by_type" in result:
+            print(f"cluster {result['cluster']}: GPU-h by type " + ", ".join(
+                f"{t} {h:.1f}" for t, h in sorted(result["gpu_hours_by_type"].items())))
         if "node_hours" in result:
             print(f"cluster: {result['node_hours']:.2f} node-h, cost {result['cost']:.2f}, "
                   f"{result['preemptions']} preemptions, peak "

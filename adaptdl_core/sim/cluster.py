@@ -50,6 +50,7 @@ import numpy as np
 from adaptdl_core import validation
 
 from .autoscale import ElasticCluster, ElasticSettings
+from .gpu_types import RESTART_DELAY_S, ClusterSpec, cluster_spec
 from .job_model import DATA_DIR, SimJob, get_application
 from .rounds import ArrivalAdmission, Observer, Schedule, run_rounds
 
@@ -59,7 +60,7 @@ __all__ = ["WorkloadJob", "POLICIES", "WORKLOADS_DIR", "PUBLISHED_DIR", "load_wo
 
 logger = logging.getLogger(__name__)
 
-POLICIES = ("pollux", "adaptdl", "tiresias", "optimus")
+POLICIES = ("pollux", "adaptdl", "tiresias", "optimus", "sia")
 WORKLOADS_DIR = DATA_DIR / "workloads"
 PUBLISHED_DIR = DATA_DIR / "published"
 #: Shortest scheduling round (seconds) :func:`simulate` accepts: the round count is the
@@ -109,7 +110,8 @@ def resolve_workload(spec: Union[str, Path]) -> Path:
         return q
     raise FileNotFoundError(
         f"workload {spec!r}: no such file, and no vendored workload of that name; use a CSV "
-        f"path or one of load-0.5/workload-1..8, load-1.0/workload-1..8")
+        f"path or one of load-0.5/workload-1..8, load-1.0/workload-1..8 (the Pollux "
+        f"paper's), philly/workload-1..8, helios/workload-1..10 (the Sia paper's)")
 
 
 def load_workload(spec: Union[str, Path]) -> List[WorkloadJob]:
@@ -188,26 +190,49 @@ def synthetic_workload(num_jobs: int, num_nodes: int, *, seed: int = 0,
 
 def make_policy(name: str, *, gpus_per_node: int = 4, p: float = -1.0,
                 use_core: Optional[bool] = None, interval: float = 60.0,
-                options: Optional[Mapping[str, float]] = None):
+                options: Optional[Mapping[str, float]] = None,
+                cluster: Optional[ClusterSpec] = None):
     """The policy object for ``name`` (one of :data:`POLICIES`); ``options`` go to
-    :class:`~adaptdl_core.policy.RemainingWorkPolicy` (``adaptdl`` only).
+    :class:`~adaptdl_core.policy.RemainingWorkPolicy` (``adaptdl`` only). On a typed
+    ``cluster``: ``pollux`` type-unaware as the Sia paper ran it
+    (:class:`~adaptdl_core.sim.typed.TypeUnawarePollux`), ``adaptdl`` type-aware through
+    the decision core (nodes carry their type, jobs of one model share their profiles),
+    ``sia`` the Sia baseline (:class:`~adaptdl_core.sim.sia.SiaPolicy`).
 
     Raises:
-        ValueError: an unknown name, or options for another policy or malformed ones.
+        ValueError: an unknown name, options for another policy or malformed ones, or a
+            policy that does not run on the cluster given.
     """
     if options and name != "adaptdl":
         raise ValueError(f"policy options {dict(options)} apply to policy 'adaptdl' only, "
                          f"not {name!r}: drop them")
+    if cluster is not None and name in ("tiresias", "optimus"):
+        raise ValueError(f"policy {name!r} runs on the default one-type cluster only (its "
+                         "TunedJobs configurations are for T4 nodes); drop --cluster, or use "
+                         "pollux, sia or adaptdl")
+    if name == "sia":
+        if cluster is None:
+            raise ValueError("policy 'sia' needs a typed cluster: pass --cluster "
+                             "sia-heterogeneous, sia-homogeneous or a cluster file")
+        if use_core is not None:
+            raise ValueError("use_core (--no-core) applies to policy 'pollux' only")
+        from .sia import SiaPolicy
+        return SiaPolicy(cluster, interval=interval)
     if name == "adaptdl":
         from ..policy import RemainingWorkPolicy
         from .pollux import CorePollux
         if use_core is False:
             raise ValueError("use_core=False (--no-core) applies to policy 'pollux' only")
         try:
-            policy = RemainingWorkPolicy(p, **(options or {}))
+            opts = dict(options or {})
+            policy = RemainingWorkPolicy(opts.pop("p", p), **opts)
         except TypeError as e:
             raise ValueError(f"policy options {dict(options or {})}: {e}; see "
                              "RemainingWorkPolicy for the options") from None
+        if cluster is not None:
+            return CorePollux(interval=interval, policy=policy,
+                              node_types=cluster.node_types(), profile_groups=True,
+                              report_restarting=True)
         return CorePollux(interval=interval, policy=policy)
     if name == "tiresias":
         from .baselines import TiresiasPolicy
@@ -216,7 +241,13 @@ def make_policy(name: str, *, gpus_per_node: int = 4, p: float = -1.0,
         from .baselines import OptimusPolicy
         return OptimusPolicy(gpus_per_node=gpus_per_node)
     if name == "pollux":
-        from .pollux import make_pollux
+        from .pollux import MAX_REPLICAS, make_pollux
+        if cluster is not None:
+            from .typed import TypeUnawarePollux
+            # As the Sia paper ran it: no job larger than the smallest type's GPUs.
+            cap = min(MAX_REPLICAS, *cluster.gpus_by_type().values())
+            return TypeUnawarePollux(make_pollux(p=p, use_core=use_core, interval=interval,
+                                                 max_replicas=cap), cluster)
         return make_pollux(p=p, use_core=use_core, interval=interval)
     raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {name!r}")
 
@@ -241,11 +272,13 @@ def _make_jobs(rows: Sequence[WorkloadJob], tuned: Sequence[str], restart_s: flo
 
 def simulate(workload: Union[str, Path, Sequence[WorkloadJob]], policy="pollux", *,
              traces: Optional[Union[str, Path]] = None, interval: float = 60.0,
-             restart_s: float = 30.0, nodes: int = 16, gpus_per_node: int = 4,
+             restart_s: Optional[float] = None, nodes: int = 16, gpus_per_node: int = 4,
              seed: int = 0, interference: float = 0.0, max_time: Optional[float] = None,
              use_core: Optional[bool] = None, timeline: bool = False,
              policy_options: Optional[Mapping[str, float]] = None,
-             elastic: Optional[ElasticSettings] = None) -> dict:
+             elastic: Optional[ElasticSettings] = None,
+             cluster: Optional[Union[str, Path, ClusterSpec]] = None,
+             calibrate: bool = True) -> dict:
     """Run ``workload`` (a CSV path, a vendored name like ``load-1.0/workload-3``, or rows)
     under ``policy`` until every job finishes, in the round loop of
     :mod:`adaptdl_core.sim.rounds` (jobs admitted as they are submitted, a decision at
@@ -259,8 +292,17 @@ def simulate(workload: Union[str, Path, Sequence[WorkloadJob]], policy="pollux",
             for Optimus; absent: adaptive jobs).
         traces: traces folder (default: the vendored traces).
         interval: seconds per scheduling round (finite, ``>=`` :data:`MIN_INTERVAL_S`).
-        restart_s: seconds without progress after every start or change of allocation.
-        nodes, gpus_per_node: the cluster.
+        restart_s: seconds without progress after every start or change of allocation
+            (``None``: 30 s, the Pollux paper's; on a typed ``cluster`` each model's own
+            delay, :data:`~adaptdl_core.sim.gpu_types.RESTART_DELAY_S`).
+        nodes, gpus_per_node: the cluster (one kind of GPU, the Pollux traces' T4), unless
+            ``cluster`` is given.
+        cluster: a cluster of typed nodes (:func:`~adaptdl_core.sim.gpu_types.cluster_spec`:
+            ``"sia-heterogeneous"``, ``"sia-homogeneous"`` or a JSON/TOML file); jobs then
+            run on the Sia artifact's traces of each type (:mod:`adaptdl_core.sim.typed`).
+            Policies ``pollux``, ``adaptdl`` and ``sia``; no ``elastic``.
+        calibrate: on a typed ``cluster``, slow training by each model's calibration
+            factor (the Sia simulator's, ``data/README.md``).
         seed: seeds numpy's global generator (the policies here are deterministic; kept so
             that a randomised policy is reproducible).
         interference: slowdown fraction of a multi-node job sharing a node with another
@@ -283,6 +325,8 @@ def simulate(workload: Union[str, Path, Sequence[WorkloadJob]], policy="pollux",
         ``gpu_hours`` (GPU time held, restarts included), ``decision_s``
         (``{"median", "p99", "max"}`` seconds per round), ``completed``, ``num_jobs``,
         ``restarts``, ``num_fits``, ``wall_s``, the settings, and optionally ``timeline``.
+        On a typed ``cluster``: ``cluster`` (its name), ``gpu_hours_by_type`` (type ->
+        GPU-hours held) and ``jobs_by_type`` (type -> jobs that ended on it).
         With ``elastic``: ``node_hours``, ``cost``, ``preemptions`` and ``elastic`` (the
         cluster's books, :meth:`~adaptdl_core.sim.autoscale.ElasticCluster.summary`).
 
@@ -301,6 +345,15 @@ def simulate(workload: Union[str, Path, Sequence[WorkloadJob]], policy="pollux",
     interval, restart_s, interference, max_time = _check_settings(
         interval=interval, restart_s=restart_s, nodes=nodes, gpus_per_node=gpus_per_node,
         interference=interference, max_time=max_time)
+    spec = None
+    if cluster is not None:
+        spec = cluster_spec(cluster)
+        if elastic is not None:
+            raise ValueError("elastic settings need the default one-type cluster: drop "
+                             "cluster or elastic")
+    elif policy == "sia":
+        raise ValueError("policy 'sia' needs a typed cluster: pass cluster='sia-homogeneous' "
+                         "(--cluster), 'sia-heterogeneous' or a cluster file")
     if elastic is not None:
         if not isinstance(elastic, ElasticSettings):
             raise ValueError(f"elastic must be None or an ElasticSettings, got {elastic!r}")
@@ -314,7 +367,8 @@ def simulate(workload: Union[str, Path, Sequence[WorkloadJob]], policy="pollux",
                          restart_s=restart_s, nodes=nodes, gpus_per_node=gpus_per_node,
                          seed=seed, interference=interference, max_time=max_time,
                          use_core=use_core, timeline=timeline,
-                         policy_options=policy_options, elastic=elastic)
+                         policy_options=policy_options, elastic=elastic, spec=spec,
+                         calibrate=calibrate)
 
 
 def _check_settings(*, interval: float, restart_s: float, nodes: int, gpus_per_node: int,
@@ -335,8 +389,9 @@ def _check_settings(*, interval: float, restart_s: float, nodes: int, gpus_per_n
     except ValueError as e:
         raise ValueError(f"{e}: shorter rounds model no real scheduler and multiply the "
                          "rounds to simulate (the paper's setting is 60 s)") from None
-    restart_s = validation.number("restart_s", restart_s, 0.0,
-                                  what="a finite number of seconds")
+    if restart_s is not None:
+        restart_s = validation.number("restart_s", restart_s, 0.0,
+                                      what="None or a finite number of seconds")
     validation.integer("nodes", nodes, 1)
     validation.integer("gpus_per_node", gpus_per_node, 1)
     # 1 would stop a multi-node job sharing a node for good, and the run would not end.
@@ -387,7 +442,7 @@ class _ClusterRecorder(Observer):
 
 def _simulate(workload, policy, *, traces, interval, restart_s, nodes, gpus_per_node, seed,
               interference, max_time, use_core, timeline, policy_options,
-              elastic=None) -> dict:
+              elastic=None, spec: Optional[ClusterSpec] = None, calibrate: bool = True) -> dict:
     t_wall = time.perf_counter()
     np.random.seed(seed)
     if isinstance(workload, (str, Path)):
@@ -399,11 +454,23 @@ def _simulate(workload, policy, *, traces, interval, restart_s, nodes, gpus_per_
     if isinstance(policy, str):
         pname = policy
         pol = make_policy(policy, gpus_per_node=gpus_per_node, use_core=use_core,
-                          interval=interval, options=policy_options)
+                          interval=interval, options=policy_options, cluster=spec)
     else:
         pol, pname = policy, getattr(policy, "name", type(policy).__name__)
     tuned = tuple(getattr(pol, "tuned", ()))
-    jobs = _make_jobs(rows, tuned, restart_s, traces)
+    node_types = None
+    if spec is not None:
+        from .typed import make_typed_jobs
+        if tuned:
+            raise ValueError(f"policy {pname!r} keeps TunedJobs configurations, which are "
+                             "for the default one-type cluster; drop the cluster")
+        jobs = make_typed_jobs(rows, spec, type_aware=getattr(pol, "type_aware", True),
+                               restart_s=restart_s, calibrate=calibrate,
+                               fixed_batch=POLLUX_FIXED_BATCH, traces=traces)
+        nodes, gpus_per_node = len(spec.node_gpus()), None
+        node_types = spec.node_types()
+    else:
+        jobs = _make_jobs(rows, tuned, 30.0 if restart_s is None else restart_s, traces)
     most_nodes = elastic.max_nodes if elastic is not None and elastic.autoscale else nodes
     too_big = [r.name for r in rows
                if "num_replicas" in tuned and r.num_replicas > most_nodes * gpus_per_node]
@@ -413,7 +480,8 @@ def _simulate(workload, policy, *, traces, interval, restart_s, nodes, gpus_per_
                          "nodes/gpus_per_node")
     if len({j.name for j in jobs}) != len(jobs):
         raise ValueError("workload: job names must be unique")
-    node_gpus = {n: int(gpus_per_node) for n in range(int(nodes))}
+    node_gpus = (spec.node_gpus() if spec is not None
+                 else {n: int(gpus_per_node) for n in range(int(nodes))})
     cluster = None
     if elastic is not None:
         cluster = ElasticCluster(elastic, nodes, gpus_per_node, interval=interval, seed=seed)
@@ -423,7 +491,7 @@ def _simulate(workload, policy, *, traces, interval, restart_s, nodes, gpus_per_
                          schedule=Schedule(tick=interval, interval=interval,
                                            first_round=interval),
                          observer=recorder, max_time=max_time, interference=interference,
-                         cluster=cluster)
+                         cluster=cluster, node_types=node_types)
     decision_times = outcome.decision_times
     now = outcome.now
     jcts = {j.name: j.completion_time - j.submission_time for j in jobs if j.done}
@@ -446,13 +514,26 @@ def _simulate(workload, policy, *, traces, interval, restart_s, nodes, gpus_per_
         "num_jobs": len(jobs),
         "restarts": int(sum(j.num_restarts or 0 for j in jobs)),
         "num_fits": int(sum(j.num_fits for j in jobs)),
-        "settings": {"interval": interval, "restart_s": restart_s, "nodes": nodes,
+        "settings": {"interval": interval, "restart_s": restart_s if restart_s is not None
+                     else (dict(RESTART_DELAY_S) if spec is not None else 30.0),
+                     "nodes": nodes,
                      "gpus_per_node": gpus_per_node, "seed": seed,
                      "interference": interference,
                      "pollux_path": getattr(pol, "path", None),
                      "policy_options": dict(policy_options or {})},
         "wall_s": time.perf_counter() - t_wall,
     }
+    if spec is not None:
+        out["cluster"] = spec.name
+        out["settings"]["cluster"] = spec.describe()
+        out["settings"]["calibrate"] = bool(calibrate)
+        by_type: dict = {}
+        for j in jobs:
+            for t, gs in j.gpu_seconds_by_type.items():
+                by_type[t] = by_type.get(t, 0.0) + gs / 3600.0
+        out["gpu_hours_by_type"] = by_type
+        out["jobs_by_type"] = {t: sum(1 for j in jobs if j.done and j.gpu_type == t)
+                               for t in spec.types}
     if timeline:
         out["timeline"] = recorder.timeline
     if cluster is not None:

@@ -30,7 +30,7 @@ import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -38,6 +38,7 @@ from adaptdl_core import validation
 
 from ..goodput import GoodputFunction, PerfParams, fit_perf_params
 from ..sched_hints import SchedHints
+from .gpu_types import TRACE_SUFFIX
 
 __all__ = [
     "DATA_DIR",
@@ -63,6 +64,9 @@ EPOCHS: Dict[str, int] = {"bert": 2, "cifar10": 100, "ncf": 10, "imagenet": 90,
 #: Per-replica micro-batch limits narrower than the traces' range (yolov3 runs out of
 #: GPU memory above 8 images per T4).
 MAX_LOCAL_BSZ: Dict[str, int] = {"yolov3": 8}
+#: Per-replica micro-batch limits below a typed trace's largest (DeepSpeech2 runs out of
+#: the RTX 2080Ti's memory above 57 samples).
+TYPED_MAX_LOCAL_BSZ: Dict[Tuple[str, str], int] = {("deepspeech2", "rtx"): 57}
 #: The six models of the traces.
 APPLICATION_NAMES: Tuple[str, ...] = tuple(sorted(EPOCHS))
 
@@ -132,9 +136,14 @@ class Application:
     """
 
     def __init__(self, trace_dir: Path | str, max_epochs: Optional[int] = None,
-                 max_local_bsz: Optional[int] = None) -> None:
+                 max_local_bsz: Optional[int] = None, gpu_type: Optional[str] = None) -> None:
         trace_dir = Path(trace_dir)
         self.name = trace_dir.name
+        if gpu_type is not None and gpu_type not in TRACE_SUFFIX:
+            raise ValueError(f"gpu_type {gpu_type!r} has no traces; use one of "
+                             f"{', '.join(TRACE_SUFFIX)} or None")
+        self.gpu_type = gpu_type
+        suffix = f"-{TRACE_SUFFIX[gpu_type]}" if gpu_type and TRACE_SUFFIX[gpu_type] else ""
         vals: Dict[int, _Validation] = {}
         for path in sorted(trace_dir.glob("validation-*.csv")):
             bsz = int(path.stem.split("-")[-1])
@@ -148,7 +157,7 @@ class Application:
         self.batch_sizes = tuple(self._val)
         self._bsz_arr = np.array(self.batch_sizes, dtype=float)
 
-        pl = _read_csv(trace_dir / "placements.csv")
+        pl = _read_csv(trace_dir / f"placements{suffix}.csv")
         self._pl_key = [str(p).strip() for p in pl["placement"]]
         self._pl_bsz = np.array(pl["local_bsz"], dtype=float)
         self._pl_step = np.array(pl["step_time"], dtype=float)
@@ -161,14 +170,26 @@ class Application:
             sel = np.array(idx)[order]
             self._by_placement[key] = (self._pl_bsz[sel], self._pl_step[sel],
                                        self._pl_sync[sel])
-        self._sc = _read_csv(trace_dir / "scalability.csv")
+        self._sc = _read_csv(trace_dir / f"scalability{suffix}.csv")
         self._nd_interp = None  # built on first use (a scipy Delaunay triangulation)
+        self._type_model: Optional[GoodputFunction] = None  # typed: beyond the hull
 
         self.init_batch_size = int(self.batch_sizes[0])
         self.max_batch_size = int(self.batch_sizes[-1])
         self.min_local_bsz = int(self._pl_bsz.min())
-        self.max_local_bsz = int(max_local_bsz if max_local_bsz is not None
-                                 else MAX_LOCAL_BSZ.get(self.name, self._pl_bsz.max()))
+        if max_local_bsz is None:
+            # Untyped: the Pollux artifact's limits; typed: the traces' own (as the Sia
+            # artifact), with its one memory limit below them.
+            max_local_bsz = (MAX_LOCAL_BSZ.get(self.name, self._pl_bsz.max()) if gpu_type is None
+                             else TYPED_MAX_LOCAL_BSZ.get((self.name, gpu_type),
+                                                          self._pl_bsz.max()))
+        self.max_local_bsz = int(max_local_bsz)
+        # Typed: per replica count, the largest local batch its placements were measured at.
+        self._max_local_at: Dict[int, int] = {}
+        if gpu_type is not None:
+            for key, b in zip(self._pl_key, self._pl_bsz):
+                k = sum(int(c) for c in key)
+                self._max_local_at[k] = max(self._max_local_at.get(k, 0), int(b))
         n_epochs = min(len(v.progress) for v in self._val.values())
         self.max_epochs = int(max_epochs if max_epochs is not None
                               else EPOCHS.get(self.name, n_epochs))
@@ -179,6 +200,13 @@ class Application:
         self._epoch_end = np.min(np.stack([v.progress[:n_epochs] for v in self._val.values()]),
                                  axis=0)
         self._step_cache: Dict[Tuple[Tuple[int, ...], float], Tuple[float, float]] = {}
+
+    def max_local_bsz_at(self, num_replicas: int) -> int:
+        """Largest per-replica batch on ``num_replicas`` replicas: :attr:`max_local_bsz`,
+        and on a typed application at most the largest measured at that replica count
+        (the traces stop where the GPU's memory did)."""
+        return min(self.max_local_bsz, self._max_local_at.get(int(num_replicas),
+                                                              self.max_local_bsz))
 
     def __repr__(self) -> str:
         return (f"Application({self.name!r}, M0={self.init_batch_size}, "
@@ -240,6 +268,7 @@ class Application:
     def _interpolator(self):
         if self._nd_interp is None:
             from scipy.interpolate import LinearNDInterpolator
+            from scipy.spatial import QhullError
 
             # Mean of the measured placements per (nodes, replicas, batch), then the
             # large-scale measurements: a 3-D piecewise-linear surface.
@@ -255,7 +284,11 @@ class Application:
                                  self._sc["local_bsz"])]
             ys = ys + [np.array([float(s), float(y)]) for s, y in
                        zip(self._sc["step_time"], self._sc["sync_time"])]
-            self._nd_interp = LinearNDInterpolator(np.array(xs), np.array(ys))
+            try:
+                self._nd_interp = LinearNDInterpolator(np.array(xs), np.array(ys))
+            except QhullError:
+                # Degenerate: all measurements on one node count (e.g. a one-node type).
+                self._nd_interp = False
         return self._nd_interp
 
     def step_time(self, placement: Sequence[int], local_bsz: float) -> Tuple[float, float]:
@@ -282,7 +315,11 @@ class Application:
             out = (float(np.interp(local_bsz, b, st)), float(np.interp(local_bsz, b, sy)))
         else:
             n = min(len(p), 16)
-            st, sy = self._interpolator()([[n, sum(p), float(local_bsz)]])[0]
+            interp = self._interpolator()
+            st, sy = interp([[n, sum(p), float(local_bsz)]])[0] if interp is not False \
+                else (math.nan, math.nan)
+            if not (math.isfinite(st) and math.isfinite(sy)) and self.gpu_type is not None:
+                st, sy = self._extrapolated(len(p), sum(p), float(local_bsz))
             if not (math.isfinite(st) and math.isfinite(sy)):
                 raise ValueError(f"{self.name}: no throughput data around placement {p} "
                                  f"with local batch {local_bsz}")
@@ -291,23 +328,66 @@ class Application:
         return out
 
 
+    def measurements(self, max_nodes: Optional[int] = None) -> np.ndarray:
+        """The placement measurements as rows ``(nodes, replicas, local batch, step time,
+        sync time)`` (on at most ``max_nodes`` nodes if given)."""
+        rows = [(len(k), sum(int(c) for c in k), b, st, sy)
+                for k, b, st, sy in zip(self._pl_key, self._pl_bsz, self._pl_step,
+                                        self._pl_sync)
+                if max_nodes is None or len(k) <= max_nodes]
+        return np.array(rows, dtype=float).reshape(-1, 5)
+
+    def one_gpu_throughput(self) -> float:
+        """Samples per second of one replica at its largest measured local batch (the
+        throughput the Sia paper profiles every job at on every type)."""
+        rows = self._by_placement.get("1")
+        if rows is None:
+            raise ValueError(f"{self.name}: no one-replica measurements")
+        b, st, _ = rows
+        return float(b.max() / st.max())
+
+    def _extrapolated(self, nodes: int, replicas: int, local_bsz: float) -> Tuple[float, float]:
+        """``(step_time, sync_time)`` beyond the measured hull (typed applications: the
+        traces of most types stop at 1-3 nodes): the throughput model fitted to all of
+        the type's measurements, ``alpha + beta * b`` compute and Pollux's sync form."""
+        if self._type_model is None:
+            xs = [(float(n), float(k), float(b), float(st), float(sy)) for n, k, b, st, sy in
+                  zip(self._sc["num_nodes"], self._sc["num_replicas"], self._sc["local_bsz"],
+                      self._sc["step_time"], self._sc["sync_time"])]
+            arr = np.concatenate([self.measurements(), np.array(xs, dtype=float)])
+            params = fit_perf_params(arr[:, 0], arr[:, 1], arr[:, 2], arr[:, 3] - arr[:, 4],
+                                     arr[:, 3])
+            self._type_model = GoodputFunction(params, (1.0, 0.0), self.init_batch_size)
+        model = self._type_model
+        step = replicas * local_bsz / float(model.throughput(nodes, replicas, local_bsz, 0))
+        p = model.perf_params
+        compute = p.alpha_c + p.beta_c * local_bsz
+        return step, max(step - compute, 0.0)
+
+
 @functools.lru_cache(maxsize=None)
-def _load(trace_dir: str) -> Application:
-    return Application(trace_dir)
+def _load(trace_dir: str, gpu_type: Optional[str] = None) -> Application:
+    return Application(trace_dir, gpu_type=gpu_type)
 
 
-def get_application(name: str, traces_dir: Path | str | None = None) -> Application:
+def get_application(name: str, traces_dir: Path | str | None = None,
+                    gpu_type: Optional[str] = None) -> Application:
     """The :class:`Application` of model ``name`` (one of :data:`APPLICATION_NAMES`), from
-    ``traces_dir`` (default: the vendored traces), loaded once and shared.
+    ``traces_dir`` (default: the vendored traces), loaded once and shared: its step times
+    on ``gpu_type`` (one of :data:`~adaptdl_core.sim.gpu_types.GPU_TYPES`), or ``None``
+    for the Pollux paper's T4 traces with its memory limits.
 
     Raises:
-        ValueError: unknown name (lists the known ones).
+        ValueError: unknown name or type (lists the known ones).
     """
     base = Path(traces_dir) if traces_dir is not None else TRACES_DIR
     if not (base / name).is_dir():
         raise ValueError(f"unknown application {name!r}: no folder {base / name}; known: "
                          f"{', '.join(APPLICATION_NAMES)}")
-    return _load(str((base / name).resolve()))
+    if gpu_type is not None and gpu_type not in TRACE_SUFFIX:
+        raise ValueError(f"gpu_type {gpu_type!r} has no traces; use one of "
+                         f"{', '.join(TRACE_SUFFIX)} or None")
+    return _load(str((base / name).resolve()), gpu_type)
 
 
 def fixed_batch_config(app: Application, num_replicas: int, batch_size: int,
@@ -347,13 +427,23 @@ class SimJob:
         min_batch_improvement: an adaptive job changes its running batch between
             re-allocations only when the predicted goodput improves by more than this
             fraction (the library's agent uses 5% against oscillation; 0 re-chooses freely).
+        apps_by_type: on a cluster of several GPU types, the model's application on each
+            type (``app`` must be one of them: where it is modelled before its first
+            start); :meth:`reallocate` then names the type of each allocation.
+        type_aware: with ``apps_by_type``, whether the agent keeps one profile and one
+            throughput fit per GPU type (``True``) or one of everything it measured
+            (``False``: a type-unaware agent, as the Sia paper ran Pollux).
+        slowdown: real training is this many times slower than the traced step times say
+            (a calibration, ``>= 1``; the measurements the agent records stay the traced).
 
     Attributes (read-only by convention): ``placement`` (replicas per node, ``()`` when not
     running), ``atomic_bsz``, ``accum_steps``, ``progress``, ``epoch``, ``num_restarts``
     (``None`` before the first start), ``completion_time``, ``attained_service``
-    (GPU-seconds held), ``trained_s`` (seconds it held an allocation, restarts included:
-    what a front-end measures as its training time), ``perf_params``, ``grad_params``,
-    ``profile`` ((nodes, replicas, atomic batch) -> (step_time, sync_time)), ``num_fits``.
+    (GPU-seconds held), ``gpu_seconds_by_type`` (the same by GPU type, typed clusters),
+    ``trained_s`` (seconds it held an allocation, restarts included: what a front-end
+    measures as its training time), ``perf_params``, ``grad_params``, ``profile`` ((nodes,
+    replicas, atomic batch) -> (step_time, sync_time); of the current GPU type when
+    type-aware), ``num_fits``, ``gpu_type`` (the type of its current or last allocation).
 
     Raises:
         ValueError: malformed arguments.
@@ -362,8 +452,13 @@ class SimJob:
     def __init__(self, name: str, app: Application, submission_time: float,
                  target_batch_size: Optional[int] = None,
                  target_num_replicas: Optional[int] = None, restart_s: float = 30.0,
-                 min_batch_improvement: float = 0.0) -> None:
+                 min_batch_improvement: float = 0.0, *,
+                 apps_by_type: Optional[Mapping[str, Application]] = None,
+                 type_aware: bool = True, slowdown: float = 1.0) -> None:
         validation.number("submission_time", submission_time, 0.0)
+        validation.number("slowdown", slowdown, 1.0, what="a calibration factor")
+        if apps_by_type is not None and app not in apps_by_type.values():
+            raise ValueError(f"app of {name} must be one of apps_by_type's applications")
         validation.number("restart_s", restart_s, 0.0, what="a finite number of seconds")
         if target_batch_size is not None and not (
                 app.init_batch_size <= target_batch_size <= app.max_batch_size):
@@ -393,6 +488,13 @@ class SimJob:
         self.grad_params: Optional[Tuple[float, float]] = None
         self.num_fits = 0
         self._goodput_fn: Optional[GoodputFunction] = None
+        self.apps_by_type = dict(apps_by_type) if apps_by_type is not None else None
+        self.type_aware = bool(type_aware)
+        self.slowdown = float(slowdown)
+        self.gpu_type: Optional[str] = app.gpu_type if apps_by_type is not None else None
+        self.gpu_seconds_by_type: Dict[Optional[str], float] = {}
+        # Type-aware agent: the profile and fit of the types it is not on now.
+        self._stashed: Dict[Optional[str], Tuple[dict, Optional[PerfParams]]] = {}
 
     def __repr__(self) -> str:
         return (f"SimJob({self.name!r}, epoch={self.epoch}/{self.app.max_epochs}, "
@@ -469,7 +571,7 @@ class SimJob:
         goodput, atomic, accum = fn.optimize(nodes, replicas, app.max_batch_size,
                                              (app.min_local_bsz, app.max_local_bsz),
                                              accumulation=True)
-        atomic, accum = int(atomic), int(accum)
+        atomic, accum = min(int(atomic), app.max_local_bsz_at(replicas)), int(accum)
         if (not rechoose and self.min_batch_improvement > 0 and self.atomic_bsz > 0
                 and (atomic, accum) != (self.atomic_bsz, self.accum_steps)):
             current = float(fn.evaluate(nodes, replicas, self.atomic_bsz, self.accum_steps))
@@ -492,7 +594,8 @@ class SimJob:
         # The fit is a deterministic function of (profile in order, warm start), and jobs of
         # one model often walk the same configurations (1, 2, 4 GPUs at the same batches):
         # a job repeating another's history reuses its fit instead of refitting.
-        memo_key = (self.app.name, tuple(self.profile.items()), self.perf_params)
+        memo_key = (self.app.name, self.gpu_type if self.type_aware else None,
+                    tuple(self.profile.items()), self.perf_params)
         fitted = _FIT_MEMO.get(memo_key)
         if fitted is None:
             arr = np.array([(k[0], k[1], k[2], v[0], v[1]) for k, v in self.profile.items()])
@@ -507,17 +610,20 @@ class SimJob:
         self._goodput_fn = None
 
     # -- events -------------------------------------------------------------------------
-    def reallocate(self, placement: Sequence[int]) -> None:
-        """Run on ``placement`` (replicas per node; empty to stop) from now on. A start or
-        change costs ``restart_s`` without progress and counts as a restart (the first
+    def reallocate(self, placement: Sequence[int], gpu_type: Optional[str] = None) -> None:
+        """Run on ``placement`` (replicas per node; empty to stop) from now on, on GPUs of
+        ``gpu_type`` (required for a job with ``apps_by_type``, ignored otherwise). A start
+        or change costs ``restart_s`` without progress and counts as a restart (the first
         start does not). The agent re-chooses its batch for the new shape.
 
         Raises:
-            ValueError: a malformed placement.
+            ValueError: a malformed placement, or a type the job has no application for.
         """
         placement = tuple(int(v) for v in placement if int(v) != 0)
         if any(v < 0 for v in placement):
             raise ValueError(f"placement must be replicas per node (>= 0), got {placement}")
+        if placement and self.apps_by_type is not None:
+            self._switch_type(gpu_type)
         if not placement:
             self.placement = ()
             self.atomic_bsz = 0
@@ -528,6 +634,37 @@ class SimJob:
         self._choose_batch(rechoose=True)
         self.rescale_left = self.restart_s
         self.num_restarts = 0 if self.num_restarts is None else self.num_restarts + 1
+
+    def _switch_type(self, gpu_type: Optional[str]) -> None:
+        """Run on ``gpu_type`` from now on: its application; a type-aware agent also
+        swaps in that type's profile and fit (and keeps the others)."""
+        if gpu_type not in self.apps_by_type:
+            raise ValueError(f"{self.name}: gpu_type must be one of "
+                             f"{sorted(self.apps_by_type)}, got {gpu_type!r}")
+        if gpu_type == self.gpu_type:
+            return
+        if self.type_aware:
+            self._stashed[self.gpu_type] = (self.profile, self.perf_params)
+            self.profile, self.perf_params = self._stashed.pop(gpu_type, ({}, None))
+            self._goodput_fn = None
+        self.gpu_type = gpu_type
+        self.app = self.apps_by_type[gpu_type]
+
+    def fits_by_type(self) -> Dict[str, Tuple[PerfParams, int]]:
+        """A type-aware job's throughput fit on each GPU type it has measured, with the
+        largest replica count measured there: type -> ``(PerfParams, replicas)``."""
+        out = {t: (perf, max(k[1] for k in profile))
+               for t, (profile, perf) in self._stashed.items()
+               if t is not None and perf is not None and profile}
+        if self.gpu_type is not None and self.perf_params is not None and self.profile:
+            out[self.gpu_type] = (self.perf_params, self.max_profiled_replicas)
+        return out
+
+    def _hold(self, seconds: float, replicas: int) -> None:
+        """Count ``seconds`` of holding ``replicas`` GPUs (of the current type)."""
+        self.attained_service += seconds * replicas
+        self.gpu_seconds_by_type[self.gpu_type] = \
+            self.gpu_seconds_by_type.get(self.gpu_type, 0.0) + seconds * replicas
 
     def advance(self, seconds: float, interference: float = 0.0) -> None:
         """Let ``seconds`` pass. A running job first pays what is left of its restart, then
@@ -555,7 +692,7 @@ class SimJob:
         replicas = self.num_replicas
         delay = min(self.rescale_left, seconds)
         self.now += delay
-        self.attained_service += delay * replicas
+        self._hold(delay, replicas)
         self.rescale_left -= delay
         seconds -= delay
         app = self.app
@@ -567,12 +704,13 @@ class SimJob:
             scale = batch / app.init_batch_size
             gain = (var + sqr) / (var / scale + sqr)
             self._record(step, sync, sqr, var)
-            rate = gain / (step + compute * self.accum_steps) * (1.0 - interference)
+            rate = gain / (step + compute * self.accum_steps) * (1.0 - interference) \
+                / self.slowdown
             target = app.epoch_progress(self.epoch + 1)
             if self.progress + rate * seconds < target:
                 self.progress += rate * seconds
                 self.now += seconds
-                self.attained_service += seconds * replicas
+                self._hold(seconds, replicas)
                 seconds = 0
             else:
                 delta = float(round((target - self.progress) / rate))
@@ -580,7 +718,7 @@ class SimJob:
                 self.epoch += 1
                 self.progress = target
                 self.now += delta
-                self.attained_service += delta * replicas
+                self._hold(delta, replicas)
                 seconds -= delta
                 if self.epoch >= app.max_epochs:
                     self.completion_time = self.now

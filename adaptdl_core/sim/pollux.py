@@ -36,14 +36,17 @@ logger = logging.getLogger(__name__)
 MAX_REPLICAS = 64
 
 
-def job_spec(job: SimJob) -> JobSpec:
-    """One GPU per replica, at most 64 replicas and no more than its largest batch at the
-    smallest micro-batch (1 for a fixed-batch job such as ncf, which does not scale out)."""
+def job_spec(job: SimJob, max_replicas: int = MAX_REPLICAS,
+             profile_group: Optional[str] = None) -> JobSpec:
+    """One GPU per replica, at most ``max_replicas`` (64) replicas and no more than its
+    largest batch at the smallest micro-batch (1 for a fixed-batch job such as ncf, which
+    does not scale out), in ``profile_group`` if given."""
     app = job.app
     if job.target_batch_size is not None:
-        return JobSpec({"GPU": 1}, min_replicas=1, max_replicas=1)
+        return JobSpec({"GPU": 1}, min_replicas=1, max_replicas=1, profile_group=profile_group)
     return JobSpec({"GPU": 1}, min_replicas=1,
-                   max_replicas=max(1, min(MAX_REPLICAS, app.max_batch_size // app.min_local_bsz)))
+                   max_replicas=max(1, min(max_replicas, app.max_batch_size // app.min_local_bsz)),
+                   profile_group=profile_group)
 
 
 def epochs_done(job: SimJob) -> float:
@@ -78,6 +81,14 @@ class CorePollux:
         policy: the core's allocation policy instead of Pollux (``p`` is then unused),
             e.g. :class:`~adaptdl_core.policy.RemainingWorkPolicy`; its ``name``
             attribute, if any, names this object.
+        max_replicas: most replicas a job may get.
+        node_types: node id -> GPU type on a typed cluster: the core's nodes carry their
+            type, each job's hints name the type they were measured on, and a start or
+            resize the core could not place where it said is placed on its own type.
+        profile_groups: put the jobs of one model in one profile group (see
+            :class:`~adaptdl_core.decision.JobSpec`).
+        report_restarting: tell the core which jobs are still paying their restart
+            (``JobProgress.restarting``), so that it keeps them where they are.
 
     Attributes:
         conflicts: starts/resizes whose target nodes were still held by a job the core
@@ -88,8 +99,14 @@ class CorePollux:
     path = "decision-core"
 
     def __init__(self, p: float = -1.0, interval: float = 60.0, resize_rule=None,
-                 policy=None) -> None:
+                 policy=None, *, max_replicas: int = MAX_REPLICAS,
+                 node_types: Optional[Mapping[int, str]] = None,
+                 profile_groups: bool = False, report_restarting: bool = False) -> None:
         self._now = 0.0
+        self.max_replicas = int(max_replicas)
+        self.node_types = dict(node_types) if node_types is not None else None
+        self.profile_groups = bool(profile_groups)
+        self.report_restarting = bool(report_restarting)
         if policy is not None:
             self.name = getattr(policy, "name", type(policy).__name__)
         self.core = DecisionCore(policy=policy or PolluxPolicy(p=p, fair_share=True),
@@ -107,21 +124,30 @@ class CorePollux:
         """New allocations (name -> node ids) for the active ``jobs``."""
         self._now = float(now)
         core = self.core
+        types = self.node_types or {}
         if self._nodes != dict(nodes):
             self._nodes = dict(nodes)
-            core.set_nodes({n: NodeInfo({"GPU": float(c)}) for n, c in nodes.items()})
+            core.set_nodes({n: NodeInfo({"GPU": float(c)}, accelerator_type=types.get(n))
+                            for n, c in nodes.items()})
         for name in list(self._known):
             if name not in jobs:
                 core.remove(name)
                 self._known.discard(name)
         for name, job in jobs.items():
             if name not in self._known:
-                core.add_job(name, job_spec(job), submitted=job.submission_time)
+                group = job.app.name if self.profile_groups else None
+                core.add_job(name, job_spec(job, self.max_replicas, group),
+                             submitted=job.submission_time)
                 self._known.add(name)
-            core.update(name, hints=job.hints().to_dict(),
+            hints = job.hints().to_dict()
+            if self.node_types is not None and job.gpu_type is not None and job.profile:
+                hints["accelerator_type"] = job.gpu_type
+            core.update(name, hints=hints,
                         progress=JobProgress(remaining_s=remaining_seconds(job),
                                              restarts=job.num_restarts or 0,
-                                             launch_s=job.restart_s or None))
+                                             launch_s=job.restart_s or None,
+                                             restarting=(job.rescale_left > 0
+                                                         if self.report_restarting else None)))
             core.running(name, nodes=list(allocations.get(name, [])))
         decisions = self.driver.decide()
         free = dict(nodes)
@@ -147,8 +173,15 @@ class CorePollux:
                 late.append((name, d))
         for name, d in late:
             self.conflicts += 1
-            if d.replicas <= sum(free.values()):
-                out[name] = pack(d.replicas, free)
+            room = free
+            if self.node_types is not None and d.nodes:
+                # A job runs on one type: place it among its target type's nodes only.
+                kind = self.node_types[d.nodes[0]]
+                room = {n: c for n, c in free.items() if self.node_types[n] == kind}
+            if d.replicas <= sum(room.values()):
+                out[name] = pack(d.replicas, room)
+                for n in out[name]:
+                    free[n] = room[n]
             elif allocations.get(name) and all(
                     free[n] >= allocations[name].count(n) for n in set(allocations[name])):
                 out[name] = list(allocations[name])
@@ -163,8 +196,9 @@ class DirectPollux:
     name = "pollux"
     path = "direct"
 
-    def __init__(self, p: float = -1.0) -> None:
+    def __init__(self, p: float = -1.0, max_replicas: int = MAX_REPLICAS) -> None:
         self.policy = PolluxPolicy(p=p, fair_share=True)
+        self.max_replicas = int(max_replicas)
         self._created: Dict[str, float] = {}
         self._speedups: Dict[str, tuple] = {}
 
@@ -181,7 +215,7 @@ class DirectPollux:
             cached = self._speedups.get(name)
             if cached is None or cached[0] != hints:
                 cached = self._speedups[name] = (hints, speedup_from_hints(hints))
-            pjobs[name] = job_info(job_spec(job), infos, created=self._created[name],
+            pjobs[name] = job_info(job_spec(job, self.max_replicas), infos, created=self._created[name],
                                    hints=hints, restarts=job.num_restarts or 0,
                                    restart_cost_s=job.restart_s,
                                    current_replicas=len(allocations.get(name, [])),
@@ -191,8 +225,10 @@ class DirectPollux:
         return {k: list(v) for k, v in result.allocations.items() if v}
 
 
-def make_pollux(p: float = -1.0, use_core: Optional[bool] = None, interval: float = 60.0):
-    """:class:`CorePollux` (``use_core`` true or ``None``) or :class:`DirectPollux`."""
+def make_pollux(p: float = -1.0, use_core: Optional[bool] = None, interval: float = 60.0,
+                max_replicas: int = MAX_REPLICAS):
+    """:class:`CorePollux` (``use_core`` true or ``None``) or :class:`DirectPollux`, its
+    jobs given at most ``max_replicas`` replicas."""
     if use_core is False:
-        return DirectPollux(p=p)
-    return CorePollux(p=p, interval=interval)
+        return DirectPollux(p=p, max_replicas=max_replicas)
+    return CorePollux(p=p, interval=interval, max_replicas=max_replicas)

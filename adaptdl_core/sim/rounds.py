@@ -218,10 +218,22 @@ def _cluster_nodes(cluster, now: float, active: Mapping[str, SimJob], alloc: All
     return current, True
 
 
+def _allocation_type(name: str, alloc: Sequence[int], node_types: Mapping[int, str]) -> str:
+    """The one GPU type of ``alloc``'s nodes.
+
+    Raises:
+        RuntimeError: the allocation spans several types (a job runs on one at a time)."""
+    types = {node_types[n] for n in alloc}
+    if len(types) != 1:
+        raise RuntimeError(f"policy placed job {name} on several GPU types {sorted(types)}: "
+                           "a job runs on one type at a time")
+    return types.pop()
+
+
 def run_rounds(policy, admission, *, nodes: Mapping[int, int], schedule: Schedule,
                stopping=None, observer: Optional[Observer] = None,
                max_time: Optional[float] = None, interference: float = 0.0,
-               cluster=None) -> RoundsOutcome:
+               cluster=None, node_types: Optional[Mapping[int, str]] = None) -> RoundsOutcome:
     """Run the loop of the module doc until no job is active or pending, or ``max_time``.
 
     Args:
@@ -241,9 +253,13 @@ def run_rounds(policy, admission, *, nodes: Mapping[int, int], schedule: Schedul
             ``nodes`` is then only the set before the first step. When the set changes,
             jobs holding a node that left it are stopped and the policy decides at once; with
             no usable node at all, every job waits (the policy is not called).
+        node_types: node id -> GPU type, on a cluster of several types (``None``: one
+            kind of GPU). Each job is then told the type of every allocation it gets
+            (``SimJob.reallocate(placement, gpu_type)``).
 
     Raises:
-        RuntimeError: the policy allocated more GPUs of a node than it has.
+        RuntimeError: the policy allocated more GPUs of a node than it has, or (with
+            ``node_types``) placed a job on GPUs of several types.
     """
     obs = observer or Observer()
     out = RoundsOutcome(now=0.0)
@@ -274,7 +290,11 @@ def run_rounds(policy, admission, *, nodes: Mapping[int, int], schedule: Schedul
             check_allocations(new, nodes)
             for name, job in active.items():
                 if new.get(name) != alloc.get(name):
-                    job.reallocate(placement_of(new.get(name) or []))
+                    if node_types is not None and new.get(name):
+                        job.reallocate(placement_of(new[name]),
+                                       _allocation_type(name, new[name], node_types))
+                    else:
+                        job.reallocate(placement_of(new.get(name) or []))
             alloc = {k: list(v) for k, v in new.items() if v and k in active}
             if len(out.decision_times) % 100 == 0:
                 logger.info("t=%.0f s: %d active, last decision %.0f ms", now, len(active),

@@ -16,8 +16,8 @@ from adaptdl_core.policy import NodeInfo
 
 LOG = logging.getLogger(__name__)
 
-__all__ = ["Cached", "DrainWatch", "cluster_nodes", "free_resources", "draining_under",
-           "lost_nodes_under",
+__all__ = ["Cached", "DrainWatch", "cluster_nodes", "node_accelerator_type", "ACCELERATOR_LABEL",
+           "free_resources", "draining_under", "lost_nodes_under",
            "NODE_LOSS_WAIT_S"]
 
 #: After a replica failed, the longest wait (seconds) for Ray to declare a node dead while
@@ -25,12 +25,29 @@ __all__ = ["Cached", "DrainWatch", "cluster_nodes", "free_resources", "draining_
 NODE_LOSS_WAIT_S = 45.0
 
 
+#: Ray's node label naming a node's accelerator type; it overrides the resource.
+ACCELERATOR_LABEL = "ray.io/accelerator-type"
+_ACCELERATOR_RESOURCE = "accelerator_type:"
+
+
+def node_accelerator_type(node: dict[str, Any]) -> str | None:
+    """The accelerator type of one ``ray.nodes()`` entry: its ``ray.io/accelerator-type``
+    label, else its one ``accelerator_type:<T>`` resource (Ray sets it for known GPUs; a
+    user can with ``ray start --resources``), else ``None`` (none, or several)."""
+    label = (node.get("Labels") or {}).get(ACCELERATOR_LABEL)
+    if isinstance(label, str) and label:
+        return label
+    kinds = [k[len(_ACCELERATOR_RESOURCE):] for k, v in node.get("Resources", {}).items()
+             if k.startswith(_ACCELERATOR_RESOURCE) and v > 0]
+    return kinds[0] if len(kinds) == 1 and kinds[0] else None
+
+
 def cluster_nodes(nodes: list[dict[str, Any]] | None = None,
                   draining: Collection[str] | None = None) -> dict[str, NodeInfo]:
     """The alive Ray nodes that are not being drained, as policy :class:`NodeInfo`
-    (node id -> CPU/GPU/custom totals). A draining node (a spot node given its notice,
-    one the autoscaler is removing) is left out at once, so no decision places work
-    there.
+    (node id -> CPU/GPU/custom totals and accelerator type, see
+    :func:`node_accelerator_type`). A draining node (a spot node given its notice, one
+    the autoscaler is removing) is left out at once, so no decision places work there.
 
     Args:
         nodes: ``ray.nodes()`` output (fetched when ``None``).
@@ -51,7 +68,7 @@ def cluster_nodes(nodes: list[dict[str, Any]] | None = None,
                if not k.startswith("node:") and not k.startswith("accelerator_type")
                and k not in ("memory", "object_store_memory") and v > 0}
         if res:
-            out[node["NodeID"]] = NodeInfo(res)
+            out[node["NodeID"]] = NodeInfo(res, accelerator_type=node_accelerator_type(node))
     return out
 
 

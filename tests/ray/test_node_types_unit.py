@@ -1,0 +1,27 @@
+"""A node's accelerator type as the allocation sees it, read from fake ``ray.nodes()``
+entries (no Ray started)."""
+
+from __future__ import annotations
+
+from adaptdl_ray.replicas.nodes import cluster_nodes, node_accelerator_type
+
+
+def entry(node_id, resources, labels=None, alive=True):
+    return {"NodeID": node_id, "Alive": alive, "Resources": resources,
+            "Labels": labels or {}}
+
+
+def test_type_from_the_resource_and_the_label():
+    nodes = [entry("a", {"CPU": 8, "GPU": 4, "accelerator_type:T4": 1.0, "node:10.0.0.1": 1}),
+             entry("b", {"CPU": 8, "GPU": 8, "accelerator_type:A100": 1.0},
+                   labels={"ray.io/accelerator-type": "H100"}),
+             entry("c", {"CPU": 4}),
+             entry("d", {"CPU": 4, "GPU": 2, "accelerator_type:L4": 1.0,
+                         "accelerator_type:T4": 1.0})]
+    out = cluster_nodes(nodes, draining=[])
+    assert out["a"].accelerator_type == "T4"
+    assert out["a"].resources == {"CPU": 8.0, "GPU": 4.0}
+    assert out["b"].accelerator_type == "H100"       # the label overrides the resource
+    assert out["c"].accelerator_type is None
+    assert out["d"].accelerator_type is None         # two types: unknown
+    assert node_accelerator_type(entry("e", {"accelerator_type:T4": 0.0})) is None
