@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import sys
 import threading
 import time
@@ -41,12 +40,6 @@ def _job(config):
     value = torch.ones(1 << 20, device=device)
     dist.all_reduce(value)
     tune.report({"sum": float(value.sum())})
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _device_mb() -> float | None:
@@ -74,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         for i in range(args.rejoins):
             env = {"ADAPTDL_REPLICA_RANK": "0", "ADAPTDL_NUM_REPLICAS": "1",
                    "ADAPTDL_NUM_NODES": "1", "ADAPTDL_MASTER_ADDR": "127.0.0.1",
-                   "ADAPTDL_MASTER_PORT": str(_free_port()), "ADAPTDL_NUM_RESTARTS": str(i),
+                   "ADAPTDL_MASTER_PORT": str(worker.free_port()), "ADAPTDL_NUM_RESTARTS": str(i),
                    "ADAPTDL_JOB_ID": "rejoin"}
             started = time.perf_counter()
             outcome = worker.run(_job, {"backend": args.backend}, {}, env, None, None, 1, world)

@@ -102,6 +102,17 @@ def _fmt(v, std=None) -> str:
     return f"{v:.2f}" + (f" ± {std:.2f}" if std is not None else "")
 
 
+def _by_column(rows: list, key: str, missing: float, title: str) -> list[str]:
+    """A markdown table of each row's ``key`` mapping (a column per name), under ``title``."""
+    names = sorted({name for row in rows for name in row[key]})
+    lines = ["", title, "", "| trace | policy | " + " | ".join(names) + " |",
+             "|---|---|" + "---:|" * len(names)]
+    for row in rows:
+        lines.append(f"| {row['trace']} | {row['policy']} | " + " | ".join(
+            f"{row[key].get(name, missing):.2f}" for name in names) + " |")
+    return lines
+
+
 def report(rows, cluster: str) -> list:
     """Markdown lines: the table beside Table 3, GPU-hours by type, the target ratios."""
     lines = [f"Cluster `{cluster}`; hours; ours: mean ± std over the workloads (p99 over all "
@@ -122,21 +133,10 @@ def report(rows, cluster: str) -> list:
             f"{_fmt(p.get('gpu_hours_per_job'), p.get('gpu_hours_per_job_std'))} | "
             f"{row['restarts_per_job']:.1f} | {row['decision_median_ms']:.0f} / "
             f"{row['decision_p99_ms']:.0f} |")
-    types = sorted({t for row in rows for t in row["gpu_hours_per_job_by_type"]})
-    lines += ["", "GPU-hours per job on each type (mean over the workloads):", "",
-              "| trace | policy | " + " | ".join(types) + " |",
-              "|---|---|" + "---:|" * len(types)]
-    for row in rows:
-        lines.append(f"| {row['trace']} | {row['policy']} | " + " | ".join(
-            f"{row['gpu_hours_per_job_by_type'].get(t, 0.0):.2f}" for t in types) + " |")
-    apps = sorted({a for row in rows for a in row["avg_jct_by_application_h"]})
-    lines += ["", "Average JCT by application (hours, all the trace's jobs):", "",
-              "| trace | policy | " + " | ".join(apps) + " |",
-              "|---|---|" + "---:|" * len(apps)]
-    for row in rows:
-        lines.append(f"| {row['trace']} | {row['policy']} | " + " | ".join(
-            f"{row['avg_jct_by_application_h'].get(a, float('nan')):.2f}" for a in apps)
-            + " |")
+    lines += _by_column(rows, "gpu_hours_per_job_by_type", 0.0,
+                        "GPU-hours per job on each type (mean over the workloads):")
+    lines += _by_column(rows, "avg_jct_by_application_h", float("nan"),
+                        "Average JCT by application (hours, all the trace's jobs):")
     lines += ["", "Ratios (ours; published in brackets where the paper gives them):", ""]
     for trace in TRACES:
         by = {row["policy"]: row for row in rows if row["trace"] == trace}

@@ -147,10 +147,8 @@ class StepCycle:
         self._owner: weakref.ref | None = None
         self.rebind(owner)
         self.state = state
-        self.elastic_sampler = elastic_sampler
-        self.batch_sampler = batch_sampler
-        self.control = control
-        self.world = world
+        self.elastic_sampler, self.batch_sampler = elastic_sampler, batch_sampler
+        self.control, self.world = control, world
         self._batches = batches
         self._book: boundary.Loops | None = None  # the job's loop book, during a loop
         # The current optimizer step: its plan (made at its boundary), the micro-batch
@@ -170,9 +168,8 @@ class StepCycle:
         self.proposal: tuple[int, int] | None = None
 
     def rebind(self, owner: Any) -> None:
-        """Make ``owner`` this cycle's loader (also an unpickled copy's). Known weakly: a
-        dropped loader is freed (its persistent workers stopped) at once, not at a later
-        garbage collection, where torch's wait for the workers stalls for seconds."""
+        """Make ``owner`` this cycle's loader (also an unpickled copy's), known weakly: a
+        dropped loader is freed (its workers stopped) at once, not at a later collection."""
         self._owner = weakref.ref(owner)
 
     def __getstate__(self) -> dict[str, Any]:

@@ -74,12 +74,16 @@ class ExperimentControl:
         """The latest hints of the given trials that posted any."""
         return {t: self._hints[t] for t in trial_ids if t in self._hints}
 
-    async def put_nodes(self, trial_id: str, node_ids: list[str]) -> None:
-        """Store the Ray node ids (hex) of a trial's replicas in its current launch."""
-        self._nodes[trial_id] = list(node_ids)
+    async def put_nodes(self, trial_id: str, node_ids: list[str],
+                        restarts: int | None = None) -> None:
+        """Store the Ray node ids (hex) of a trial's replicas in its current launch, one
+        per replica, and the launch's restart count (``None``: not said)."""
+        self._nodes[trial_id] = (list(node_ids), restarts)
 
-    async def get_nodes(self, trial_ids: list[str]) -> dict[str, list[str]]:
-        """The replica node ids of the given trials that posted any."""
+    async def get_nodes(self, trial_ids: list[str]
+                        ) -> dict[str, tuple[list[str], int | None]]:
+        """``(replica node ids, restart count)`` of the current launch of each given trial
+        that posted one (see :meth:`put_nodes`)."""
         return {t: self._nodes[t] for t in trial_ids if t in self._nodes}
 
     async def set_target(self, trial_id: str, replicas: int, decided: float) -> None:

@@ -464,10 +464,9 @@ class AdaptDLTrainable(tune.Trainable):
                               archive=self._archive, user_files=self._user_files,
                               num_restarts=self._progress.restarts, job_id=self.trial_id,
                               timeout_s=self._adaptdl_collective_timeout_s)
-            if self._control is not None:
-                # Where this launch runs: the scheduler moves the trial off a node Ray
-                # drains (not waited for).
-                self._control.put_nodes.remote(self.trial_id, list(self._group.node_ids))
+            if self._control is not None:  # where it runs: moved off a draining node
+                self._control.put_nodes.remote(self.trial_id, list(self._group.node_ids),
+                                               self._progress.restarts)
 
     def _relaunch_from_checkpoint(self) -> None:
         """Continue a job that stopped itself at a checkpoint, in the same (recycled)

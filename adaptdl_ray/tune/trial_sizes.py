@@ -15,7 +15,7 @@ import logging
 import time
 from typing import Any, Callable, Iterable, Mapping
 
-from adaptdl_core.decision import CoreDriver, DecisionCore, progress_from_status
+from adaptdl_core.decision import CoreDriver, DecisionCore, JobProgress, progress_from_status
 from adaptdl_core.decision.resize_cost import describe_resize
 from adaptdl_ray.tune.results import METRIC_PREFIX
 
@@ -116,9 +116,15 @@ class TrialSizes:
         self.tell(trial_id, verdict.replicas)
         self.driver.save()
 
-    def move(self, trial_id: str, current: int, to: int, reason: str) -> None:
-        """The trial is paused to relaunch on ``to`` replicas elsewhere (``reason``)."""
+    def move(self, trial_id: str, current: int, to: int, reason: str, *,
+             restarts: int | None = None) -> None:
+        """The trial, running on ``current`` replicas in its launch of ``restarts``, is
+        paused to relaunch on ``to`` replicas elsewhere (``reason``). A resize in place
+        that launch carried out and no report has told yet ends here (its cost is not
+        measured): the move is the resize whose cost the relaunch's report gives."""
         self.core.running(trial_id, replicas=current)
+        if restarts is not None and restarts > self.core.state.jobs[trial_id].restarts:
+            self.core.update(trial_id, progress=JobProgress(restarts=restarts))
         self.core.begin_resize(trial_id, to=to, reason=reason)
         self.driver.save()
 

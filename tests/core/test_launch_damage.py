@@ -31,11 +31,13 @@ from tests.core.harness import JOBS
 pytestmark = pytest.mark.slow
 
 JOB = JOBS / "elastic_job.py"
-SIZE = 96
-# 2 replicas, global batch 8: 12 batches per epoch; the 16th is in epoch 1, the 26th in
-# epoch 2.
-JOB_ARGS = ["--size", str(SIZE), "--batch-size", "8", "--save-after", "16"]
-HOLD_AFTER = 26
+SIZE = 192
+# 2 replicas, global batch 8: 24 batches per epoch; the 30th is in epoch 1, the 50th in
+# epoch 2. The replicas agree on a request through the store every few batches, and one
+# agreed after an epoch's last batch lands at the next epoch's start: both requests leave
+# many batches of their epoch to land in.
+JOB_ARGS = ["--size", str(SIZE), "--batch-size", "8", "--save-after", "30"]
+HOLD_AFTER = 50
 MODEL, LOADER = "adaptdl-dataparallel", "adaptdl-dataloader-0"
 
 

@@ -105,7 +105,7 @@ def _allreduce_job(config):
     tune.report({"sum": float(value.sum())})
 
 
-def test_a_survivor_rejoins_many_times_without_leaking(free_port):
+def test_a_survivor_rejoins_many_times_without_leaking():
     """A replica that stays through resizes leaves its process group and joins the next one
     in the same process (the gloo path of a resize that keeps survivors): eight times, each
     run ends, and the process's open files and threads do not grow after the first runs."""
@@ -120,7 +120,7 @@ def test_a_survivor_rejoins_many_times_without_leaking(free_port):
     counts = []
     try:
         for i in range(8):
-            env = dict(_job_env(free_port), ADAPTDL_NUM_RESTARTS=str(i))
+            env = dict(_job_env(worker.free_port()), ADAPTDL_NUM_RESTARTS=str(i))
             outcome = worker.run(_allreduce_job, {}, {}, env, None, None, 1, world)
             assert outcome["status"] == "finished", outcome
             [report], _ = worker.next_results(5.0)
