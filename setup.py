@@ -15,7 +15,7 @@ EXAMPLES_REQUIRES = ["scikit-learn>=1.3"]
 CLUSTER_REQUIRES = ["ray[default]>=2.60,<3"]
 # The documentation site (docs/README.md); its API reference imports the Ray layer.
 DOCS_REQUIRES = ["sphinx>=7.2", "myst-parser>=3"]
-TEST_REQUIRES = ["pytest>=7"] + TUNE_REQUIRES + EXAMPLES_REQUIRES + CLUSTER_REQUIRES + DOCS_REQUIRES
+TEST_REQUIRES = ["pytest>=7", "pytest-xdist>=3"] + TUNE_REQUIRES + EXAMPLES_REQUIRES + CLUSTER_REQUIRES + DOCS_REQUIRES
 
 setup(
     name="adaptdl-ray",

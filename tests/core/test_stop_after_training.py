@@ -12,6 +12,9 @@ import pytest
 
 from tests.core.harness import JOBS, run_replicas
 
+# Each test here starts Ray or whole trainings (tens of seconds).
+pytestmark = pytest.mark.slow
+
 JOB = JOBS / "stop_after_training_job.py"
 EPOCHS = 4
 

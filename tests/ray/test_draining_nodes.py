@@ -16,6 +16,9 @@ from tests.ray.two_nodes import summary_of  # noqa: E402
 
 pytest.importorskip("ray")
 
+# Each test here starts Ray or whole trainings (tens of seconds).
+pytestmark = pytest.mark.slow
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 

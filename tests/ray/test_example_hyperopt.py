@@ -24,6 +24,9 @@ pytest.importorskip("sklearn")
 pytest.importorskip("hyperopt")
 pytest.importorskip("ray.tune")
 
+# Each test here starts Ray or whole trainings (tens of seconds).
+pytestmark = pytest.mark.slow
+
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "hyperopt_example.py"
 BEST_RE = re.compile(r"^best trial: (\S+) mean_accuracy=([0-9.]+) ", re.MULTILINE)
 LOADED_RE = re.compile(r"best checkpoint loaded back: test accuracy ([0-9.]+) "

@@ -12,7 +12,7 @@ from adaptdl_ray.tune import AdaptDLTrainableCreator  # noqa: E402
 from tests.ray.trial_jobs import (SEEDED_BASE as BASE, SEEDED_CASES as CASES,  # noqa: E402
                                   ResultsBySeed, seeded_job)
 
-pytestmark = pytest.mark.usefixtures("ray_session")
+pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.slow]
 
 
 def _run(tmp_path, name, *, in_process, reuse):

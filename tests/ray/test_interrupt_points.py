@@ -21,6 +21,9 @@ pytest.importorskip("ray")
 
 from tests.ray.interrupt_scenario import interrupted_sweep  # noqa: E402
 
+# Each test here starts Ray or whole trainings (tens of seconds).
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.parametrize("job", ["validating", "validating-nopause"])
 def test_interrupts_at_a_report_in_the_pause_and_mid_epoch_each_resume_exactly(tmp_path, job):

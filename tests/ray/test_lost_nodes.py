@@ -15,6 +15,9 @@ pytest.importorskip("ray")
 from tests.ray.test_draining_nodes import REPO_ROOT, _env  # noqa: E402
 from tests.ray.two_nodes import summary_of  # noqa: E402
 
+# Each test here starts Ray or whole trainings (tens of seconds).
+pytestmark = pytest.mark.slow
+
 
 def run_scenario(module, tmp_path, interval_s, *args):
     """Run the scenario ``module`` in its own process; ``(process, its summary, the

@@ -12,6 +12,9 @@ from adaptdl_ray.tune import AdaptDLTrainableCreator  # noqa: E402
 from tests.ray.trial_jobs import (SEEDED_BASE as BASE, SEEDED_CASES as CASES,  # noqa: E402
                                   ResultsBySeed, seeded_job)
 
+# Each test here starts Ray or whole trainings (tens of seconds).
+pytestmark = pytest.mark.slow
+
 
 def _run(tmp_path, name, reuse):
     """Both cases one after the other (one trial at a time); ``{seed: [results]}``."""

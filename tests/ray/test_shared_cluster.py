@@ -12,8 +12,13 @@ import subprocess
 import sys
 import urllib.request
 
+import pytest
+
 from tests.ray.local_cluster import REPO_ROOT, LocalCluster, cluster_env
 from tests.ray.shared_run import exactly_once, peak_replicas
+
+# The test starts a cluster and two sweeps (a minute).
+pytestmark = pytest.mark.slow
 
 DRIVER = os.path.join(REPO_ROOT, "tests", "ray", "shared_run.py")
 # Each sweep: one long trial and one short; the long ones grow once the short ones end.

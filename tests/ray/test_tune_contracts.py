@@ -22,7 +22,7 @@ from tests.exactly_once import assert_exactly_once  # noqa: E402
 from tests.ray.interrupt_scenario import csv_rows, records  # noqa: E402
 from tests.ray.trial_jobs import contract_job  # noqa: E402
 
-pytestmark = pytest.mark.usefixtures("ray_session")
+pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.slow]
 
 
 def weights_of(state_dict):

@@ -23,7 +23,7 @@ from tests.exactly_once import assert_exactly_once  # noqa: E402
 from tests.ray.interrupt_scenario import records as read_records  # noqa: E402
 from tests.ray.trial_jobs import counting_job  # noqa: E402
 
-pytestmark = pytest.mark.usefixtures("ray_session")
+pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.slow]
 
 
 class ScriptedPolicy:
