@@ -35,7 +35,8 @@ from typing import Any, Callable, Hashable
 
 from adaptdl_core import validation
 
-from .core import Decision, DecisionCore, SolveRequest
+from .core import Decision, DecisionCore
+from .solve_request import SolveRequest
 from .state import CoreState, StateWriter
 
 LOG = logging.getLogger(__name__)

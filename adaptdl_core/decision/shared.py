@@ -43,7 +43,7 @@ from typing import Any, Callable, Hashable, Mapping
 from adaptdl_core import validation
 from adaptdl_core.policy import NodeInfo
 
-from .core import SolveRequest
+from .solve_request import SolveRequest
 from .jobs import allocation_policy, checked_nodes, speedup_from_hints
 
 LOG = logging.getLogger(__name__)

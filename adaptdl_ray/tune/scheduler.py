@@ -388,25 +388,16 @@ class AdaptDLScheduler(TrialScheduler):
                    and getattr(self._core.state.jobs.get(t.trial_id), "live", False)}
         if self._sizes.control is None or not running:
             return
-        launches: dict = {}
-
-        def nodes_of() -> dict[str, list[str]]:
-            launches.update(ray.get(self._sizes.control.get_nodes.remote(list(running)),
-                                    timeout=10))
-            return {trial_id: launch[0] for trial_id, launch in launches.items()}
-
-        moves = self._drains.check(nodes_of)
+        moves = self._drains.check(lambda: self._sizes.launch_nodes(list(running)))
         if not moves:
             return
         nodes = self._nodes.get(refresh=True)  # without the draining ones
         self._core.set_nodes(nodes)
         for trial_id, _, reason in moves:
             trial = running[trial_id]
-            # The launch's own count: a resize in place may not be reported yet.
-            launch_nodes, restarts = launches[trial_id]
-            current = len(launch_nodes) or self._held(trial)
+            current = self._sizes.launch_size(trial_id) or self._held(trial)
             target = replica_spec_of(self._trainable(trial)).fitted(current, nodes)
-            self._sizes.move(trial_id, current, target, reason, restarts=restarts)
+            self._sizes.move(trial_id, current, target, reason)
             RESIZE_LOG.warning("trial %s: %s: pausing at its next batch boundary to relaunch "
                                "on the other nodes with %d replica(s)", trial_id, reason,
                                target)

@@ -48,6 +48,7 @@ class TrialSizes:
         self.control: Any = None
         self._now: dict[str, int] = {}      # replicas each trial's latest result reported
         self._targets: dict[str, int] = {}  # replicas each trial was last told to run on
+        self._launches: dict[str, tuple] = {}  # (node ids, restarts) each launch posted
 
     # -- sizes ----------------------------------------------------------------------------
     def held(self, trial_id: str, base: int) -> int:
@@ -116,13 +117,34 @@ class TrialSizes:
         self.tell(trial_id, verdict.replicas)
         self.driver.save()
 
-    def move(self, trial_id: str, current: int, to: int, reason: str, *,
-             restarts: int | None = None) -> None:
-        """The trial, running on ``current`` replicas in its launch of ``restarts``, is
-        paused to relaunch on ``to`` replicas elsewhere (``reason``). A resize in place
-        that launch carried out and no report has told yet ends here (its cost is not
-        measured): the move is the resize whose cost the relaunch's report gives."""
+    def launch_nodes(self, trial_ids: list[str]) -> dict[str, list[str]]:
+        """The node ids of the replicas of each given trial's current launch, as the trials
+        posted them to :attr:`control` (each launch's restart count is kept for
+        :meth:`move`).
+
+        Raises:
+            ray.exceptions.GetTimeoutError: the control actor did not answer in 10 s."""
+        import ray
+        self.note_launches(ray.get(self.control.get_nodes.remote(trial_ids), timeout=10))
+        return {t: self._launches[t][0] for t in trial_ids if t in self._launches}
+
+    def note_launches(self, launches: Mapping[str, tuple[list[str], int | None]]) -> None:
+        """Keep what trials posted of their current launches (trial id -> ``(replica node
+        ids, restart count)``, as
+        :meth:`~adaptdl_ray.tune.control.ExperimentControl.get_nodes` answers)."""
+        self._launches.update(launches)
+
+    def launch_size(self, trial_id: str) -> int:
+        """The replicas of the trial's current launch as it posted them (0: not known)."""
+        return len(self._launches.get(trial_id, ((), None))[0])
+
+    def move(self, trial_id: str, current: int, to: int, reason: str) -> None:
+        """The trial, running on ``current`` replicas, is paused to relaunch on ``to``
+        replicas elsewhere (``reason``). A resize in place that its current launch carried
+        out and no report has told yet ends here (its cost is not measured): the move is
+        the resize whose cost the relaunch's report gives."""
         self.core.running(trial_id, replicas=current)
+        restarts = self._launches.get(trial_id, ((), None))[1]
         if restarts is not None and restarts > self.core.state.jobs[trial_id].restarts:
             self.core.update(trial_id, progress=JobProgress(restarts=restarts))
         self.core.begin_resize(trial_id, to=to, reason=reason)
@@ -137,6 +159,7 @@ class TrialSizes:
                             describe_resize(trial_id, record.resize_log[-1], "trial"))
         self.core.remove(trial_id, outcome)
         self._now.pop(trial_id, None)
+        self._launches.pop(trial_id, None)
         if outcome != "failed":
             self._targets.pop(trial_id, None)
         if self.control is not None:

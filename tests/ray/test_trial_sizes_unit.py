@@ -32,7 +32,9 @@ def sizes_of_a_trial_grown_in_place():
 
 def test_a_move_after_an_unreported_grow_is_logged_from_the_launchs_size():
     core, sizes = sizes_of_a_trial_grown_in_place()
-    sizes.move("t", 2, 1, "node(s) n1 draining (deadline in 60 s)", restarts=1)
+    sizes.note_launches({"t": (["n0", "n1"], 1)})  # as the control actor answers
+    assert sizes.launch_size("t") == 2
+    sizes.move("t", 2, 1, "node(s) n1 draining (deadline in 60 s)")
     # The late report of the grown launch, then the relaunch's first report on 1 replica.
     sizes.reported("t", {"adaptdl/replicas": 2, "adaptdl/restarts": 1}, 1)
     sizes.reported("t", {"adaptdl/replicas": 1, "adaptdl/restarts": 2,

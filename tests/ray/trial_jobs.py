@@ -155,7 +155,8 @@ def contract_job(config: dict) -> None:
                     os._exit(1)
             loss = _train_batch(model, opt, x, y, config)
             log.write(json.dumps({"event": "batch", "epoch": epoch, "idx": idx.tolist(),
-                                  "replicas": replicas, "restarts": restarts}) + "\n")
+                                  "replicas": replicas, "restarts": restarts,
+                                  "time": time.time()}) + "\n")
         metrics = {"epoch": epoch, "loss": loss.item(), "neg_loss": -loss.item(),
                    "weights": [p.item() for p in net.parameters() for p in p.flatten()],
                    "report_key": f"{epoch}:end"}
