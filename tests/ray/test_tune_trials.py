@@ -32,9 +32,10 @@ class ScriptedPolicy:
     once the script is exhausted). Use it with ``resize_rule=always_resize``: these tests
     check the resize mechanism, not whether a resize pays (test_scheduler_unit does)."""
 
-    def __init__(self, start, script):
+    def __init__(self, start, script, done_file=None):
         self.start, self.script = start, list(script)
         self.seen_running = set()
+        self.done_file = done_file  # touched once a job has run the whole script
 
     def allocate(self, jobs, nodes, base_allocations=None, *, now=None):
         node = next(iter(nodes))
@@ -44,6 +45,9 @@ class ScriptedPolicy:
             count = self.script[min(job.num_restarts, len(self.script) - 1)] \
                 if key in self.seen_running else self.start
             allocations[key] = [node] * count
+            if self.done_file and key in self.seen_running and \
+                    job.num_restarts >= len(self.script):
+                open(self.done_file, "w").close()
         return AllocationResult(allocations, {k: float(len(v)) for k, v in allocations.items()},
                                 1.0, 0, True, 0.0)
 
@@ -65,20 +69,23 @@ def progress_rows(trial):
 def test_trial_grows_shrinks_and_finishes_every_epoch_exactly_once(tmp_path):
     record_dir = tmp_path / "records"
     record_dir.mkdir()
-    # ~18 s of training (6 epochs x 20 batches x 0.15 s): long enough for three resizes
-    # to happen while it trains (the first starts replica processes: seconds), however
-    # fast the machine.
-    size, epochs = 240, 6
-    policy = ScriptedPolicy(1, [3, 2, 1])  # 1 -> 3 -> 2 -> 1
+    # Batches of 0.15 s until the policy has run its whole script, then as fast as they go:
+    # the trial trains through its three resizes however slow the machine (up to 20 epochs
+    # x 20 batches), then ends without waiting.
+    size, epochs = 240, 20
+    done = tmp_path / "script-done"
+    policy = ScriptedPolicy(1, [3, 2, 1], done_file=str(done))  # 1 -> 3 -> 2 -> 1
     scheduler = AdaptDLScheduler(allocation_interval_s=1.0, policy=policy,
                                  resize_rule=always_resize)
     trainable = AdaptDLTrainableCreator(counting_job, max_replicas=3)
     analysis = tune.run(
         trainable, scheduler=scheduler, storage_path=str(tmp_path / "results"), verbose=0,
         config={"record_dir": str(record_dir), "epochs": epochs, "size": size,
-                "batch_size": 12, "sleep": 0.15, "report_every": 5})
+                "batch_size": 12, "sleep": 0.15, "report_every": 5,
+                "slow_until": str(done)})
     trial = analysis.trials[0]
     assert trial.status == "TERMINATED"
+    assert done.exists()  # (the script ran to its end before training did)
     events = read_records(str(record_dir))
     assert_exactly_once(events, size, epochs)
     # The trial really ran at 1, 3 and 2 replicas (from the workers' own records) ...

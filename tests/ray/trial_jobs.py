@@ -59,15 +59,17 @@ def _train_batch(model, opt, x, y, config: dict) -> torch.Tensor:
     loss = torch.nn.functional.mse_loss(model(x).squeeze(1), y)
     loss.backward()
     opt.step()
-    time.sleep(config.get("sleep", 0.0) + config.get("sleep_per_sample", 0.0) * len(x))
+    if not (config.get("slow_until") and os.path.exists(config["slow_until"])):
+        time.sleep(config.get("sleep", 0.0) + config.get("sleep_per_sample", 0.0) * len(x))
     return loss
 
 
 def counting_job(config: dict) -> None:
     """Config: ``record_dir``, ``epochs``, ``size``, ``batch_size``, ``sleep`` (seconds per
     batch), ``report_every`` (batches between reports), optional ``autoscale`` (max batch),
-    ``sleep_per_sample`` (seconds per sample of a replica's batch) and
-    ``per_trial_records`` (records under ``record_dir/<trial id>``)."""
+    ``sleep_per_sample`` (seconds per sample of a replica's batch), ``slow_until`` (a
+    path: once it exists, batches no longer sleep) and ``per_trial_records`` (records
+    under ``record_dir/<trial id>``)."""
     rank, restarts, replicas, log, loader = _start(config)
     if config.get("autoscale"):
         loader.autoscale_batch_size(config["autoscale"], local_bsz_bounds=(2, 64))
