@@ -8,6 +8,7 @@ from adaptdl_core.decision import (CoreState, Decision, DecisionCore, JobProgres
                                    NodeInfo)
 from adaptdl_core.policy import ResizeVerdict
 from tests.decision.stubs import CountingPolicy, FixedSizePolicy
+from tests.fake_clock import Clock
 
 GPU = JobSpec({"GPU": 1})
 PROFILED_1 = {"init_batch_size": 32, "max_profiled_replicas": 1, "max_profiled_nodes": 1}
@@ -19,16 +20,8 @@ POOR = {"init_batch_size": 64, "max_batch_size": 1024,
         "max_profiled_nodes": 1, "local_bsz_bounds": [16, 256]}
 
 
-class Clock:
-    def __init__(self, now=1000.0):
-        self.now = now
-
-    def __call__(self):
-        return self.now
-
-
 def make(gpus=4, nodes=1, interval=60.0, **kwargs):
-    clock, policy = Clock(), CountingPolicy()
+    clock, policy = Clock(1000.0), CountingPolicy()
     core = DecisionCore(policy=policy, clock=clock, interval_s=interval, **kwargs)
     core.set_nodes({f"n{i}": NodeInfo({"GPU": gpus}) for i in range(nodes)})
     return core, clock, policy
@@ -72,7 +65,7 @@ def test_solves_take_at_most_their_share_of_the_time():
     # solve 0.3-1.9 s of the policy's time on the machine that ran the trials.
     import dataclasses
 
-    clock = Clock()
+    clock = Clock(1000.0)
 
     class SlowPolicy(CountingPolicy):
         def allocate(self, *args, **kwargs):
@@ -94,7 +87,7 @@ def test_solves_take_at_most_their_share_of_the_time():
     with pytest.raises(ValueError, match="max_solve_share"):
         DecisionCore(clock=clock, max_solve_share=0.0)
     # A clock that does not move during a solve (a simulation) imposes no rest.
-    frozen = Clock()
+    frozen = Clock(1000.0)
     core = DecisionCore(policy=CountingPolicy(), clock=frozen, min_event_gap_s=1.0,
                         max_solve_share=0.1)
     core.set_nodes({"n0": NodeInfo({"GPU": 4})})
@@ -264,7 +257,7 @@ def test_a_custom_resize_rule_decides():
         calls.append(kwargs)
         return ResizeVerdict(kwargs["target"] == 3, "three or nothing")
 
-    clock, policy = Clock(), FixedSizePolicy(1)
+    clock, policy = Clock(1000.0), FixedSizePolicy(1)
     core = DecisionCore(policy=policy, clock=clock, interval_s=30.0,
                         resize_rule=three_or_nothing)
     core.set_nodes({"n0": NodeInfo({"GPU": 4})})
@@ -377,7 +370,7 @@ def test_submission_time_dates_the_job_for_the_policy():
             seen.update({k: j.creation_timestamp for k, j in jobs.items()})
             return super().allocate(jobs, *args, **kwargs)
 
-    clock = Clock()
+    clock = Clock(1000.0)
     core = DecisionCore(policy=Recording(), clock=clock)
     core.set_nodes({"n0": NodeInfo({"GPU": 4})})
     core.add_job("early", GPU, submitted=955.0)

@@ -11,13 +11,14 @@ import pytest
 from adaptdl_core.decision import CoreDriver, CoreState, DecisionCore, JobSpec, NodeInfo
 from adaptdl_core.decision import SolveRequest, speedup_from_hints
 from tests.decision.stubs import CountingPolicy
-from tests.decision.test_core import GOOD_4, Clock
+from tests.decision.test_core import GOOD_4
+from tests.fake_clock import Clock
 
 GPU = JobSpec({"GPU": 1})
 
 
 def make(**kwargs):
-    clock, policy = Clock(), CountingPolicy()
+    clock, policy = Clock(1000.0), CountingPolicy()
     core = DecisionCore(policy=policy, clock=clock, interval_s=60.0)
     core.set_nodes({"n0": NodeInfo({"GPU": 4})})
     return CoreDriver(core, **kwargs), clock, policy
@@ -48,7 +49,7 @@ def test_a_slow_solve_is_applied_at_a_later_step():
             release.wait(10)
             return super().allocate(*args, **kwargs)
 
-    core = DecisionCore(policy=Slow(), clock=Clock(), interval_s=60.0)
+    core = DecisionCore(policy=Slow(), clock=Clock(1000.0), interval_s=60.0)
     core.set_nodes({"n0": NodeInfo({"GPU": 4})})
     driver = CoreDriver(core, solve_wait_s=0.01)
     core.add_job("a", GPU)
@@ -123,7 +124,7 @@ def test_ordinary_changes_are_written_at_most_every_save_interval(tmp_path):
 
 
 def test_bad_arguments_are_named():
-    core = DecisionCore(clock=Clock())
+    core = DecisionCore(clock=Clock(1000.0))
     with pytest.raises(TypeError, match="core must be a DecisionCore"):
         CoreDriver("core")
     with pytest.raises(ValueError, match="solve_wait_s"):

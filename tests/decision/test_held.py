@@ -11,7 +11,8 @@ from adaptdl_core.decision import (CoreDriver, DecisionCore, JobProgress, JobSpe
                                    SharedSolve)
 from adaptdl_core.decision.held import held_reason, held_reasons, spare_replicas
 from adaptdl_core.policy import JobInfo, PolluxPolicy
-from tests.decision.test_core import GOOD_4, Clock
+from tests.decision.test_core import GOOD_4
+from tests.fake_clock import Clock
 
 CPU = {"CPU": 1.0}
 

@@ -6,19 +6,12 @@ import pytest
 
 from adaptdl_core.decision import DecisionCore, JobProgress, JobSpec, NodeInfo
 from adaptdl_core.policy import PolluxPolicy
-
-
-class Clock:
-    def __init__(self, now=1000.0):
-        self.now = now
-
-    def __call__(self):
-        return self.now
+from tests.fake_clock import Clock
 
 
 def start_two_jobs(restarting: bool):
     """Job a runs on all 4 GPUs; job b arrives. Pollux would split the node."""
-    clock = Clock()
+    clock = Clock(1000.0)
     core = DecisionCore(policy=PolluxPolicy(fair_share=True), clock=clock, interval_s=60.0)
     core.set_nodes({"n0": NodeInfo({"GPU": 4})})
     core.add_job("a", JobSpec({"GPU": 1}))

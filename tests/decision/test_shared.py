@@ -6,7 +6,8 @@ import pytest
 
 from adaptdl_core.decision import (CoreDriver, DecisionCore, JobSpec, NodeInfo, SharedSolve,
                                    capacity_left)
-from tests.decision.test_core import GOOD_4, Clock
+from tests.decision.test_core import GOOD_4
+from tests.fake_clock import Clock
 
 GPU = JobSpec({"GPU": 1})
 NODES = {"n0": NodeInfo({"GPU": 4}), "n1": NodeInfo({"GPU": 4})}
@@ -33,7 +34,7 @@ def shares(driver):
 
 
 def test_two_experiments_of_unequal_size_get_the_shares_of_one_objective():
-    clock = Clock()
+    clock = Clock(1000.0)
     shared = SharedSolve(clock=clock)
     shared.set_nodes(NODES)
     a = front_end(shared, "A", clock, ["a1", "a2", "a3"])
@@ -63,7 +64,7 @@ def test_two_experiments_of_unequal_size_get_the_shares_of_one_objective():
 
 
 def test_a_member_that_leaves_or_expires_frees_its_share():
-    clock = Clock()
+    clock = Clock(1000.0)
     shared = SharedSolve(clock=clock, interval_s=30.0)
     shared.set_nodes(NODES)
     a = front_end(shared, "A", clock, ["a1"])
@@ -88,7 +89,7 @@ def test_a_member_that_leaves_or_expires_frees_its_share():
 
 
 def test_state_survives_a_restart_of_the_solver():
-    clock = Clock()
+    clock = Clock(1000.0)
     shared = SharedSolve(clock=clock)
     shared.set_nodes(NODES)
     a = front_end(shared, "A", clock, ["a1", "a2"], label="sweep-a")
@@ -122,7 +123,7 @@ def test_a_new_members_running_jobs_are_not_taken_for_other_work():
     # first reports to the allocator, whose reading was taken just before. Their CPUs are
     # theirs, not other work's: the solve keeps one replica each (it divided nothing,
     # "1 -> 0" for all, before set_usage).
-    clock = Clock()
+    clock = Clock(1000.0)
     shared = SharedSolve(clock=clock)
     totals = {"n0": {"CPU": 8.0}}
     shared.set_usage(totals, {"n0": {}})  # all eight CPUs in use
@@ -148,7 +149,7 @@ def test_a_new_members_running_jobs_are_not_taken_for_other_work():
 
 
 def test_rows_predict_batch_size_and_goodput_from_hints():
-    clock = Clock()
+    clock = Clock(1000.0)
     shared = SharedSolve(clock=clock)
     shared.set_nodes(NODES)
     a = front_end(shared, "A", clock, ["a1"])
@@ -176,7 +177,7 @@ def test_bad_input_is_named():
 def test_history_closes_the_share_of_an_ended_job():
     """A job its member no longer lists has its share ended in the history (so the sum of
     the shares at any time, rebuilt from the history, never exceeds the cluster)."""
-    clock = Clock()
+    clock = Clock(1000.0)
     shared = SharedSolve(clock=clock)
     shared.set_nodes(NODES)
     a = front_end(shared, "A", clock, ["a1", "a2"])
@@ -195,7 +196,7 @@ def test_a_job_other_work_leaves_no_room_for_waits_unannounced(caplog):
     the cluster but not what other work leaves now (a trial's own reservation not reported
     yet, at a sweep's start) waits without a warning."""
     import logging
-    clock = Clock()
+    clock = Clock(1000.0)
     shared = SharedSolve(clock=clock)
     totals = {"n0": {"CPU": 2.0}}
     shared.set_usage(totals, {"n0": {"CPU": 0.0}})  # all held by work it does not know
@@ -222,7 +223,7 @@ def test_a_job_reserving_its_share_before_it_reports_is_not_other_work():
     """A job starting into its share reserves it before its member reports it running
     there: a reading taken meanwhile shows those resources in use, and they are still the
     job's (else the others would be shrunk for work that is theirs)."""
-    clock = Clock()
+    clock = Clock(1000.0)
     shared = SharedSolve(clock=clock)
     totals = {"n0": {"CPU": 4.0}}
     shared.set_usage(totals, {"n0": {"CPU": 4.0}})

@@ -10,6 +10,7 @@ from adaptdl_core.decision.type_models import (TypeSpeeds, compute_speed, projec
                                                type_speed_prior, typed_hints,
                                                typed_speedups)
 from adaptdl_core.policy import RemainingWorkPolicy
+from tests.fake_clock import Clock
 
 # A model that scales well, profiled on 4 replicas of one node.
 FIT = {"init_batch_size": 64, "max_batch_size": 2048,
@@ -21,14 +22,6 @@ FIT = {"init_batch_size": 64, "max_batch_size": 2048,
 
 def faster(hints, ratio, **extra):
     return dict(project_hints(hints, ratio), **extra)
-
-
-class Clock:
-    def __init__(self, now=1000.0):
-        self.now = now
-
-    def __call__(self):
-        return self.now
 
 
 def test_typed_hints_measured_then_borrowed_then_projected_then_unknown():
@@ -80,7 +73,7 @@ def test_typed_speedups_share_one_unit_and_respect_exploration():
 
 
 def typed_core():
-    clock = Clock()
+    clock = Clock(1000.0)
     core = DecisionCore(policy=RemainingWorkPolicy(), clock=clock, interval_s=60.0)
     core.set_nodes({"t4-0": NodeInfo({"GPU": 4}, accelerator_type="t4"),
                     "a100-0": NodeInfo({"GPU": 4}, accelerator_type="a100")})

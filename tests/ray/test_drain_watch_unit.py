@@ -7,14 +7,7 @@ import time
 
 from adaptdl_ray.replicas.nodes import DrainWatch
 from adaptdl_ray.tune.scheduler_args import ProfileGroups
-
-
-class Clock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self):
-        return self.now
+from tests.fake_clock import Clock
 
 
 def test_jobs_on_a_draining_node_are_named_with_the_node_and_its_deadline():

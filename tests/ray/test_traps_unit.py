@@ -15,14 +15,7 @@ from adaptdl_core.decision import JobSpec  # noqa: E402
 from adaptdl_ray.tune.resources import placement_group_factory  # noqa: E402
 from adaptdl_ray.tune import traps  # noqa: E402
 from adaptdl_ray.tune.traps import SILENT_AFTER_S, TrapWatch, warn_unscheduled  # noqa: E402
-
-
-class Clock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self):
-        return self.now
+from tests.fake_clock import Clock
 
 
 def test_a_trial_without_a_planned_number_of_epochs_is_named_once():

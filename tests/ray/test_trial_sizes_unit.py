@@ -6,20 +6,13 @@ from __future__ import annotations
 from adaptdl_core.decision import CoreDriver, DecisionCore, JobSpec, NodeInfo
 from adaptdl_core.policy import PolluxPolicy
 from adaptdl_ray.tune.trial_sizes import TrialSizes
-
-
-class Clock:
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self):
-        return self.now
+from tests.fake_clock import Clock
 
 
 def sizes_of_a_trial_grown_in_place():
     """Trial ``t`` ran on 1 replica (restart 0) and was told to grow to 2; the grow has
     happened (restart 1) but the trial's next report has not come."""
-    clock = Clock()
+    clock = Clock(1000.0)
     core = DecisionCore(policy=PolluxPolicy(), clock=clock, interval_s=60.0)
     core.set_nodes({"n0": NodeInfo({"CPU": 4})})
     core.add_job("t", JobSpec({"CPU": 1}, max_replicas=2))
