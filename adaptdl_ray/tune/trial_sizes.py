@@ -101,8 +101,10 @@ class TrialSizes:
         verdict = self.core.decision_for(trial_id)
         pending = record.resize_log[-1]["to"] if record.resize_pending and \
             record.resize_log else None
-        if pending is not None and verdict.replicas != pending and \
-                verdict.action in ("keep", "hold"):
+        # (A hold whose proposal is the pending size is the resize rule waiting for that
+        # very resize to be measured: not a change of mind.)
+        if pending is not None and verdict.action in ("keep", "hold") and \
+                (verdict.proposed or verdict.replicas) != pending:
             self.core.cancel_resize(trial_id, "the policy kept its size")
             self.tell(trial_id, current)
             return

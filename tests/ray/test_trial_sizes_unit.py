@@ -49,3 +49,45 @@ def test_without_the_launchs_restarts_the_relaunch_looks_like_a_resize_of_its_ow
                          "adaptdl/resize_s": 4.0}, 1)
     log = core.state.jobs["t"].resize_log
     assert len(log) == 3 and "draining" not in log[-1]["reason"], log
+
+
+def test_a_grow_waiting_to_be_measured_is_not_cancelled_by_its_own_hold():
+    """Under the amortised rule (the Ray front-ends' default) a job is not resized again
+    before its last resize is measured; the grow in flight is that resize, so the hold it
+    causes must not cancel it. A policy that changes its mind does."""
+    from adaptdl_core.decision import JobProgress
+    from adaptdl_core.policy import ResizeVerdict, amortised_resize_verdict
+    from tests.decision.stubs import FixedSizePolicy
+
+    def rule(**kwargs):
+        # The amortised rule once the job has resized; before, every resize pays (the
+        # stub policy gives no speedup to weigh).
+        if kwargs.get("since_last_s") is None:
+            return ResizeVerdict(True, "pays")
+        return amortised_resize_verdict(**kwargs)
+
+    clock, policy = Clock(1000.0), FixedSizePolicy(2)
+    core = DecisionCore(policy=policy, clock=clock, interval_s=10.0, resize_rule=rule)
+    core.set_nodes({"n0": NodeInfo({"CPU": 2})})
+    core.add_job("t", JobSpec({"CPU": 1}, max_replicas=2))
+    sizes = TrialSizes(core, CoreDriver(core, solve_wait_s=None))
+    core.decide()
+    sizes.reported("t", {"adaptdl/replicas": 1, "adaptdl/restarts": 0}, 1)
+    core.update("t", progress=JobProgress(remaining_s=600.0))
+    clock.now += 20
+    core.decide()
+    sizes.resize("t", 1, lambda replicas: True)
+    assert sizes.target_of("t") == 2 and core.state.jobs["t"].resize_pending
+    clock.now += 20
+    core.decide()
+    assert core.decision_for("t").action == "hold"  # (not measured yet)
+    sizes.resize("t", 1, lambda replicas: True)
+    assert sizes.target_of("t") == 2 and core.state.jobs["t"].resize_pending
+    assert "cancelled" not in core.state.jobs["t"].resize_log[-1]
+    # The policy now wants 1: the grow not carried out yet is cancelled.
+    policy.replicas = 1
+    clock.now += 20
+    core.decide()
+    sizes.resize("t", 1, lambda replicas: True)
+    assert sizes.target_of("t") == 1 and not core.state.jobs["t"].resize_pending
+    assert core.state.jobs["t"].resize_log[-1]["cancelled"] == "the policy kept its size"
