@@ -164,16 +164,17 @@ def amortised_resize_verdict(*, since_last_s: float | None = None,
     if since_last_s is not None:
         since = validation.number("since_last_s", since_last_s, 0.0, what="seconds")
         if kwargs.get("current") != kwargs.get("target"):
+            # (The reasons name no elapsed time: the same hold then reads the same at
+            # every solve, and is logged once, not once a solve.)
             if last_cost_s is None:
-                return ResizeVerdict(False, f"its last resize ({since:.0f} s ago) is not "
-                                            "measured yet")
+                return ResizeVerdict(False, "its last resize is not measured yet")
             cost = validation.number("last_cost_s", last_cost_s, 0.0, what="seconds")
             needed = max(AMORTISE_MULTIPLES * cost, MIN_DWELL_S)
             if since < needed:
-                return ResizeVerdict(False, f"its last resize ({since:.0f} s ago, "
-                                            f"{cost:.1f} s) is amortised after {needed:.0f} s "
-                                            f"at its size ({AMORTISE_MULTIPLES:g}x its cost, at "
-                                            f"least {MIN_DWELL_S:g} s)")
+                return ResizeVerdict(False, f"its last resize ({cost:.1f} s) is amortised "
+                                            f"after {needed:.0f} s at its size "
+                                            f"({AMORTISE_MULTIPLES:g}x its cost, at least "
+                                            f"{MIN_DWELL_S:g} s)")
     return resize_verdict(**kwargs)
 
 
