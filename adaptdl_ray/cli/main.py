@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from typing import Any, Sequence
 
@@ -117,6 +118,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CliError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:
+        # The reader of the output went away (`adaptdl-ray ls | head`): stop quietly, as
+        # other tools do, and keep the interpreter's last flush from failing again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except (RuntimeError, ConnectionError) as exc:
         # Ray's Job Submission client raises these for a dashboard that fails a request.
         text = " ".join(str(exc).split())

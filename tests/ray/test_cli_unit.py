@@ -405,3 +405,27 @@ def test_a_dashboard_that_fails_a_request_is_one_line(capsys, fake):
     assert status == 1
     line = one_line_error(err)
     assert "Job Submission API failed: Request failed with status code 500" in line
+
+
+def test_a_reader_that_goes_away_ends_the_verb_quietly(monkeypatch, capsys):
+    """`adaptdl-ray ls | head -2`: the pipe closes under the verb; no error line blames the
+    cluster, and the status is a broken pipe's (128 + SIGPIPE)."""
+    import argparse
+    import importlib
+    import os
+
+    cli_main = importlib.import_module("adaptdl_ray.cli.main")
+
+    def closed_pipe(opts):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    parser = argparse.ArgumentParser()
+    parser.set_defaults(fn=closed_pipe)
+    monkeypatch.setattr(cli_main, "build_parser", lambda: parser)
+    saved = os.dup(1)
+    try:
+        assert cli_main.main([]) == 141
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+    assert "error" not in capsys.readouterr().err
