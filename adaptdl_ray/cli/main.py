@@ -121,7 +121,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         # The reader of the output went away (`adaptdl-ray ls | head`): stop quietly, as
         # other tools do, and keep the interpreter's last flush from failing again.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass  # (an output with no file descriptor: nothing left to flush there)
         return 141
     except (RuntimeError, ConnectionError) as exc:
         # Ray's Job Submission client raises these for a dashboard that fails a request.
