@@ -33,10 +33,13 @@ pytestmark = pytest.mark.slow
 JOB = JOBS / "elastic_job.py"
 SIZE = 192
 # 2 replicas, global batch 8: 24 batches per epoch; the 30th is in epoch 1, the 50th in
-# epoch 2. The replicas agree on a request through the store every few batches, and one
-# agreed after an epoch's last batch lands at the next epoch's start: both requests leave
-# many batches of their epoch to land in.
-JOB_ARGS = ["--size", str(SIZE), "--batch-size", "8", "--save-after", "30"]
+# epoch 2. The replicas agree on a request in the side values they exchange every ~0.2 s of
+# steps (adaptdl_core.torch._gradient_probe), so a request lands a few batches later, and
+# one agreed after an epoch's last batch lands at the next epoch's start. Batches of at
+# least 0.05 s keep that to about four batches however fast the machine (with steps of a few
+# milliseconds it was twenty: past the end of the epoch), and both requests leave 18 or
+# more batches of their epoch to land in.
+JOB_ARGS = ["--size", str(SIZE), "--batch-size", "8", "--save-after", "30", "--sleep", "0.05"]
 HOLD_AFTER = 50
 MODEL, LOADER = "adaptdl-dataparallel", "adaptdl-dataloader-0"
 
