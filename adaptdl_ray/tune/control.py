@@ -49,7 +49,7 @@ class ExperimentControl:
 
     def __init__(self) -> None:
         self._hints: dict[str, str] = {}
-        self._nodes: dict[str, list[str]] = {}
+        self._nodes: dict[str, tuple[list[str], int | None]] = {}  # trial -> its launch
         self._targets: dict[str, tuple[int, float]] = {}
         self._pausing: set[str] = set()
         self._interrupted = asyncio.Event()
