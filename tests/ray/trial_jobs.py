@@ -86,7 +86,7 @@ def counting_job(config: dict) -> None:
             at = loader.current_index  # (its pass: an autoscaled epoch may take several)
             loss = _train_batch(model, opt, x, y, config)
             log.write(json.dumps({"event": "batch", "epoch": epoch, "idx": idx.tolist(),
-                                  "replicas": replicas, "restarts": restarts,
+                                  "replicas": replicas, "restarts": restarts, "time": time.time(),
                                   "pass": at // config["size"]}) + "\n")
             if (step + 1) % config.get("report_every", 5) == 0:
                 tune.report({"epoch": epoch, "loss": loss.item(),
