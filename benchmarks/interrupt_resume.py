@@ -5,7 +5,7 @@ Each run is the scenario of ``tests/ray/test_interrupt_points.py``
 trains with ``autoscale_batch_size``, validates over a second ``AdaptiveDataLoader`` and
 reports a ``model.pt`` checkpoint, with (``validating``) or without
 (``validating-nopause``) a 0.5 s pause after the report. The driver gets SIGINT right at a
-report (a trial inside Tune's save), 0.25 s after one and mid-epoch, is restored with
+report (a trial inside Tune's save), held in the pause after one and mid-epoch, is restored with
 ``Tuner.restore`` after each, and runs to the end. A run resumed exactly when no epoch was
 trained or reported twice or never and ``progress.csv`` holds each epoch once; a run whose
 harness could not interrupt as planned (a point not reached, no state saved) counts as not

@@ -32,8 +32,10 @@ INTERRUPTED_FILE = ".adaptdl-interrupted.tar"
 
 # Where the sweep is interrupted: (event, epoch, delay after it, seconds). A report is
 # followed by Tune's save of the trial's model.pt checkpoint (the case that lost the epoch);
-# 0.25 s after a report is inside the 0.5 s pause of the pausing job; a batch is mid-epoch.
-POINTS = (("report", 1, 0.0), ("report", 4, 0.25), ("batch", 7, 0.0))
+# a pause is after a report, the trial held there by the harness until the signal is sent
+# (so that the interrupt lands in it however loaded the machine); a batch is mid-epoch.
+POINTS = (("report", 1, 0.0), ("pause", 4, 0.0), ("batch", 7, 0.0))
+HOLD_FILE = "hold-from-epoch"  # beside the trials' record directories: see trial_jobs._held
 
 
 def records(record_dir) -> list[dict]:
@@ -67,14 +69,14 @@ def wait_for(records_root: Path, launch: int, point: tuple, driver: subprocess.P
              timeout_s: float = 120) -> None:
     """Block until every trial still running started its ``launch``-th launch (0: the first
     run) and one of them reached ``point`` in it: ``("report", epoch)`` (reported that epoch
-    or a later one) or ``("batch", epoch)`` (trained a batch of it or a later one, i.e. is
-    mid-epoch).
+    or a later one), ``("held", epoch)`` (is held in the pause after such a report) or
+    ``("batch", epoch)`` (trained a batch of it or a later one, i.e. is mid-epoch).
 
     Raises:
         AssertionError: not reached within ``timeout_s`` or the driver ended first."""
     deadline = time.time() + timeout_s
     while time.time() < deadline and driver.poll() is None:
-        trials = [records(d) for d in glob.glob(str(records_root / "*"))]
+        trials = [records(d) for d in glob.glob(str(records_root / "*")) if os.path.isdir(d)]
         # A trial whose function already ended (on a loaded machine one may run ahead and
         # finish before an interrupt) has no further launch to wait for.
         running = [events for events in trials
@@ -102,16 +104,20 @@ def last_summary(out: str) -> dict:
     raise AssertionError(f"the driver printed no summary: {out[-4000:]}")
 
 
-def interrupt(driver: subprocess.Popen, storage: Path, timeout_s: float = 120) -> None:
+def interrupt(driver: subprocess.Popen, storage: Path, timeout_s: float = 120,
+              release: Path | None = None) -> None:
     """SIGINT, then the driver must end on its own, leaving the saved state of each trial
     that had not finished (on a loaded machine a trial may be ahead and finish first: it
-    has nothing to save, and its records must still show every epoch once).
+    has nothing to save, and its records must still show every epoch once). ``release``:
+    a hold file removed once the signal is sent (the held trials go on from their pause).
 
     Raises:
         AssertionError: the driver failed, or an unfinished trial wrote no state."""
     before = {p: os.stat(p).st_mtime for p in glob.glob(
         str(storage / NAME / "*" / INTERRUPTED_FILE))}
     driver.send_signal(signal.SIGINT)
+    if release is not None:
+        release.unlink()
     out, _ = driver.communicate(timeout=timeout_s)
     assert driver.returncode == 0, out[-4000:]
     after = {p: os.stat(p).st_mtime for p in glob.glob(
@@ -179,9 +185,15 @@ def interrupted_sweep(root: Path, job: str = "validating", points=POINTS) -> dic
     driver = run_driver("run", str(storage), str(records_root), job)
     try:
         for launch, (kind, epoch, delay) in enumerate(points):
+            hold = None
+            if kind == "pause":  # hold the trials after their report, until the signal
+                hold = records_root / HOLD_FILE
+                records_root.mkdir(parents=True, exist_ok=True)
+                hold.write_text(str(epoch))
+                kind = "held"
             wait_for(records_root, launch, (kind, epoch), driver)
             time.sleep(delay)
-            interrupt(driver, storage)
+            interrupt(driver, storage, release=hold)
             driver = run_driver("restore", str(storage), str(records_root), job)
         out, _ = driver.communicate(timeout=240)
     finally:

@@ -220,7 +220,8 @@ def validating_job(config: dict) -> None:
     ``AdaptiveDataLoader``, reports ``model.pt`` as a Tune checkpoint, then sleeps
     ``config["pause"]`` seconds. Config as for :func:`counting_job` (``record_dir``,
     ``epochs``, ``size``, ``batch_size``, ``sleep``) plus ``val_size`` and ``pause``.
-    Records ``start`` (with ``finished_epochs``), ``batch`` and ``report`` events."""
+    Records ``start`` (with ``finished_epochs``), ``batch`` and ``report`` events, and
+    ``held`` when the harness holds it in the pause (:func:`_held`)."""
     import tempfile
 
     rank, restarts, replicas, log, loader = _start(config)
@@ -253,8 +254,31 @@ def validating_job(config: dict) -> None:
             tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(d))
         log.write(json.dumps({"event": "report", "key": f"{epoch}:end", "epoch": epoch,
                               "restarts": restarts, "time": time.time()}) + "\n")
-        time.sleep(config.get("pause", 0.0))
+        if not _held(config, epoch, restarts, log):
+            time.sleep(config.get("pause", 0.0))
     log.write(json.dumps({"event": "finished"}) + "\n")
+
+
+def _held(config: dict, epoch: int, restarts: int, log) -> bool:
+    """Hold in the pause after ``epoch``'s report while the harness asks for it: while a
+    file ``hold-from-epoch`` beside the record directory exists and names an epoch at most
+    ``epoch``. Records a ``held`` event first, so that the harness can interrupt the trial
+    while it is known to be in the pause; gives up after 120 s. Returns whether it held."""
+    path = os.path.join(os.path.dirname(os.path.abspath(config["record_dir"])),
+                        "hold-from-epoch")
+    try:
+        with open(path) as f:
+            first = int(f.read().strip() or 0)
+    except (OSError, ValueError):
+        return False
+    if epoch < first:
+        return False
+    log.write(json.dumps({"event": "held", "epoch": epoch, "restarts": restarts,
+                          "time": time.time()}) + "\n")
+    deadline = time.time() + 120
+    while os.path.exists(path) and time.time() < deadline:
+        time.sleep(0.02)
+    return True
 
 
 def _rebuild_poison(origin_pid: int, pickled_by: int) -> "PoisonOnSecondHop":
