@@ -18,7 +18,8 @@ from .remaining import (POLICY_NAMES, RemainingWorkPolicy, admission_order, poli
                         remaining_weights)
 from .resize import (MIN_COST_MULTIPLES, ResizeVerdict, amortised_resize_verdict,
                      move_verdict, resize_verdict)
-from .typed import TypedAllocator, mixed_types, node_types, typed_round_applies
+from .typed import (TypedAllocator, mixed_types, node_types, placement_type,
+                    typed_round_applies)
 from .speedup import GoodputOptimizer, LinearSpeedup, SpeedupFunction
 
 __all__ = [
@@ -44,6 +45,7 @@ __all__ = [
     "move_verdict",
     "node_types",
     "optimize",
+    "placement_type",
     "policy_by_name",
     "power_mean",
     "remaining_weights",

@@ -45,7 +45,8 @@ from .fitness import _KEEP_BONUS, _cost_terms, power_mean
 from .problem import _Problem
 from .records import AllocationResult, Allocations, JobInfo, NodeInfo
 
-__all__ = ["TypedAllocator", "typed_round_applies", "node_types", "mixed_types"]
+__all__ = ["TypedAllocator", "typed_round_applies", "node_types", "mixed_types",
+           "placement_type"]
 
 # Cost of an idle job in the Lagrangian and exact programs, relative to the largest
 # running cost: large enough that running one more job always wins (lexicographic).
@@ -62,6 +63,22 @@ def mixed_types(nodes: Mapping[Hashable, NodeInfo]) -> bool:
     """Whether ``nodes`` carry more than one known accelerator type (nodes of no known
     type, e.g. CPU-only ones, do not make a cluster mixed)."""
     return len([t for t in node_types(nodes) if t is not None]) >= 2
+
+
+def placement_type(nodes: Mapping[Hashable, NodeInfo],
+                   placement: Sequence[Hashable]) -> Optional[str]:
+    """The one accelerator type of the nodes in ``placement`` (node ids, one per replica)
+    on a cluster of several types (:func:`mixed_types`): the type a solve chose for a job,
+    which its replicas are then placed on. ``None`` on a cluster of one type or none, for
+    an empty placement, a node not in ``nodes``, a node of no known type, or nodes of
+    several types (nothing to ask for: the replicas go wherever they fit)."""
+    if not placement or not mixed_types(nodes):
+        return None
+    if any(n not in nodes for n in placement):
+        return None
+    kinds = {nodes[n].accelerator_type for n in placement}
+    kind = kinds.pop() if len(kinds) == 1 else None
+    return kind if isinstance(kind, str) and kind else None
 
 
 def typed_round_applies(jobs: Mapping[Hashable, JobInfo],
