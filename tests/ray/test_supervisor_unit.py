@@ -145,8 +145,9 @@ def test_a_lost_node_is_named_and_the_job_continues_on_what_is_left():
 class FakeReservation:
     """New replicas that are up after ``polls`` calls of up()."""
 
-    def __init__(self, count, polls, warm_up):
+    def __init__(self, count, polls, warm_up, accelerator_type=None):
         self.count, self.polls, self.warm_up = count, polls, warm_up
+        self.accelerator_type = accelerator_type
         self.cancelled = False
         self.actors = [f"new{i}" for i in range(count)]
         self.created = time.monotonic()
@@ -164,8 +165,8 @@ class FakePool:
         self.polls = polls
         self.reserved, self.released = [], []
 
-    def reserve(self, count, *, warm_up=None):
-        self.reserved.append(FakeReservation(count, self.polls, warm_up))
+    def reserve(self, count, *, warm_up=None, accelerator_type=None):
+        self.reserved.append(FakeReservation(count, self.polls, warm_up, accelerator_type))
         return self.reserved[-1]
 
     def release(self, actors, *, pgs=()):
@@ -387,8 +388,9 @@ def test_a_stop_while_waiting_for_room_ends_the_run_stopped():
     class NoRoomPool(FakePool):
         """Its reservations never come up; the job is asked to stop while it waits."""
 
-        def reserve(self, count, *, warm_up=None):
-            reservation = super().reserve(count, warm_up=warm_up)
+        def reserve(self, count, *, warm_up=None, accelerator_type=None):
+            reservation = super().reserve(count, warm_up=warm_up,
+                                          accelerator_type=accelerator_type)
 
             def up(wait_s=0.0):
                 sup.request_stop()
