@@ -59,7 +59,8 @@ import numpy as np
 from adaptdl_core import validation
 from adaptdl_core.policy import (DEFAULT_RESTART_COST_S, MIN_COST_MULTIPLES, NodeInfo,
                                  ResizeVerdict, mixed_types, move_verdict,
-                                 node_types, placement_type, resize_verdict)
+                                 node_types, placement_type, resize_verdict,
+                                 warn_if_type_unaware)
 
 from .jobs import (JobSpec, allocation_policy, check_profile_group,
                    checked_nodes, cluster_capacity, group_hints, job_info, pack_guess,
@@ -375,6 +376,8 @@ class DecisionCore:
             self._types = node_types(nodes)
             self._mixed = mixed_types(nodes)
             self._dirty = True
+            if self._mixed:
+                warn_if_type_unaware(self.policy, nodes)
 
     def add_job(self, job_id: Hashable, spec: JobSpec, *, replicas: int | None = None,
                 submitted: float | None = None, name: str | None = None) -> None:
