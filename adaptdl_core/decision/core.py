@@ -59,7 +59,8 @@ import numpy as np
 from adaptdl_core import validation
 from adaptdl_core.policy import (DEFAULT_RESTART_COST_S, MIN_COST_MULTIPLES, NodeInfo,
                                  ResizeVerdict, mixed_types, move_verdict,
-                                 node_types, resize_verdict)
+                                 node_types, placement_type, resize_verdict,
+                                 warn_if_type_unaware)
 
 from .jobs import (JobSpec, allocation_policy, check_profile_group,
                    checked_nodes, cluster_capacity, group_hints, job_info, pack_guess,
@@ -145,6 +146,12 @@ class Decision:
             hold).
         proposed: the replica count the policy proposed (differs from ``replicas`` for
             a hold).
+        accelerator_type: on a cluster of several accelerator types, the one type of
+            the nodes in ``nodes`` (the type the solve chose for a start or resize; the
+            type it runs on for hold/keep), which the front-end places the replicas on;
+            ``None`` on a cluster of one type or none, or when the nodes are of no one
+            known type (see :func:`~adaptdl_core.policy.placement_type`). A resize may
+            change only this: a move to another type, carried out as a resize.
     """
 
     job_id: Hashable
@@ -155,6 +162,7 @@ class Decision:
     saved_s: float | None = None
     cost_s: float | None = None
     proposed: int | None = None
+    accelerator_type: str | None = None
 
     def __post_init__(self) -> None:
         """The action as an :class:`Action` member.
@@ -368,6 +376,8 @@ class DecisionCore:
             self._types = node_types(nodes)
             self._mixed = mixed_types(nodes)
             self._dirty = True
+            if self._mixed:
+                warn_if_type_unaware(self.policy, nodes)
 
     def add_job(self, job_id: Hashable, spec: JobSpec, *, replicas: int | None = None,
                 submitted: float | None = None, name: str | None = None) -> None:
@@ -846,6 +856,11 @@ class DecisionCore:
         return kinds.pop() if len(kinds) == 1 and all(n in self._nodes for n in nodes) \
             else None
 
+    def _chosen_type(self, nodes: Sequence[Hashable]) -> str | None:
+        """The accelerator type a decision places its replicas on (see
+        :attr:`Decision.accelerator_type`): ``None`` unless the cluster is mixed."""
+        return placement_type(self._nodes, nodes) if self._mixed else None
+
     def _placed_type(self, record: JobRecord) -> Any:
         """The type of the nodes the job runs on (``None``: not running or unknown)."""
         return self._nodes_type(record.placed) if record.current and record.placed else None
@@ -973,24 +988,26 @@ class DecisionCore:
             if target:
                 return Decision(job_id, Action.START, target, tuple(record.nodes),
                                 "the policy gives it replicas", None,
-                                self.resize_cost(job_id), target)
+                                self.resize_cost(job_id), target,
+                                self._chosen_type(record.nodes))
             reason = "the cluster cannot hold its minimum size" if job_id in self._unfit \
                 else "no room for it now"
             return Decision(job_id, Action.WAIT, 0, (), reason, None, None, 0)
         if target == current and self._type_move(record) is None:
             return Decision(job_id, Action.KEEP, current, tuple(record.placed),
-                            record.held or "no change", None, None, target)
+                            record.held or "no change", None, None, target,
+                            self._chosen_type(record.placed))
         verdict = self._verdict(job_id, record)
         cost = self.resize_cost(job_id, target)
         if verdict.pays:
             return Decision(job_id, Action.RESIZE, target, tuple(record.nodes), verdict.reason,
-                            verdict.saved_s, cost, target)
+                            verdict.saved_s, cost, target, self._chosen_type(record.nodes))
         if log and record.last_veto != verdict.reason:
             LOG.info("job %s: keeping %d replicas instead of %d: %s", job_id, current, target,
                      verdict.reason)
             record.last_veto = verdict.reason
         return Decision(job_id, Action.HOLD, current, tuple(record.placed), verdict.reason,
-                        verdict.saved_s, cost, target)
+                        verdict.saved_s, cost, target, self._chosen_type(record.placed))
 
     def _verdict(self, job_id: Hashable, record: JobRecord) -> ResizeVerdict:
         """Whether moving the job from its current to its target size pays."""

@@ -41,7 +41,7 @@ import time
 from typing import Any, Callable, Hashable, Mapping
 
 from adaptdl_core import validation
-from adaptdl_core.policy import NodeInfo
+from adaptdl_core.policy import NodeInfo, warn_if_type_unaware
 
 from .solve_request import SolveRequest
 from .jobs import allocation_policy, checked_nodes, speedup_from_hints
@@ -68,7 +68,9 @@ def job_key(member: str, job_id: str) -> str:
 
 def capacity_left(totals: Mapping[Hashable, Mapping[str, float]],
                   available: Mapping[Hashable, Mapping[str, float]],
-                  held: Mapping[Hashable, Mapping[str, float]]) -> dict[Hashable, NodeInfo]:
+                  held: Mapping[Hashable, Mapping[str, float]],
+                  types: Mapping[Hashable, str | None] | None = None
+                  ) -> dict[Hashable, NodeInfo]:
     """What the shared solve may divide: each node's total resources less what other work
     holds there (``total - available - held``, never below zero), where ``held`` is what
     the known jobs hold on the node. Nodes with nothing left keep an entry (empty) only
@@ -79,6 +81,8 @@ def capacity_left(totals: Mapping[Hashable, Mapping[str, float]],
         available: node -> resource -> amount free now (a node missing here is taken as
             fully used by what runs there).
         held: node -> resource -> amount the shared jobs hold there.
+        types: node -> its accelerator type (``None``, or a node missing: none known),
+            kept on each node's :class:`NodeInfo` so the policy weighs types.
     """
     out: dict[Hashable, NodeInfo] = {}
     for node, total in totals.items():
@@ -91,7 +95,7 @@ def capacity_left(totals: Mapping[Hashable, Mapping[str, float]],
             left = float(amount) - other
             if left > 1e-9:
                 room[name] = left
-        out[node] = NodeInfo(room)
+        out[node] = NodeInfo(room, accelerator_type=(types or {}).get(node))
     return out
 
 
@@ -168,6 +172,7 @@ class SharedSolve:
         # The latest (totals, available) reading given to set_usage, and what the
         # members' jobs held when it was given; None before the first.
         self._usage: tuple[dict, dict, dict] | None = None
+        self._types: dict = {}  # node -> accelerator type, from the latest reading
         self._dirty = True
         self._speedups: dict[str, tuple[Any, Any]] = {}
 
@@ -181,9 +186,11 @@ class SharedSolve:
         if nodes != self._nodes:
             self._nodes = nodes
             self._dirty = True
+            warn_if_type_unaware(self.policy, nodes)
 
     def set_usage(self, totals: Mapping[Hashable, Mapping[str, float]],
-                  available: Mapping[Hashable, Mapping[str, float]]) -> None:
+                  available: Mapping[Hashable, Mapping[str, float]],
+                  types: Mapping[Hashable, str | None] | None = None) -> None:
         """The cluster as read from its resource manager: what each node has (``totals``)
         and what is free there now (``available``), node -> resource -> amount. The
         capacity to divide is then :func:`capacity_left` of this reading and what the
@@ -191,7 +198,9 @@ class SharedSolve:
         member seen for the first time are not taken for other work (the reading already
         shows their resources as used), nor are jobs that ended after the reading (it
         still shows theirs as used): what ours hold is, per node and resource, the most
-        they held at any report since the reading."""
+        they held at any report since the reading. ``types``: node -> accelerator type
+        (see :func:`capacity_left`)."""
+        self._types = dict(types or {})
         self._usage = ({k: dict(v) for k, v in totals.items()},
                        {k: dict(v) for k, v in available.items()}, self.held())
         self._apply_usage()
@@ -204,7 +213,7 @@ class SharedSolve:
             mine = ours.setdefault(node, {})
             for name, amount in room.items():
                 mine[name] = max(mine.get(name, 0.0), amount)
-        self.set_nodes(capacity_left(totals, available, ours))
+        self.set_nodes(capacity_left(totals, available, ours, self._types))
 
     @property
     def nodes(self) -> dict[Hashable, NodeInfo]:

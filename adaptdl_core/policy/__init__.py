@@ -18,7 +18,8 @@ from .remaining import (POLICY_NAMES, RemainingWorkPolicy, admission_order, poli
                         remaining_weights)
 from .resize import (MIN_COST_MULTIPLES, ResizeVerdict, amortised_resize_verdict,
                      move_verdict, resize_verdict)
-from .typed import TypedAllocator, mixed_types, node_types, typed_round_applies
+from .typed import (TypedAllocator, knows_types, mixed_types, node_types, placement_type,
+                    type_unaware_note, typed_round_applies, warn_if_type_unaware)
 from .speedup import GoodputOptimizer, LinearSpeedup, SpeedupFunction
 
 __all__ = [
@@ -43,12 +44,16 @@ __all__ = [
     "mixed_types",
     "move_verdict",
     "node_types",
+    "knows_types",
     "optimize",
+    "placement_type",
     "policy_by_name",
     "power_mean",
     "remaining_weights",
     "resize_verdict",
     "amortised_resize_verdict",
     "restart_penalty",
+    "type_unaware_note",
     "typed_round_applies",
+    "warn_if_type_unaware",
 ]

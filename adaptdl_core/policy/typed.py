@@ -33,6 +33,7 @@ resources per replica (the case of a Tune experiment and of the simulator);
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from dataclasses import dataclass, replace
@@ -45,7 +46,12 @@ from .fitness import _KEEP_BONUS, _cost_terms, power_mean
 from .problem import _Problem
 from .records import AllocationResult, Allocations, JobInfo, NodeInfo
 
-__all__ = ["TypedAllocator", "typed_round_applies", "node_types", "mixed_types"]
+__all__ = ["TypedAllocator", "typed_round_applies", "node_types", "mixed_types",
+           "placement_type", "knows_types", "type_unaware_note", "warn_if_type_unaware"]
+
+LOG = logging.getLogger(__name__)
+# Whether warn_if_type_unaware has warned in this process.
+_warned = False
 
 # Cost of an idle job in the Lagrangian and exact programs, relative to the largest
 # running cost: large enough that running one more job always wins (lexicographic).
@@ -62,6 +68,60 @@ def mixed_types(nodes: Mapping[Hashable, NodeInfo]) -> bool:
     """Whether ``nodes`` carry more than one known accelerator type (nodes of no known
     type, e.g. CPU-only ones, do not make a cluster mixed)."""
     return len([t for t in node_types(nodes) if t is not None]) >= 2
+
+
+def placement_type(nodes: Mapping[Hashable, NodeInfo],
+                   placement: Sequence[Hashable]) -> Optional[str]:
+    """The one accelerator type of the nodes in ``placement`` (node ids, one per replica)
+    on a cluster of several types (:func:`mixed_types`): the type a solve chose for a job,
+    which its replicas are then placed on. ``None`` on a cluster of one type or none, for
+    an empty placement, a node not in ``nodes``, a node of no known type, or nodes of
+    several types (nothing to ask for: the replicas go wherever they fit)."""
+    if not placement or not mixed_types(nodes):
+        return None
+    if any(n not in nodes for n in placement):
+        return None
+    kinds = {nodes[n].accelerator_type for n in placement}
+    kind = kinds.pop() if len(kinds) == 1 else None
+    return kind if isinstance(kind, str) and kind else None
+
+
+def knows_types(policy: object) -> bool:
+    """Whether ``policy`` weighs accelerator types: it is a :class:`TypedAllocator`, has
+    one (the ``adaptdl`` policy's ``typed``), or says so with a true ``knows_types``
+    attribute."""
+    return isinstance(policy, TypedAllocator) or \
+        isinstance(getattr(policy, "typed", None), TypedAllocator) or \
+        getattr(policy, "knows_types", False) is True
+
+
+def type_unaware_note(policy: object, nodes: Mapping[Hashable, NodeInfo]) -> Optional[str]:
+    """One line saying that ``nodes`` mix accelerator types which ``policy`` ignores, and
+    how to choose the policy that weighs them; ``None`` when the cluster is not mixed or
+    the policy knows types."""
+    if not mixed_types(nodes) or knows_types(policy):
+        return None
+    kinds = ", ".join(t for t in node_types(nodes) if t is not None)
+    name = getattr(policy, "name", None) or \
+        ("pollux" if isinstance(policy, PolluxPolicy) else type(policy).__name__)
+    return (f"the cluster mixes accelerator types ({kinds}) but the allocation policy "
+            f"{name} ignores them (it counts GPUs, not types, and places replicas on any "
+            "node); choose the type-aware policy: `adaptdl-ray start --policy adaptdl` for "
+            "the cluster allocator, AdaptDLScheduler(policy=\"adaptdl\") for one experiment")
+
+
+def warn_if_type_unaware(policy: object, nodes: Mapping[Hashable, NodeInfo]) -> bool:
+    """Log :func:`type_unaware_note` as a warning, once per process (the first time it
+    applies). Returns whether it logged now."""
+    global _warned
+    if _warned:
+        return False
+    note = type_unaware_note(policy, nodes)
+    if note is None:
+        return False
+    _warned = True
+    LOG.warning(note)
+    return True
 
 
 def typed_round_applies(jobs: Mapping[Hashable, JobInfo],

@@ -10,7 +10,7 @@ from typing import Any
 from adaptdl_ray.cli.cluster import Cluster
 from adaptdl_ray.cli.errors import PROG, CliError
 
-__all__ = ["cmd_start", "cmd_status", "autoscale_options", "status_lines"]
+__all__ = ["cmd_start", "cmd_status", "autoscale_options", "policy_option", "status_lines"]
 
 
 def _client() -> Any:
@@ -56,17 +56,39 @@ def autoscale_options(opts: argparse.Namespace) -> dict[str, Any] | None:
     return options
 
 
+def policy_option(opts: argparse.Namespace) -> str | None:
+    """``start``'s ``--policy`` (``None`` when not given: the allocator's default).
+
+    Raises:
+        CliError: a name that is no policy, naming the flag and the valid names."""
+    from adaptdl_core.policy import POLICY_NAMES
+    name = getattr(opts, "policy", None)
+    if name is not None and name not in POLICY_NAMES:
+        raise CliError(f"--policy {name!r}: must be one of {', '.join(POLICY_NAMES)} "
+                       "(adaptdl weighs each job's remaining work and, on a cluster of "
+                       "several accelerator types, places each job on one type)")
+    return name
+
+
 def cmd_start(opts: argparse.Namespace) -> int:
-    """Start the cluster allocator (if it is not running); with ``--autoscale`` or
-    ``--no-autoscale``, turn its autoscaling on or off."""
+    """Start the cluster allocator (if it is not running) with ``--policy``'s policy; with
+    ``--autoscale`` or ``--no-autoscale``, turn its autoscaling on or off."""
+    import ray
     autoscale = autoscale_options(opts)
+    policy = policy_option(opts)
     client = _client()
     Cluster.from_options(opts).connect()
     try:
-        client.start_allocator(opts.namespace, autoscale=autoscale)
+        handle = client.start_allocator(opts.namespace, autoscale=autoscale,
+                                        policy=policy or "pollux")
     except ValueError as exc:
         raise CliError(str(exc)) from None
-    print(f"the cluster allocator runs (namespace {client.namespace(opts.namespace)})")
+    running = ray.get(handle.status.remote(), timeout=30).get("policy")
+    if policy is not None and running != policy:
+        raise CliError(f"the cluster allocator already runs with policy {running}: "
+                       f"--policy {policy} applies when it starts (on a new Ray cluster)")
+    print(f"the cluster allocator runs (namespace {client.namespace(opts.namespace)}), "
+          f"policy {running}")
     if autoscale:
         print(f"autoscaling: {autoscale['min_nodes']} to {autoscale['max_nodes']} nodes of "
               f"{json.dumps(autoscale['node_template'])}")

@@ -91,6 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
     subs["status"].add_argument("--json", action="store_true",
                                 help="all of the allocator's state, as JSON")
     start = subs["start"]
+    start.add_argument("--policy", default=None, metavar="NAME",
+                       help="the allocator's policy, when it starts: pollux (default) or "
+                            "adaptdl (weighs remaining work; on nodes of several "
+                            "accelerator types, places each job on one type)")
     start.add_argument("--autoscale", action="store_true",
                        help="ask Ray's autoscaler for the nodes Pollux's goodput rule wants")
     start.add_argument("--no-autoscale", action="store_true",

@@ -58,8 +58,9 @@ class ClusterAllocator:
             changed.
         policy: a policy name of :func:`~adaptdl_core.policy.policy_by_name`
             (``"pollux"`` by default).
-        nodes_fn: returns ``(totals, available)``, both node -> resource -> amount
-            (default: the alive Ray nodes; tests pass their own).
+        nodes_fn: returns ``(totals, available)``, both node -> resource -> amount, or
+            ``(totals, available, types)`` with node -> accelerator type (default: the
+            alive Ray nodes; tests pass their own).
         request_fn: what asks the autoscaler for resources, called as
             ``request_fn(bundles=[...])`` (default Ray's ``request_resources``; tests
             pass a recorder).
@@ -192,12 +193,12 @@ class ClusterAllocator:
             return
         self._nodes_read = now
         try:
-            totals, available = self._nodes_fn()
+            totals, available, *types = self._nodes_fn()
         except Exception as exc:  # noqa: BLE001 - keep the last capacity, say why
             LOG.warning("allocator: could not read the cluster's resources (%s)", exc)
             return
         self._totals = totals
-        self._shared.set_usage(totals, available)
+        self._shared.set_usage(totals, available, types[0] if types else None)
 
     def _scaling(self, options: Mapping[str, Any]) -> _Autoscaling:
         """The autoscaling state for ``options`` (raises ValueError for a bad one)."""
@@ -328,9 +329,12 @@ def template_nodes(totals: Mapping[Any, Mapping[str, float]],
                if all(float(resources.get(k, 0.0)) >= float(v) for k, v in template.items()))
 
 
-def _ray_capacity() -> tuple[dict, dict]:
-    """(totals, available) of the alive Ray nodes, node id -> resource -> amount."""
+def _ray_capacity() -> tuple[dict, dict, dict]:
+    """(totals, available, types) of the alive Ray nodes: node id -> resource -> amount,
+    and node id -> accelerator type (``None``: none known)."""
     from adaptdl_ray.replicas._ray_private import available_resources_per_node
     from adaptdl_ray.replicas.nodes import cluster_nodes
-    totals = {node: dict(info.resources) for node, info in cluster_nodes().items()}
-    return totals, available_resources_per_node()
+    nodes = cluster_nodes()
+    totals = {node: dict(info.resources) for node, info in nodes.items()}
+    types = {node: info.accelerator_type for node, info in nodes.items()}
+    return totals, available_resources_per_node(), types

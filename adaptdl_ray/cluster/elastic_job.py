@@ -268,10 +268,12 @@ class ElasticJob:
             return 0
         restarts = restarts_for(None, point)
         replicas = self.sizer.start()
-        LOG.info("job %s: starting %d replica(s) of %s (restart %d)", self.name, replicas,
-                 dict(self.spec.resources), restarts)
+        kind = getattr(self.sizer, "start_type", None)
+        LOG.info("job %s: starting %d replica(s) of %s%s (restart %d)", self.name, replicas,
+                 dict(self.spec.resources), f" on {kind} nodes" if kind else "", restarts)
         result = self.supervisor.run(replicas, self._checkpoint_archive(), restarts,
-                                     trained_s=float(previous.get("trained_s") or 0.0))
+                                     trained_s=float(previous.get("trained_s") or 0.0),
+                                     accelerator_type=kind)
         point = self.files.resume_point()
         if point is not None:
             self._record["epochs_done"] = point.finished_epochs

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from adaptdl_core.decision import (CoreDriver, Decision, DecisionCore, JobProgress,
                                    JobSpec, NodeInfo, SolveRequest)
@@ -43,11 +43,14 @@ class Sizer(Protocol):
     """The decisions an elastic job acts on (see the module docstring)."""
 
     def start(self) -> int:
-        """Register the job; the number of replicas to start it with (>= min_replicas)."""
+        """Register the job; the number of replicas to start it with (>= min_replicas).
+        A sizer may also set ``start_type``: the accelerator type to start them on."""
 
-    def observe(self, replicas: int, *, hints: Mapping[str, Any] | None = None,
+    def observe(self, replicas: int, *, nodes: Sequence[str] | None = None,
+                hints: Mapping[str, Any] | None = None,
                 progress: JobProgress | None = None) -> None:
-        """What the job runs now (``replicas``), its latest scheduler hints and progress."""
+        """What the job runs now (``replicas``, on ``nodes``: one node id per replica, if
+        known), its latest scheduler hints and progress."""
 
     def decision(self) -> Decision:
         """The job's standing decision (re-solving when due)."""
@@ -79,6 +82,10 @@ class CoreSizer:
             :class:`~adaptdl_ray.cluster.client.AllocatorSolver` shares the cluster.
         resize_cost_prior_s: seconds a resize is assumed to cost before one is measured
             (see :data:`JOB_RESIZE_COST_PRIOR_S`).
+
+    Attributes:
+        start_type: the accelerator type :meth:`start` chose for the job's replicas
+            (``None``: any node; always on a cluster of one type).
     """
 
     def __init__(self, job_id: str, spec: JobSpec, *, state_dir: str | None = None,
@@ -96,6 +103,7 @@ class CoreSizer:
         self.driver = CoreDriver(self.core, solve_wait_s=None, solver=solver,
                                  state_dir=state_dir)
         self.driver.restore_saved()  # (its age, resizes and their costs, across submissions)
+        self.start_type: str | None = None
 
     def _refresh_nodes(self, force: bool = False) -> None:
         self.core.set_nodes(self._nodes.get(refresh=force))
@@ -111,15 +119,23 @@ class CoreSizer:
         self.core.add_job(self.job_id, self.spec)
         decision = self.driver.decide()[self.job_id]
         replicas = self.spec.fitted(max(decision.replicas, 1), self.core.nodes)
+        self.start_type = decision.accelerator_type
         # The core now knows the job runs at that size (a start is not a resize).
         self.core.running(self.job_id, replicas=replicas)
         self.driver.save()
         return replicas
 
-    def observe(self, replicas: int, *, hints: Mapping[str, Any] | None = None,
+    def observe(self, replicas: int, *, nodes: Sequence[str] | None = None,
+                hints: Mapping[str, Any] | None = None,
                 progress: JobProgress | None = None) -> None:
-        """Pass the job's size, hints and progress to the core."""
-        self.core.running(self.job_id, replicas=replicas)
+        """Pass the job's size (and where its replicas run, when ``nodes`` gives one
+        known node per replica: on a cluster of several types, the type it runs on), hints
+        and progress to the core."""
+        if nodes is not None and len(nodes) == replicas and replicas and \
+                all(n in self.core.nodes for n in nodes):
+            self.core.running(self.job_id, nodes=list(nodes))
+        else:
+            self.core.running(self.job_id, replicas=replicas)
         if self.core.update(self.job_id, hints=hints, progress=progress):
             self.driver.save()
 

@@ -9,6 +9,7 @@
   while the job trains, so that a resize keeps the replicas that stay;
 * :mod:`.failures`: which replica failed first, and why, in words (:class:`WorkerFailed`);
 * :mod:`.transfer`: a checkpoint as bytes between nodes;
+* :mod:`.bundles`: a replica's resource bundle on a chosen accelerator type;
 * :mod:`.nodes`: node facts (usable, draining, lost) and where a job fits;
 * :mod:`._ray_private`: the version-checked seam of Ray's internals.
 

@@ -13,6 +13,7 @@ import time
 from typing import Any, Callable, Collection, Mapping
 
 from adaptdl_core.policy import NodeInfo
+from adaptdl_ray.replicas.bundles import ACCELERATOR_RESOURCE_PREFIX as _ACCELERATOR_RESOURCE
 
 LOG = logging.getLogger(__name__)
 
@@ -27,7 +28,6 @@ NODE_LOSS_WAIT_S = 45.0
 
 #: Ray's node label naming a node's accelerator type; it overrides the resource.
 ACCELERATOR_LABEL = "ray.io/accelerator-type"
-_ACCELERATOR_RESOURCE = "accelerator_type:"
 
 
 def node_accelerator_type(node: dict[str, Any]) -> str | None:

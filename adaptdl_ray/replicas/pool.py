@@ -21,6 +21,8 @@ import logging
 import time
 from typing import Any, Callable, Mapping, Sequence
 
+from adaptdl_ray.replicas.bundles import replica_bundle
+
 LOG = logging.getLogger(__name__)
 
 __all__ = ["ReplicaPool", "Reservation", "Grow", "GROW_WAIT_S"]
@@ -36,13 +38,18 @@ class Reservation:
     :meth:`ReplicaPool.take` the actors, or :meth:`cancel`.
 
     Made by :meth:`ReplicaPool.reserve`.
+
+    Attributes:
+        accelerator_type: the type its replicas are placed on (``None``: any node).
     """
 
     def __init__(self, pool: "ReplicaPool", pgs: list[Any], created: float,
-                 warm_up: tuple[list[str], list[str]] | None = None) -> None:
+                 warm_up: tuple[list[str], list[str]] | None = None,
+                 accelerator_type: str | None = None) -> None:
         self._pool = pool
         self.pgs = pgs
         self.created = created
+        self.accelerator_type = accelerator_type
         self.actors: list[Any] = []
         self._warm_up = warm_up
         self._probes: list[Any] = []
@@ -112,8 +119,8 @@ class ReplicaPool:
         self._reserved: list[Reservation] = []
         self._made = 0                       # placement groups made (their names' numbers)
 
-    def reserve(self, count: int, *, warm_up: tuple[list[str], list[str]] | None = None
-                ) -> Reservation:
+    def reserve(self, count: int, *, warm_up: tuple[list[str], list[str]] | None = None,
+                accelerator_type: str | None = None) -> Reservation:
         """Ask Ray for ``count`` more replicas' resources (returns at once; see
         :class:`Reservation`).
 
@@ -121,6 +128,9 @@ class ReplicaPool:
             warm_up: ``(modules, paths)`` each new replica imports before it counts as up
                 (see ``ReplicaWorker.warm_up``): the modules of a replica running the job,
                 so that joining it costs what staying costs.
+            accelerator_type: place them on nodes of this type only (each bundle asks
+                for it, see :func:`~adaptdl_ray.replicas.bundles.replica_bundle`);
+                ``None``: on any node.
 
         Raises:
             ValueError: ``count`` < 1.
@@ -128,12 +138,13 @@ class ReplicaPool:
         from ray.util.placement_group import placement_group
         if count < 1:
             raise ValueError(f"count must be >= 1, got {count}")
+        bundle = replica_bundle(self.resources, accelerator_type)
         pgs = []
         for _ in range(count):
             self._made += 1
-            pgs.append(placement_group([dict(self.resources)], strategy="PACK",
+            pgs.append(placement_group([dict(bundle)], strategy="PACK",
                                        name=f"{self.name}-{self._made}"))
-        reservation = Reservation(self, pgs, self._clock(), warm_up)
+        reservation = Reservation(self, pgs, self._clock(), warm_up, accelerator_type)
         self._reserved.append(reservation)
         return reservation
 
@@ -197,21 +208,27 @@ class Grow:
         self.fits_fn = fits_fn or self._ray_fits
         self.name = name
         self.reservation: Reservation | None = None
+        self._type: str | None = None  # the type of the grow being asked for
 
-    def ready(self, extra: int, warm_up: Callable[[], tuple[list[str], list[str]]]) -> bool:
+    def ready(self, extra: int, warm_up: Callable[[], tuple[list[str], list[str]]],
+              accelerator_type: str | None = None) -> bool:
         """Whether ``extra`` new replicas are up: reserves and starts them (each importing
         ``warm_up()``'s ``(modules, paths)``: rank 0's, so that joining costs what staying
-        costs) once their resources are free; a grow of another size is given back."""
+        costs) once their resources are free, on nodes of ``accelerator_type`` if given; a
+        grow of another size or type is given back."""
         grow = self.reservation
-        if grow is not None and grow.count != extra:
+        if grow is not None and (grow.count != extra or
+                                 grow.accelerator_type != accelerator_type):
             self.cancel()
             grow = None
+        self._type = accelerator_type
         try:
             if grow is None:
                 if not self.fits_fn(extra):
                     return False
                 LOG.info("%s: starting %d new replica(s) while it trains", self.name, extra)
-                self.reservation = grow = self.pool.reserve(extra, warm_up=warm_up())
+                self.reservation = grow = self.pool.reserve(
+                    extra, warm_up=warm_up(), accelerator_type=accelerator_type)
             if grow.up():
                 return True
         except Exception as exc:  # noqa: BLE001 - the job trains on; the grow is retried
@@ -225,11 +242,13 @@ class Grow:
             self.cancel()
         return False
 
-    def take(self, need: int) -> Reservation | None:
-        """The grow's reservation if it brings ``need`` replicas and was not cancelled
-        (``None`` otherwise; a grow that does not match is given back)."""
+    def take(self, need: int, accelerator_type: str | None = None) -> Reservation | None:
+        """The grow's reservation if it brings ``need`` replicas on ``accelerator_type``
+        and was not cancelled (``None`` otherwise; a grow that does not match is given
+        back)."""
         grow, self.reservation = self.reservation, None
-        if grow is not None and grow.count == need and not grow.cancelled:
+        if grow is not None and grow.count == need and not grow.cancelled and \
+                grow.accelerator_type == accelerator_type:
             return grow
         if grow is not None:
             grow.cancel()
@@ -246,4 +265,4 @@ class Grow:
         from adaptdl_ray.replicas.nodes import free_resources
         free = free_resources()
         return all(free.get(k, 0.0) + 1e-9 >= v * extra
-                   for k, v in self.pool.resources.items())
+                   for k, v in replica_bundle(self.pool.resources, self._type).items())

@@ -9,6 +9,10 @@ follows it until it finishes, is stopped or fails:
 * **resize** (the sizer's decision): a grow reserves and starts only the new replicas while
   the job trains, and checkpoints once they are up; a shrink stops only the extra ones; the
   replicas that stay keep their processes and continue from the checkpoint;
+* **accelerator types**: on a cluster of several types, every replica is reserved on the
+  type the decision names (:attr:`~adaptdl_core.decision.Decision.accelerator_type`); a
+  resize to another type checkpoints and relaunches on it (only replicas already on that
+  type stay);
 * **move** off a node Ray is draining, before its deadline: checkpoint at the next batch
   boundary and continue on the other nodes (as many replicas as they hold, at least
   ``min_replicas``);
@@ -33,6 +37,7 @@ import time
 from typing import Any, Callable, Mapping, Sequence
 
 from adaptdl_core.decision import Decision, JobSpec, progress_from_status
+from adaptdl_core.policy import NodeInfo
 from adaptdl_ray.replicas.nodes import DrainWatch
 from adaptdl_ray.replicas.pool import Grow
 from adaptdl_ray.supervisor.outcomes import Change, Ending, LaunchEnd, Phase, RunResult
@@ -40,7 +45,7 @@ from adaptdl_ray.supervisor.outcomes import Change, Ending, LaunchEnd, Phase, Ru
 LOG = logging.getLogger(__name__)
 
 __all__ = ["Supervisor", "JobRunner", "StatusUpdate", "DEFAULT_STOP_TIMEOUT_S",
-           "DEFAULT_CHECKPOINT_INTERVAL_S"]
+           "DEFAULT_CHECKPOINT_INTERVAL_S", "nodes_off_type"]
 
 #: Seconds a stop or a resize may wait for the replicas to reach a batch boundary.
 DEFAULT_STOP_TIMEOUT_S = 120.0
@@ -99,13 +104,27 @@ class StatusUpdate:
 
 
 class _Launch:
-    """One launch: its replicas (a worker group) and when it started."""
+    """One launch: its replicas (a worker group), when it started and the accelerator
+    type its new replicas were reserved on (``None``: any node)."""
 
-    def __init__(self, replicas: int, group: Any, started: float) -> None:
+    def __init__(self, replicas: int, group: Any, started: float,
+                 accelerator_type: str | None = None) -> None:
         self.replicas = replicas
         self.group = group
         self.started = started
+        self.accelerator_type = accelerator_type
         self.first_step: float | None = None
+
+
+def nodes_off_type(nodes: Mapping[Any, NodeInfo], node_ids: Sequence[Any],
+                   accelerator_type: str | None) -> set:
+    """The nodes of ``node_ids`` (where replicas run) that are not of
+    ``accelerator_type``, as ``nodes`` (the cluster) tells: a node it does not list
+    counts as off the type. None when no type is asked for."""
+    if accelerator_type is None:
+        return set()
+    return {n for n in node_ids
+            if n not in nodes or nodes[n].accelerator_type != accelerator_type}
 
 
 def _worker_group(actors: list, resources: Mapping[str, float],
@@ -187,6 +206,7 @@ class Supervisor:
         self._resize_from: float | None = None  # when the pending resize was asked for
         self._resize_s: float | None = None     # what the current launch's cost (measured)
         self._avoid_nodes: set[str] = set()     # nodes a move leaves (being drained)
+        self._type: str | None = None           # the accelerator type replicas go on
         self._last_kept: bytes | None = None    # the newest checkpoint kept
 
     @property
@@ -207,15 +227,18 @@ class Supervisor:
 
     # -- the run --------------------------------------------------------------------------
     def run(self, replicas: int, archive: bytes | None, restarts: int, *,
-            trained_s: float = 0.0) -> RunResult:
+            trained_s: float = 0.0, accelerator_type: str | None = None) -> RunResult:
         """Run the job from ``archive`` (``None``: from scratch) on ``replicas`` replicas,
         its first launch numbered ``restarts``, to its end; its resources are given back
         whatever happens.
 
         Args:
             trained_s: seconds it trained in earlier runs (for its remaining time).
+            accelerator_type: the type its first replicas go on (the start decision's;
+                ``None``: any node).
         """
         self._trained_s = float(trained_s)
+        self._type = accelerator_type
         try:
             return self._run(replicas, archive, restarts)
         finally:
@@ -279,9 +302,10 @@ class Supervisor:
         self._resize_s = None  # (measured anew for this launch: an older one is not sent)
         self._status(Phase.PENDING, 0, replicas)
         need = replicas - len(keep)
-        reservation = self._grow.take(need)
+        kind = self._type
+        reservation = self._grow.take(need, kind)
         if need > 0 and reservation is None:
-            reservation = self._pool.reserve(need)
+            reservation = self._pool.reserve(need, accelerator_type=kind)
         logged = started
         while reservation is not None and not reservation.up(wait_s=1.0):
             now = time.time()
@@ -290,10 +314,11 @@ class Supervisor:
                 self._pool.release(keep)
                 if self._stop_requested:
                     return None
+                on = f" on {kind} nodes" if kind else ""
                 raise TimeoutError(
                     f"the cluster had no room for {need} replica(s) of "
-                    f"{dict(self.spec.resources)} within {_PLACEMENT_TIMEOUT_S:.0f} s: lower "
-                    "the minimum number of replicas or free resources")
+                    f"{dict(self.spec.resources)}{on} within {_PLACEMENT_TIMEOUT_S:.0f} s: "
+                    "lower the minimum number of replicas or free resources")
             if now - logged > _WAITING_LOG_EVERY_S:
                 LOG.info("%s: waiting for room for %d replica(s)", self.name, need)
                 logged = now
@@ -308,18 +333,19 @@ class Supervisor:
             self._pool.release(actors)
             raise
         self.facts["restarts"] = restarts
-        return _Launch(replicas, group, started)
+        return _Launch(replicas, group, started, kind)
 
     def _relaunch(self, launch: _Launch, target: int, archive: bytes | None,
                   restarts: int) -> _Launch | None:
         """Continue a checkpointed launch with ``target`` replicas, keeping the replicas
-        that stay (their processes, torch imported): those off the nodes being drained,
-        lowest ranks first (rank 0 stays rank 0); the others stop. If the survivors cannot
-        be made idle, every replica is replaced."""
+        that stay (their processes, torch imported): those off the nodes being drained and
+        on the accelerator type asked for, lowest ranks first (rank 0 stays rank 0); the
+        others stop. If the survivors cannot be made idle, every replica is replaced."""
         from adaptdl_ray.replicas.group import recycle_workers
 
         group = launch.group
         avoid, self._avoid_nodes = self._avoid_nodes, set()
+        avoid |= self._off_type(group.node_ids, self._type)
         stay = [a for a, node in zip(group.actors, group.node_ids) if node not in avoid]
         stay = stay[:target]
         # Every replica leaves the job's process group together (one that loses its peers
@@ -364,16 +390,25 @@ class Supervisor:
                 self._observe(launch)
             decision = self.sizer.decision()
             target = decision.replicas
+            kind = decision.accelerator_type
             self._explain(launch, decision)
-            if decision.action != "resize" or target == launch.replicas or \
+            # (A move to another type is a resize, also at the same size.)
+            moves = decision.action == "resize" and \
+                bool(self._off_type(launch.group.node_ids, kind))
+            if decision.action != "resize" or (target == launch.replicas and not moves) or \
                     target < self.spec.min_replicas:
                 self._grow.cancel()
                 continue
-            if target > launch.replicas and not self._grow_ready(launch,
-                                                                      target - launch.replicas):
-                continue  # the new replicas start while the job trains
-            LOG.info("%s: resizing %d -> %d replicas (%s)", self.name, launch.replicas,
-                     target, decision.reason)
+            # A grow starts its new replicas while the job trains; a move first gives its
+            # replicas back (the type's room may be what a job moving the other way frees).
+            if target > launch.replicas and not moves and \
+                    not self._grow_ready(launch, target - launch.replicas, kind):
+                continue
+            LOG.info("%s: resizing %d -> %d replicas%s (%s)", self.name, launch.replicas,
+                     target, f" on {kind}" if kind else "", decision.reason)
+            if moves:
+                self._grow.cancel()
+            self._type = kind
             self.sizer.begin_resize(decision)
             self._resize_from = time.time()
             return self._checkpoint_and_end(launch, Phase.RESIZING, Change.RESIZE, target)
@@ -405,12 +440,25 @@ class Supervisor:
             LaunchEnd(kind, target)
 
     # -- growing while training -----------------------------------------------------------
-    def _grow_ready(self, launch: _Launch, extra: int) -> bool:
+    def _grow_ready(self, launch: _Launch, extra: int, kind: str | None = None) -> bool:
         """Whether ``extra`` new replicas are up for a grow (see
-        :class:`~adaptdl_ray.replicas.pool.Grow`), warmed with what rank 0 imported (the
-        function's modules too) and the runner's import paths."""
+        :class:`~adaptdl_ray.replicas.pool.Grow`) on nodes of ``kind`` (``None``: any),
+        warmed with what rank 0 imported (the function's modules too) and the runner's
+        import paths."""
         return self._grow.ready(extra, lambda: (launch.group.imported_modules(),
-                                                list(self.runner.import_paths)))
+                                                list(self.runner.import_paths)), kind)
+
+    def _off_type(self, node_ids: Sequence[Any], kind: str | None) -> set:
+        """The nodes of ``node_ids`` not of ``kind`` (see :func:`nodes_off_type`; none
+        when ``kind`` is ``None``). If the cluster cannot be read, none (the replicas stay
+        where they are)."""
+        if kind is None:
+            return set()
+        try:
+            return nodes_off_type(self._nodes_fn(), node_ids, kind)
+        except Exception as exc:  # noqa: BLE001 - keep the replicas; say why
+            LOG.warning("%s: could not read the cluster's node types (%s)", self.name, exc)
+            return set()
 
     # -- nodes ------------------------------------------------------------------------------
     def _move_target(self, launch: _Launch) -> int | None:
@@ -469,7 +517,8 @@ class Supervisor:
         progress = progress_from_status(
             status, trained_s=trained, resize_cost_s=self._resize_s,
             launch_s=(launch.first_step - launch.started) if launch.first_step else None)
-        self.sizer.observe(launch.replicas, hints=snap["hints"], progress=progress)
+        self.sizer.observe(launch.replicas, nodes=list(launch.group.node_ids),
+                           hints=snap["hints"], progress=progress)
         self.facts.update({k: status.get(k) for k in (
             "batch_size", "goodput", "efficiency", "epochs_done", "epochs", "restarts")})
         self.facts["nodes"] = launch.group.num_nodes

@@ -3,7 +3,9 @@
 A trial with ``n`` replicas requests ``PlacementGroupFactory([{}] + [per_replica] * n)``
 (strategy PACK). Tune drops the empty head bundle from the real placement group (the trial
 actor runs there with no resources), so bundle ``i`` holds replica ``i``. The policy sees
-the same request as ``JobInfo.resources = per_replica``.
+the same request as ``JobInfo.resources = per_replica``. A trial placed on an accelerator
+type asks for it in every replica's bundle
+(:func:`~adaptdl_ray.replicas.bundles.replica_bundle`).
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ from __future__ import annotations
 from ray.tune.execution.placement_groups import PlacementGroupFactory
 
 from adaptdl_core.decision.jobs import JobSpec
+from adaptdl_ray.replicas.bundles import bundles_type, replica_bundle
 
-__all__ = ["ReplicaRequest", "placement_group_factory", "num_replicas_of"]
+__all__ = ["ReplicaRequest", "placement_group_factory", "num_replicas_of", "request_type"]
 
 
 class ReplicaRequest(PlacementGroupFactory):
@@ -35,11 +38,20 @@ class ReplicaRequest(PlacementGroupFactory):
                 "not apply to AdaptDL trainables)")
 
 
-def placement_group_factory(spec: JobSpec, num_replicas: int) -> PlacementGroupFactory:
-    """The placement group request of a trial with ``num_replicas`` replicas."""
+def placement_group_factory(spec: JobSpec, num_replicas: int,
+                            accelerator_type: str | None = None) -> PlacementGroupFactory:
+    """The placement group request of a trial with ``num_replicas`` replicas, on nodes of
+    ``accelerator_type`` if given (``None``: any)."""
     if num_replicas < 1:
         raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
-    return ReplicaRequest([{}] + [dict(spec.resources)] * num_replicas, strategy="PACK")
+    bundle = replica_bundle(spec.resources, accelerator_type)
+    return ReplicaRequest([{}] + [dict(bundle) for _ in range(num_replicas)],
+                          strategy="PACK")
+
+
+def request_type(pgf: PlacementGroupFactory | None) -> str | None:
+    """The accelerator type a trial's placement group request asks for (``None``: none)."""
+    return None if pgf is None else bundles_type(pgf.bundles)
 
 
 def num_replicas_of(pgf: PlacementGroupFactory | None) -> int:

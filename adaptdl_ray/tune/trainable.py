@@ -45,7 +45,8 @@ from ray.tune.result import (DONE, RESULT_DUPLICATE, SHOULD_CHECKPOINT, TIME_THI
 from adaptdl_core.decision.jobs import JobSpec
 from adaptdl_ray.replicas import _ray_private
 from adaptdl_ray.tune import checkpoint_files, control
-from adaptdl_ray.tune.resources import num_replicas_of, placement_group_factory
+from adaptdl_ray.tune.resources import (num_replicas_of, placement_group_factory,
+                                         request_type)
 from adaptdl_ray.tune.results import order_like, resize_phases, result_row
 from adaptdl_ray.tune.traps import warn_unscheduled
 from adaptdl_ray.tune.trial_progress import PendingReport, TrialProgress
@@ -435,9 +436,12 @@ class AdaptDLTrainable(tune.Trainable):
 
     def _trial_replicas(self) -> TrialReplicas:
         """Where this trial's replicas run (see :mod:`.trial_replicas`)."""
+        placement = ray.util.get_current_placement_group()
         return TrialReplicas(self.adaptdl_replica_spec.resources, self._replica_trial_info(),
-                             ray.util.get_current_placement_group(), self._base_replicas(),
-                             self.trial_id, in_process=self.adaptdl_single_replica_in_process)
+                             placement, self._base_replicas(),
+                             self.trial_id, in_process=self.adaptdl_single_replica_in_process,
+                             accelerator_type=request_type(self.trial_resources)
+                             if placement is not None else None)
 
     def _replica_trial_info(self) -> dict[str, Any]:
         """What the replicas tell the function through ``tune.get_context()``."""

@@ -77,13 +77,18 @@ class TrialReplicas:
             resource, and no earlier in-process function still runs there).
         fits_fn: whether ``extra`` more replicas' resources are free now (default Ray's
             count of free resources).
+        accelerator_type: the type the trial's placement group asks for (its replicas of
+            own reservations go on it too; no replica then runs in the trial actor, which
+            may be elsewhere); ``None``: any node.
     """
 
     def __init__(self, resources: Mapping[str, float], trial_info: dict[str, Any],
                  placement_group: Any, base: int, trial_id: str, *,
                  in_process: bool,
-                 fits_fn: Callable[[int], bool] | None = None) -> None:
+                 fits_fn: Callable[[int], bool] | None = None,
+                 accelerator_type: str | None = None) -> None:
         self.resources = dict(resources)
+        self.accelerator_type = accelerator_type
         self.trial_info = trial_info
         self.placement_group = placement_group
         self.base = base if placement_group is not None else 0
@@ -94,7 +99,8 @@ class TrialReplicas:
 
     def _in_process_allowed(self) -> bool:
         only_cpu = all(v == 0 for k, v in self.resources.items() if k not in ("CPU", "memory"))
-        return self.in_process and only_cpu and not InProcessReplica.busy()
+        return self.in_process and only_cpu and self.accelerator_type is None and \
+            not InProcessReplica.busy()
 
     def adopt(self, previous: "TrialReplicas") -> None:
         """Take over the base replicas of the trial actor's previous trial (Tune reuses
@@ -135,7 +141,8 @@ class TrialReplicas:
         """``need`` replicas of the trial's own reservations (the grow's, if it brings as
         many, else reserved now and waited for), or fewer (none) if they are not up in
         time."""
-        grow = self._grow.take(need) or self._pool.reserve(need)
+        grow = self._grow.take(need, self.accelerator_type) or \
+            self._pool.reserve(need, accelerator_type=self.accelerator_type)
         deadline = time.monotonic() + _EXTRA_WAIT_S
         while not grow.up(wait_s=1.0):
             if time.monotonic() > deadline:
@@ -157,7 +164,8 @@ class TrialReplicas:
         if extra <= 0:
             return True
         return self._grow.ready(extra, lambda: (
-            group.imported_modules() if isinstance(group, WorkerGroup) else [], []))
+            group.imported_modules() if isinstance(group, WorkerGroup) else [], []),
+            self.accelerator_type)
 
     def cancel_grow(self) -> None:
         """Give back the replicas started for a grow that is no longer wanted."""

@@ -101,6 +101,8 @@ def test_core_keeps_hints_per_type_and_models_every_type():
     d = core.decide(force=True)["j"]
     assert d.action == "resize" and {n for n in d.nodes} == {"a100-0"}
     assert "moving saves" in d.reason
+    # The decision names the type chosen: the front-end places the replicas on it.
+    assert d.accelerator_type == "a100"
 
 
 def test_core_holds_a_move_that_does_not_pay():
@@ -117,3 +119,35 @@ def test_core_holds_a_move_that_does_not_pay():
     assert set(core.record("j").nodes) == {"a100-0"}
     assert d.action == "hold" and set(d.nodes) == {"t4-0"}
     assert "not more than the resize cost" in d.reason
+    assert d.accelerator_type == "t4"  # (where it stays)
+
+
+def test_placement_type_is_the_one_type_of_a_mixed_clusters_nodes():
+    from adaptdl_core.policy import placement_type
+    mixed = {"t": NodeInfo({"GPU": 4}, accelerator_type="t4"),
+             "a": NodeInfo({"GPU": 4}, accelerator_type="a100"),
+             "cpu": NodeInfo({"CPU": 8})}
+    assert placement_type(mixed, ["a", "a"]) == "a100"
+    assert placement_type(mixed, ["t"]) == "t4"
+    # Several types, a node of no type, an unknown node, nothing: no type to ask for.
+    for placement in (["t", "a"], ["cpu"], ["gone"], []):
+        assert placement_type(mixed, placement) is None
+    # A cluster of one type (or none) needs no type in the replicas' bundles.
+    one = {"t": mixed["t"], "cpu": mixed["cpu"]}
+    assert placement_type(one, ["t"]) is None
+
+
+def test_decisions_carry_no_type_on_a_cluster_of_one_type():
+    core = DecisionCore(clock=Clock(1000.0))
+    core.set_nodes({"n": NodeInfo({"GPU": 4}, accelerator_type="t4")})
+    core.add_job("j", JobSpec({"GPU": 1}))
+    d = core.decide(force=True)["j"]
+    assert d.action == "start" and d.accelerator_type is None
+
+
+def test_a_start_on_a_mixed_cluster_names_its_type():
+    core, _ = typed_core()
+    core.add_job("j", JobSpec({"GPU": 1}))
+    d = core.decide(force=True)["j"]
+    assert d.action == "start" and d.accelerator_type in ("t4", "a100")
+    assert {core.nodes[n].accelerator_type for n in d.nodes} == {d.accelerator_type}

@@ -35,7 +35,8 @@ class ScriptedSizer:
     def start(self) -> int:
         return PLAN[0]
 
-    def observe(self, replicas: int, *, hints: Mapping[str, Any] | None = None,
+    def observe(self, replicas: int, *, nodes: Any = None,
+                hints: Mapping[str, Any] | None = None,
                 progress: JobProgress | None = None) -> None:
         if replicas != self.current:
             self.current, self.reads = replicas, 0

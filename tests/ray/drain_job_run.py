@@ -34,7 +34,8 @@ class KeepSizer:
     def start(self) -> int:
         return 2
 
-    def observe(self, replicas: int, *, hints: Mapping[str, Any] | None = None,
+    def observe(self, replicas: int, *, nodes: Any = None,
+                hints: Mapping[str, Any] | None = None,
                 progress: JobProgress | None = None) -> None:
         self.current = replicas
 

@@ -145,8 +145,9 @@ def test_a_lost_node_is_named_and_the_job_continues_on_what_is_left():
 class FakeReservation:
     """New replicas that are up after ``polls`` calls of up()."""
 
-    def __init__(self, count, polls, warm_up):
+    def __init__(self, count, polls, warm_up, accelerator_type=None):
         self.count, self.polls, self.warm_up = count, polls, warm_up
+        self.accelerator_type = accelerator_type
         self.cancelled = False
         self.actors = [f"new{i}" for i in range(count)]
         self.created = time.monotonic()
@@ -164,8 +165,8 @@ class FakePool:
         self.polls = polls
         self.reserved, self.released = [], []
 
-    def reserve(self, count, *, warm_up=None):
-        self.reserved.append(FakeReservation(count, self.polls, warm_up))
+    def reserve(self, count, *, warm_up=None, accelerator_type=None):
+        self.reserved.append(FakeReservation(count, self.polls, warm_up, accelerator_type))
         return self.reserved[-1]
 
     def release(self, actors, *, pgs=()):
@@ -387,8 +388,9 @@ def test_a_stop_while_waiting_for_room_ends_the_run_stopped():
     class NoRoomPool(FakePool):
         """Its reservations never come up; the job is asked to stop while it waits."""
 
-        def reserve(self, count, *, warm_up=None):
-            reservation = super().reserve(count, warm_up=warm_up)
+        def reserve(self, count, *, warm_up=None, accelerator_type=None):
+            reservation = super().reserve(count, warm_up=warm_up,
+                                          accelerator_type=accelerator_type)
 
             def up(wait_s=0.0):
                 sup.request_stop()
@@ -401,3 +403,97 @@ def test_a_stop_while_waiting_for_room_ends_the_run_stopped():
     result = sup.run(2, None, 0)
     assert result.ending is Ending.STOPPED
     assert pool.reserved[0].cancelled and pool.released_all == 1
+
+
+TYPED = {"a": NodeInfo({"CPU": 2}, accelerator_type="T4"),
+         "b": NodeInfo({"CPU": 2}, accelerator_type="A100")}
+
+
+class TypeSizer(KeepSizer):
+    """Decides ``decision`` (replicas, type) each time; records the resizes begun."""
+
+    def __init__(self, replicas, kind):
+        self.replicas, self.kind, self.begun = replicas, kind, []
+
+    def decision(self):
+        return Decision("j", "resize", self.replicas, (), "test", accelerator_type=self.kind)
+
+    def begin_resize(self, decision):
+        self.begun.append((decision.replicas, decision.accelerator_type))
+
+
+def test_nodes_off_a_type_are_those_of_another_type_or_unknown():
+    from adaptdl_ray.supervisor.supervisor import nodes_off_type
+    assert nodes_off_type(TYPED, ["a", "b", "gone"], "A100") == {"a", "gone"}
+    assert nodes_off_type(TYPED, ["a", "b"], None) == set()
+
+
+def test_a_move_to_another_type_at_the_same_size_is_a_resize():
+    """The decision keeps 2 replicas but names A100 while they run on T4: the job
+    checkpoints and relaunches (no grow is started first), and later replicas go on A100."""
+    pool = FakePool()
+    sizer = TypeSizer(2, "A100")
+    sup = make(sizer=sizer, pool=pool, nodes_fn=lambda: TYPED)
+    sup._type = "T4"
+    group = ActorGroup(["a", "a"])
+    assert sup._watch(_Launch(2, group, 0.0, "T4")) == LaunchEnd(Change.RESIZE, 2)
+    assert group.stops == 1 and sizer.begun == [(2, "A100")] and pool.reserved == []
+    assert sup._type == "A100"
+
+
+def test_a_resize_on_the_type_it_runs_on_is_as_before():
+    pool = FakePool(polls=1)
+    sizer = TypeSizer(3, "T4")
+    sup = make(sizer=sizer, pool=pool, nodes_fn=lambda: TYPED)
+    sup._grow.fits_fn = lambda extra: True
+    sup._type = "T4"
+    group = ActorGroup(["a", "a"])
+    # A grow on T4: its new replica starts on T4 while the job trains, then it resizes.
+    assert sup._watch(_Launch(2, group, 0.0, "T4")) == LaunchEnd(Change.RESIZE, 3)
+    (grow,) = pool.reserved
+    assert grow.count == 1 and grow.accelerator_type == "T4"
+
+
+def test_a_same_size_decision_on_the_type_it_runs_on_changes_nothing(monkeypatch):
+    monkeypatch.setattr(supervisor_module, "_DRAIN_CHECK_S", 0.0)
+    sizer = TypeSizer(2, "T4")
+    calls = []
+    sup = make(sizer=sizer, nodes_fn=lambda: TYPED,
+               draining_fn=lambda: (sup.request_stop() or {}) if len(calls.append(1) or
+                                                                       calls) > 3 else {})
+    assert sup._watch(_Launch(2, ActorGroup(["a", "a"]), 0.0, "T4")) == \
+        LaunchEnd(Ending.STOPPED)
+    assert sizer.begun == []
+
+
+def test_a_relaunch_on_another_type_keeps_only_the_replicas_on_it(monkeypatch):
+    from adaptdl_ray.replicas import group as worker_group
+    monkeypatch.setattr(worker_group, "recycle_workers", lambda actors, info: True)
+    pool = FakePool()
+    sup = make(pool=pool, nodes_fn=lambda: TYPED)
+    sup._type = "A100"
+    launches = []
+    sup._launch = lambda replicas, archive, restarts, keep: launches.append(
+        (replicas, list(keep)))
+    sup._relaunch(_Launch(3, ActorGroup(["a", "a", "b"]), 0.0), 2, None, 1)
+    assert launches == [(2, ["r2"])] and pool.released == ["r0", "r1"]
+
+
+def test_a_launch_reserves_its_replicas_on_the_type_asked_for():
+    pool = FakePool(polls=1)
+    made = []
+
+    class Group(ActorGroup):
+        def start(self, *args, **kwargs):
+            pass
+
+    sup = Supervisor(
+        "j", JobSpec({"CPU": 1}, 1, 4), JobRunner(lambda config: None, {}),
+        sizer=KeepSizer(), pool=pool, trial_info={}, keep_checkpoint=lambda a: None,
+        draining_fn=dict, nodes_fn=lambda: TYPED,
+        make_group=lambda actors, res, info: made.append(Group(["b"] * len(actors)))
+        or made[-1])
+    sup._type = "A100"
+    launch = sup._launch(2, None, 0)
+    assert launch.accelerator_type == "A100"
+    assert [(r.count, r.accelerator_type) for r in pool.reserved] == [(2, "A100")]

@@ -13,8 +13,9 @@ from adaptdl_ray.tune.trial_replicas import TrialReplicas  # noqa: E402
 
 
 class FakeReservation:
-    def __init__(self, count):
+    def __init__(self, count, accelerator_type=None):
         self.count, self.cancelled, self.created = count, False, 0.0
+        self.accelerator_type = accelerator_type
         self.actors = [f"own{i}" for i in range(count)]
 
     def up(self, wait_s=0.0):
@@ -28,8 +29,8 @@ class FakePool:
     def __init__(self, *args, **kwargs):
         self.reserved, self.released, self.released_all = [], [], 0
 
-    def reserve(self, count, *, warm_up=None):
-        self.reserved.append(FakeReservation(count))
+    def reserve(self, count, *, warm_up=None, accelerator_type=None):
+        self.reserved.append(FakeReservation(count, accelerator_type))
         return self.reserved[-1]
 
     def take(self, reservation):
@@ -125,3 +126,18 @@ def test_leftover_reservations_of_a_trial_are_removed(monkeypatch):
     monkeypatch.setattr(pg_mod, "remove_placement_group", removed.append)
     assert trial_replicas.remove_leftover_reservations("t1") == 1
     assert removed == ["adaptdl-trial-t1-1"]
+
+
+def test_a_typed_trials_own_reservations_ask_for_its_type(monkeypatch):
+    monkeypatch.setattr(trial_replicas, "ReplicaPool", FakePool)
+    monkeypatch.setattr(trial_replicas, "WorkerGroup", FakeGroup)
+    monkeypatch.setattr(trial_replicas, "new_workers",
+                        lambda res, info, placements: [f"base{i}" for _, i in placements])
+    r = TrialReplicas({"CPU": 1}, {}, object(), 1, "t1", in_process=True,
+                      fits_fn=lambda extra: True, accelerator_type="A100")
+    # (one replica: not in the trial actor, which holds no share of the A100 node)
+    assert not r._in_process_allowed()
+    group = r.group(3)
+    assert group.actors == ["base0", "own0", "own1"]
+    assert [g.accelerator_type for g in r._pool.reserved] == ["A100"]
+    assert r.grow_ready(group, 1) and r._pool.reserved[-1].accelerator_type == "A100"

@@ -58,6 +58,11 @@ def main():
     p.add_argument("--drop-last", action="store_true")
     p.add_argument("--noise", type=float, default=0.1, help="label noise (std)")
     p.add_argument("--sleep", type=float, default=0.0, help="seconds per batch")
+    p.add_argument("--slow-until", default=None,
+                   help="sleep --sleep per batch only until this file exists (a test's "
+                        "scripted policy touches it once it has run its script)")
+    p.add_argument("--record-node", action="store_true",
+                   help="the start record names the Ray node the replica runs on")
     p.add_argument("--sleep-per-sample", type=float, default=0.0,
                    help="seconds per sample of the local batch: a step's time scales with it, "
                         "as a compute-bound model's does (more replicas pay)")
@@ -102,7 +107,12 @@ def main():
                                    gradient_accumulation=args.accumulation)
     valid = adl.AdaptiveDataLoader(data, batch_size=args.batch_size)
     accum = adl.Accumulator()
-    emit(event="start", replicas=env.num_replicas(), epoch=adl.finished_epochs(), pid=os.getpid())
+    where = {}
+    if args.record_node:
+        import ray
+        where["node"] = ray.get_runtime_context().get_node_id()
+    emit(event="start", replicas=env.num_replicas(), epoch=adl.finished_epochs(), pid=os.getpid(),
+         **where)
 
     requests, askers = [], []
 
@@ -172,7 +182,8 @@ def train_epochs(args, rank, model, opt, sched, train, valid, accum, emit, ask, 
             batches += 1
             if batches == 1 and args.signal_file and rank == 0:
                 open(args.signal_file, "w").close()
-            if args.sleep or args.sleep_per_sample:
+            if (args.sleep or args.sleep_per_sample) and not (
+                    args.slow_until and os.path.exists(args.slow_until)):
                 time.sleep(args.sleep + args.sleep_per_sample * len(idx))
             if batches == args.hold_after and args.hold_rank in (-1, rank):
                 hold(args.record, rank)
