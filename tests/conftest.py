@@ -16,10 +16,15 @@ from adaptdl_core import context
 
 
 def pytest_configure(config):
-    """Register the markers of this suite (``pytest -m "not slow"`` skips the slow tests)."""
+    """Register the markers of this suite (``pytest -m "not slow"`` skips the slow tests),
+    and keep the file order below under ``--dist loadfile``: pytest-xdist (3.6 and later)
+    otherwise reorders files by their number of tests, which sends the one-test Ray files,
+    the longest of all, to the end, where one runs alone on one worker."""
     config.addinivalue_line(
         "markers", "slow: takes about 20 s or more on a 2-core machine (processes, whole "
         "trainings or simulations); the quick command leaves it out, CI runs it")
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
 
 
 def pytest_collection_modifyitems(session, config, items):
