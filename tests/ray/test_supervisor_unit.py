@@ -14,6 +14,7 @@ from adaptdl_core.decision import Decision, JobSpec, NodeInfo
 from adaptdl_ray.supervisor import Change, Ending, JobRunner, LaunchEnd, Phase, Supervisor
 from adaptdl_ray.replicas import pool as pool_module
 from adaptdl_ray.supervisor import supervisor as supervisor_module
+from adaptdl_ray.supervisor.recovery import FailureVerdict, Verdict, judge_failure
 from adaptdl_ray.supervisor.supervisor import _Launch
 
 
@@ -136,7 +137,9 @@ def test_a_lost_node_is_named_and_the_job_continues_on_what_is_left():
     nodes = {"a": NodeInfo({"CPU": 1})}
     sup = make(nodes_fn=lambda: nodes)
     launch = _Launch(2, FakeGroup(["a", "b"]), 0.0)
-    assert sup._lost_nodes(launch) == ["b"]
+    verdict = judge_failure(RuntimeError("gone"), launch.group, lambda: nodes.keys(),
+                            name=sup.name)
+    assert verdict == FailureVerdict(Verdict.CONTINUE, ("b",), "gone")
     assert sup._room_elsewhere(launch) == 1
     nodes["c"] = NodeInfo({"CPU": 2})
     assert sup._room_elsewhere(launch) == 2
