@@ -94,10 +94,13 @@ def test_submit_stop_resume_exactly_once(cluster, cluster_env, tmp_path):
     shutil.copy(JOB_SCRIPT, work / "tiny.py")
     record, storage = tmp_path / "record", tmp_path / "storage"
     record.mkdir()
+    # Batches of 2 s until the stop has landed (the file below), then as fast as they go:
+    # the stop, a new process importing Ray, lands mid-run however loaded the machine.
+    stopped = tmp_path / "stopped"
     submit = ["submit", "--address", cluster.address, "--name", "tiny", "--min-replicas", "2",
               "--max-replicas", "2", "--storage-path", str(storage), "--working-dir", str(work),
               "tiny.py", "--record", str(record), "--epochs", str(EPOCHS), "--size", str(SIZE),
-              "--batch-size", str(BATCH), "--sleep", "0.4"]
+              "--batch-size", str(BATCH), "--sleep", "2.0", "--slow-until", str(stopped)]
     out = cli(cluster_env, tmp_path, *submit)
     assert out.returncode == 0, out.stderr
     assert "submitted job tiny" in out.stdout
@@ -108,6 +111,7 @@ def test_submit_stop_resume_exactly_once(cluster, cluster_env, tmp_path):
     assert "stopped job tiny" in out.stdout, out.stdout
     # (Each of the 2 replicas records every step.)
     assert 0 < batches(record) < 2 * EPOCHS * SIZE // BATCH, "the stop did not come mid-run"
+    stopped.touch()
     assert listed(cluster_env, tmp_path, cluster.address, "tiny")["status"] == "stopped"
 
     out = cli(cluster_env, tmp_path, *submit)
