@@ -78,10 +78,10 @@ class InPlaceCheckpoints:
         """
         started = self._clock()
         answer = group.save(self.timeout_s)
-        if not answer.get("taken"):
+        if not answer["taken"]:
             return None
-        archive = group.checkpoint_archive(answer.get("path"))
-        return InPlaceSave(archive, answer.get("index", 0), self._clock() - started)
+        archive = group.checkpoint_archive(answer["path"])
+        return InPlaceSave(archive, answer["index"], self._clock() - started)
 
     def save_if_due(self, group: Any) -> InPlaceSave | None:
         """:meth:`save` when one is due (the next is due one interval after it ends); a

@@ -26,6 +26,9 @@ the trial actor itself (``single_replica_in_process``).
 * **Interrupts** of the driver reach the trial through the control actor: it stops its
   replicas at the next batch boundary and saves their state into its trial directory, which
   a ``Tuner.restore`` picks up (newest state wins).
+* **Shared with a submitted job**: the schedule and saves of in-place checkpoints, the
+  verdict on a failure over a lost node, the step toward a new size and the hand-over of
+  the replicas that stay are the job supervisor's (:mod:`adaptdl_ray.supervisor`).
 * **Actor reuse** (``reuse_actors=True``): a trial actor handed to a new trial keeps its
   replica actors (torch imported); each forgets the previous job first.
 """
@@ -320,8 +323,7 @@ class AdaptDLTrainable(tune.Trainable):
             group.shutdown()
         LOG.info("trial %s: resizing in place %d -> %d replicas (%d stay, %d start)",
                  self.trial_id, current, target, len(stay), target - len(stay))
-        self._progress.restarts += 1
-        self._launch_at, self._launch_s = stopped, 0.0
+        self._count_restart(stopped)
         self._measure_from = {"requested": requested, "stopped": stopped, "saved": stopped,
                               "decided": self._target.decided_at or requested}
         self._group = self._replicas.group(target, keep=stay)
@@ -454,8 +456,7 @@ class AdaptDLTrainable(tune.Trainable):
 
     def _ensure_started(self) -> None:
         if self._group is None:
-            self._progress.restarts += 1
-            self._launch_at, self._launch_s = time.time(), 0.0
+            self._count_restart()
             self._group = self._new_group()
         if not self._group.started:
             self._ended = False
@@ -468,13 +469,17 @@ class AdaptDLTrainable(tune.Trainable):
                 self._control.put_nodes.remote(self.trial_id, list(self._group.node_ids),
                                                self._progress.restarts)
 
+    def _count_restart(self, at: float | None = None) -> None:
+        """A new launch of the function, from ``at`` (default now): a restart."""
+        self._progress.restarts += 1
+        self._launch_at, self._launch_s = time.time() if at is None else at, 0.0
+
     def _relaunch_from_checkpoint(self) -> None:
         """Continue a job that stopped itself at a checkpoint, in the same (recycled)
         replicas if they can serve again, else in fresh ones; a restart either way."""
         self._archive = self._group.checkpoint_archive() or self._archive
         if self._group.recycle(self._replica_trial_info()):
-            self._progress.restarts += 1
-            self._launch_at, self._launch_s = time.time(), 0.0
+            self._count_restart()
         else:
             self._replicas.release_all(self._group)
             self._group = None
