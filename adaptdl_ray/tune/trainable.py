@@ -137,8 +137,9 @@ class AdaptDLTrainable(tune.Trainable):
         self._group: WorkerGroup | InProcessReplica | None = self._new_group()
 
     @property
-    def _name(self) -> str:
-        """How log lines name the trial."""
+    def _adaptdl_name(self) -> str:
+        """How log lines name the trial (not ``_name``: Tune registers a trainable class
+        under its ``_name``)."""
         return f"trial {self.trial_id}"
 
     def _new_trial(self, config: dict) -> None:
@@ -157,7 +158,8 @@ class AdaptDLTrainable(tune.Trainable):
         self._launch_at = time.time()
         self._launch_s = 0.0  # this launch's start to first step, once seen
         self._in_place = InPlaceCheckpoints(self.adaptdl_checkpoint_interval_s,
-                                            self.adaptdl_stop_timeout_s, name=self._name)
+                                            self.adaptdl_stop_timeout_s,
+                                            name=self._adaptdl_name)
         self._target = control.TargetReader(self._control, self.trial_id)
 
     def load_checkpoint(self, checkpoint_dir: str) -> None:
@@ -246,7 +248,7 @@ class AdaptDLTrainable(tune.Trainable):
             self._keep_state(self._reports_before(saved.index))
         except (OSError, ValueError) as exc:
             LOG.warning("%s: could not keep its in-place checkpoint on the run's storage "
-                        "(%s)", self._name, exc)
+                        "(%s)", self._adaptdl_name, exc)
 
     def _reports_before(self, index: int) -> list[PendingReport]:
         """The queued reports made before the batch boundary ``index`` (a checkpoint's)."""
@@ -274,7 +276,8 @@ class AdaptDLTrainable(tune.Trainable):
         group = self._group
         if not isinstance(group, WorkerGroup):
             return False  # (it ran in the trial actor: a loss of its node is Tune's)
-        verdict = judge_failure(exc, group, lambda: cluster_nodes().keys(), name=self._name)
+        verdict = judge_failure(exc, group, lambda: cluster_nodes().keys(),
+                                name=self._adaptdl_name)
         if verdict.verdict is Verdict.FAIL:
             return False
         self._fetch_quietly()
