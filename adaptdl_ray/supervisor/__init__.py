@@ -5,12 +5,20 @@ replicas that stay, moves it off draining nodes, continues it after lost nodes, 
 it in place and stops it; what its launches and runs end in are types
 (:mod:`.outcomes`). A submitted job's driver (:mod:`adaptdl_ray.cluster.elastic_job`) is a
 thin front-end of it.
+
+What a Tune trial (:mod:`adaptdl_ray.tune.trainable`) does alike is written here once and
+shared with it: the schedule and the saves of in-place checkpoints (:mod:`.in_place`), the
+verdict on a replica's failure over a lost node, the step toward a new size and the
+hand-over of the replicas that stay (:mod:`.recovery`), and where stopped replicas ended
+(:class:`~.outcomes.Boundary`).
 """
 
-from adaptdl_ray.supervisor.outcomes import Change, Ending, LaunchEnd, Phase, RunResult
+from adaptdl_ray.supervisor.outcomes import (Boundary, Change, Ending, LaunchEnd, Phase,
+                                             RunResult)
 from adaptdl_ray.supervisor.supervisor import (DEFAULT_CHECKPOINT_INTERVAL_S,
                                                DEFAULT_STOP_TIMEOUT_S, JobRunner,
                                                StatusUpdate, Supervisor)
 
 __all__ = ["Supervisor", "JobRunner", "StatusUpdate", "Ending", "Change", "LaunchEnd",
-           "Phase", "RunResult", "DEFAULT_STOP_TIMEOUT_S", "DEFAULT_CHECKPOINT_INTERVAL_S"]
+           "Phase", "RunResult", "Boundary", "DEFAULT_STOP_TIMEOUT_S",
+           "DEFAULT_CHECKPOINT_INTERVAL_S"]

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from typing import Any, Mapping, Sequence
 
-__all__ = ["Ending", "Change", "LaunchEnd", "RunResult", "Phase"]
+__all__ = ["Ending", "Change", "LaunchEnd", "RunResult", "Phase", "Boundary", "boundary_of"]
 
 
 class Ending(str, enum.Enum):
@@ -74,3 +75,21 @@ class RunResult:
     ending: Ending
     restarts: int
     error: str | None = None
+
+
+class Boundary(str, enum.Enum):
+    """Where a launch's replicas stopped, from what each says when it ends."""
+
+    FINISHED = "finished"          #: every replica's function ran to its end
+    CHECKPOINTED = "checkpointed"  #: they checkpointed at a batch boundary and stopped
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def boundary_of(outcomes: Sequence[Mapping[str, Any]]) -> Boundary:
+    """Where replicas stopped: :attr:`Boundary.FINISHED` when every outcome (a worker
+    group's ``stop`` or ``finished``) says its function ran to its end, else
+    :attr:`Boundary.CHECKPOINTED` (the function stopped at a checkpoint)."""
+    finished = all(o["status"] == "finished" for o in outcomes)
+    return Boundary.FINISHED if finished else Boundary.CHECKPOINTED

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import time
 from typing import Any, Callable, Mapping, Sequence
 
@@ -40,7 +39,11 @@ from adaptdl_core.decision import Decision, JobSpec, progress_from_status
 from adaptdl_core.policy import NodeInfo
 from adaptdl_ray.replicas.nodes import DrainWatch
 from adaptdl_ray.replicas.pool import Grow
-from adaptdl_ray.supervisor.outcomes import Change, Ending, LaunchEnd, Phase, RunResult
+from adaptdl_ray.supervisor.in_place import InPlaceCheckpoints
+from adaptdl_ray.supervisor.outcomes import (Boundary, Change, Ending, LaunchEnd, Phase,
+                                             RunResult, boundary_of)
+from adaptdl_ray.supervisor.recovery import (ResizeStep, Verdict, hand_over, judge_failure,
+                                             resize_step)
 
 LOG = logging.getLogger(__name__)
 
@@ -134,11 +137,6 @@ def _worker_group(actors: list, resources: Mapping[str, float],
     return WorkerGroup(len(actors), resources, None, trial_info, actors=actors)
 
 
-def _all_finished(outcomes: Sequence[Mapping[str, Any]]) -> bool:
-    """Whether every replica's outcome says its function ran to its end."""
-    return all(o["status"] == "finished" for o in outcomes)
-
-
 class Supervisor:
     """Follows one elastic job through its launches (see the module docstring).
 
@@ -190,7 +188,6 @@ class Supervisor:
         self.trial_info = trial_info
         self.stop_timeout_s = stop_timeout_s
         self.status_every_s = status_every_s
-        self.checkpoint_interval_s = checkpoint_interval_s
         self.kind = kind
         #: What the supervisor knows of the job (see :class:`StatusUpdate`'s ``facts``).
         self.facts: dict[str, Any] = {}
@@ -208,6 +205,13 @@ class Supervisor:
         self._avoid_nodes: set[str] = set()     # nodes a move leaves (being drained)
         self._type: str | None = None           # the accelerator type replicas go on
         self._last_kept: bytes | None = None    # the newest checkpoint kept
+        self._in_place = InPlaceCheckpoints(checkpoint_interval_s, stop_timeout_s,
+                                            name=self.name)
+
+    @property
+    def checkpoint_interval_s(self) -> float | None:
+        """Seconds of training between in-place checkpoints (``None``: none)."""
+        return self._in_place.interval_s
 
     @property
     def name(self) -> str:
@@ -253,23 +257,20 @@ class Supervisor:
             try:
                 end = self._watch(launch)
             except Exception as exc:  # noqa: BLE001 - a lost node, or the job's failure
-                lost = self._lost_nodes(launch)
-                if not lost:
+                verdict = judge_failure(exc, launch.group, lambda: self._nodes_fn().keys(),
+                                        name=self.name)
+                if verdict.verdict is Verdict.FAIL:
                     LOG.error("%s failed: %s", self.name, exc)
                     self._keep_checkpoint(launch)
-                    error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-                    return RunResult(Ending.FAILED, restarts, error)
+                    return RunResult(Ending.FAILED, restarts, verdict.error)
                 # Not the job's failure: continue from its newest checkpoint.
                 self._teardown()
                 archive = self._newest_kept(archive)
                 replicas = self._room_elsewhere(launch)
                 restarts += 1
-                self.facts["nodes_lost"] = int(self.facts.get("nodes_lost", 0)) + len(lost)
-                LOG.warning("%s: node(s) %s under its replicas were lost (%s); continuing "
-                            "from its newest checkpoint with %d replica(s)", self.name,
-                            ", ".join(n[:12] for n in lost),
-                            str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
-                            replicas)
+                self.facts["nodes_lost"] = int(self.facts.get("nodes_lost", 0)) + \
+                    len(verdict.lost_nodes)
+                LOG.info("%s: continuing with %d replica(s)", self.name, replicas)
                 launch = self._launch(replicas, archive, restarts)
                 continue
             self._trained_s += time.time() - (launch.first_step or launch.started)
@@ -341,18 +342,12 @@ class Supervisor:
         that stay (their processes, torch imported): those off the nodes being drained and
         on the accelerator type asked for, lowest ranks first (rank 0 stays rank 0); the
         others stop. If the survivors cannot be made idle, every replica is replaced."""
-        from adaptdl_ray.replicas.group import recycle_workers
-
         group = launch.group
         avoid, self._avoid_nodes = self._avoid_nodes, set()
         avoid |= self._off_type(group.node_ids, self._type)
         stay = [a for a, node in zip(group.actors, group.node_ids) if node not in avoid]
-        stay = stay[:target]
-        # Every replica leaves the job's process group together (one that loses its peers
-        # first waits out the store's timeout); then the extra ones stop.
-        if not recycle_workers(group.actors, self.trial_info):
-            stay = []
-        self._pool.release([a for a in group.actors if a not in stay])
+        stay = hand_over(group.actors, stay[:target], self.trial_info,
+                         release=self._pool.release)
         LOG.info("%s: %d replica(s) stay, %d start", self.name, len(stay), target - len(stay))
         return self._launch(target, archive, restarts, keep=stay)
 
@@ -366,18 +361,15 @@ class Supervisor:
         group = launch.group
         next_status = 0.0
         self._drains.reset()
-        interval = self.checkpoint_interval_s
-        next_save = time.monotonic() + interval if interval else math.inf
+        self._in_place.restart()
         self._status(Phase.RUNNING, launch.replicas)
         while True:
             if self._stop_requested:
                 return self._checkpoint_and_end(launch, Phase.STOPPING, Ending.STOPPED, 0)
-            if time.monotonic() >= next_save:
-                self._save_in_place(launch)
-                next_save = time.monotonic() + interval
+            self._save_in_place(launch)
             outcomes = group.finished(min(1.0, self.status_every_s))
             if outcomes is not None:
-                if _all_finished(outcomes):
+                if boundary_of(outcomes) is Boundary.FINISHED:
                     return LaunchEnd(Ending.FINISHED)
                 LOG.info("%s checkpointed and stopped itself; relaunching", self.name)
                 return LaunchEnd(Change.RELAUNCH, launch.replicas)
@@ -395,14 +387,15 @@ class Supervisor:
             # (A move to another type is a resize, also at the same size.)
             moves = decision.action == "resize" and \
                 bool(self._off_type(launch.group.node_ids, kind))
-            if decision.action != "resize" or (target == launch.replicas and not moves) or \
-                    target < self.spec.min_replicas:
+            if decision.action != "resize" or target < self.spec.min_replicas:
                 self._grow.cancel()
                 continue
             # A grow starts its new replicas while the job trains; a move first gives its
             # replicas back (the type's room may be what a job moving the other way frees).
-            if target > launch.replicas and not moves and \
-                    not self._grow_ready(launch, target - launch.replicas, kind):
+            step = resize_step(launch.replicas, target, moves=moves,
+                               grow_ready=lambda extra: self._grow_ready(launch, extra, kind),
+                               cancel_grow=self._grow.cancel)
+            if step is not ResizeStep.GO:
                 continue
             LOG.info("%s: resizing %d -> %d replicas%s (%s)", self.name, launch.replicas,
                      target, f" on {kind}" if kind else "", decision.reason)
@@ -436,8 +429,8 @@ class Supervisor:
         function had ended anyway."""
         self._status(phase, launch.replicas, target or launch.replicas)
         outcomes = launch.group.stop(self.stop_timeout_s)
-        return LaunchEnd(Ending.FINISHED) if _all_finished(outcomes) else \
-            LaunchEnd(kind, target)
+        return LaunchEnd(Ending.FINISHED) if boundary_of(outcomes) is Boundary.FINISHED \
+            else LaunchEnd(kind, target)
 
     # -- growing while training -----------------------------------------------------------
     def _grow_ready(self, launch: _Launch, extra: int, kind: str | None = None) -> bool:
@@ -475,13 +468,6 @@ class Supervisor:
         LOG.warning("%s: %s under its replicas: checkpointing at the next batch boundary and "
                     "moving to the other nodes with %d replica(s)", self.name, reason, target)
         return target
-
-    def _lost_nodes(self, launch: _Launch) -> list[str]:
-        """The nodes under the launch's replicas that are gone (after a replica failed;
-        see :func:`~adaptdl_ray.replicas.nodes.lost_nodes_under`)."""
-        from adaptdl_ray.replicas.nodes import lost_nodes_under
-        return lost_nodes_under(launch.group.node_ids, launch.group.actors,
-                                lambda: self._nodes_fn().keys())
 
     def _room_elsewhere(self, launch: _Launch) -> int:
         """Replicas to continue with after losing a node or moving off a draining one (see
@@ -527,32 +513,33 @@ class Supervisor:
 
     # -- checkpoints --------------------------------------------------------------------------
     def _save_in_place(self, launch: _Launch) -> None:
-        """Checkpoint at the next batch boundary, keep training, and keep the checkpoint
-        (a save that found no boundary in time is skipped, logged).
+        """When one is due, checkpoint at the next batch boundary, keep training, and keep
+        the checkpoint (see :class:`~adaptdl_ray.supervisor.in_place.InPlaceCheckpoints`).
 
         Raises:
-            WorkerFailed: a replica failed meanwhile."""
-        started = time.time()
-        try:
-            answer = launch.group.save(self.stop_timeout_s)
-        except TimeoutError as exc:
-            LOG.warning("%s: in-place checkpoint skipped: %s", self.name, exc)
-            return
-        if answer.get("taken") and self._keep_checkpoint(launch, answer.get("path")):
+            WorkerFailed: a replica failed meanwhile.
+            ray.exceptions.RayError: rank 0's checkpoint could not be fetched."""
+        saved = self._in_place.save_if_due(launch.group)
+        if saved is not None and self._keep_archive(saved.archive) is not None:
             # (how many in-place checkpoints, and the seconds they took)
             self.facts["checkpoints"] = int(self.facts.get("checkpoints", 0)) + 1
             self.facts["checkpoint_s"] = float(self.facts.get("checkpoint_s", 0.0)) + \
-                time.time() - started
+                saved.seconds
 
-    def _keep_checkpoint(self, launch: _Launch, path: str | None = None) -> bytes | None:
-        """Hand rank 0's checkpoint ``path`` (default: its newest) to the front-end to keep;
-        returns its bytes (``None``: rank 0 wrote none, it is gone, or it was not kept)."""
+    def _keep_checkpoint(self, launch: _Launch) -> bytes | None:
+        """Hand rank 0's newest checkpoint to the front-end to keep; returns its bytes
+        (``None``: rank 0 wrote none, it is gone, or it was not kept)."""
         import ray
         try:
-            archive = launch.group.checkpoint_archive(path)
+            archive = launch.group.checkpoint_archive()
         except ray.exceptions.RayError as exc:
             LOG.warning("%s: could not fetch rank 0's checkpoint: %s", self.name, exc)
             return None
+        return self._keep_archive(archive)
+
+    def _keep_archive(self, archive: bytes | None) -> bytes | None:
+        """Hand ``archive`` to the front-end to keep; returns it (``None``: there was none
+        or it was not kept)."""
         if archive is None:
             return None
         where = self._keep(archive)

@@ -26,6 +26,9 @@ the trial actor itself (``single_replica_in_process``).
 * **Interrupts** of the driver reach the trial through the control actor: it stops its
   replicas at the next batch boundary and saves their state into its trial directory, which
   a ``Tuner.restore`` picks up (newest state wins).
+* **Shared with a submitted job**: the schedule and saves of in-place checkpoints, the
+  verdict on a failure over a lost node, the step toward a new size and the hand-over of
+  the replicas that stay are the job supervisor's (:mod:`adaptdl_ray.supervisor`).
 * **Actor reuse** (``reuse_actors=True``): a trial actor handed to a new trial keeps its
   replica actors (torch imported); each forgets the previous job first.
 """
@@ -52,8 +55,12 @@ from adaptdl_ray.tune.traps import warn_unscheduled
 from adaptdl_ray.tune.trial_progress import PendingReport, TrialProgress
 from adaptdl_ray.tune.trial_replicas import TrialReplicas
 from adaptdl_ray.replicas.failures import WorkerFailed, first_line_of
-from adaptdl_ray.replicas.group import WorkerGroup, recycle_workers
+from adaptdl_ray.replicas.group import WorkerGroup
 from adaptdl_ray.replicas.in_process import InProcessReplica
+from adaptdl_ray.supervisor.in_place import InPlaceCheckpoints
+from adaptdl_ray.supervisor.outcomes import Boundary, boundary_of
+from adaptdl_ray.supervisor.recovery import (ResizeStep, Verdict, hand_over, judge_failure,
+                                             resize_step)
 
 LOG = logging.getLogger(__name__)
 _ray_private.check_tune()  # fail at import, not inside a trial, on a Ray without them
@@ -129,6 +136,12 @@ class AdaptDLTrainable(tune.Trainable):
         self._replicas = self._trial_replicas()
         self._group: WorkerGroup | InProcessReplica | None = self._new_group()
 
+    @property
+    def _adaptdl_name(self) -> str:
+        """How log lines name the trial (not ``_name``: Tune registers a trainable class
+        under its ``_name``)."""
+        return f"trial {self.trial_id}"
+
     def _new_trial(self, config: dict) -> None:
         """Forget every trace of a previous trial on this actor (a fresh trial starts)."""
         self._config = config
@@ -144,7 +157,9 @@ class AdaptDLTrainable(tune.Trainable):
         self._storage_info = _ray_private.trial_storage(self)
         self._launch_at = time.time()
         self._launch_s = 0.0  # this launch's start to first step, once seen
-        self._next_save: float | None = None  # time.monotonic() of the next in-place save
+        self._in_place = InPlaceCheckpoints(self.adaptdl_checkpoint_interval_s,
+                                            self.adaptdl_stop_timeout_s,
+                                            name=self._adaptdl_name)
         self._target = control.TargetReader(self._control, self.trial_id)
 
     def load_checkpoint(self, checkpoint_dir: str) -> None:
@@ -199,7 +214,7 @@ class AdaptDLTrainable(tune.Trainable):
                     return self._emit(self._queue.popleft())
                 continue
             self._fetch(0.0)
-            if any(o["status"] == "checkpointed" for o in outcomes):
+            if boundary_of(outcomes) is Boundary.CHECKPOINTED:
                 # The job stopped itself (request_checkpoint_and_exit in the function):
                 # continue from its checkpoint in fresh processes.
                 self._relaunch_from_checkpoint()
@@ -209,39 +224,35 @@ class AdaptDLTrainable(tune.Trainable):
 
     def _save_in_place_if_due(self) -> None:
         """Every ``checkpoint_interval_s`` of a launch: checkpoint at the next batch
-        boundary while the replicas train on; a lost replica node continues from it, and
-        it is written to the trial's directory on the run's storage (newest state wins),
-        where Tune's retry or a ``Tuner.restore`` after the trial actor was lost finds it.
+        boundary while the replicas train on (see
+        :class:`~adaptdl_ray.supervisor.in_place.InPlaceCheckpoints`); a lost replica node
+        continues from it, and it is written to the trial's directory on the run's storage
+        (newest state wins), where Tune's retry or a ``Tuner.restore`` after the trial
+        actor was lost finds it.
 
         Raises:
             WorkerFailed: a replica failed before the checkpoint."""
-        interval, group = self.adaptdl_checkpoint_interval_s, self._group
-        if interval is None or group is None or not group.started or self._ended:
+        group = self._group
+        if group is None or not group.started or self._ended:
             return
-        now = time.monotonic()
-        if self._next_save is None:
-            self._next_save = now + interval
-        if now < self._next_save:
+        saved = self._in_place.save_if_due(group)
+        if saved is None:
             return
-        self._next_save = now + interval
-        try:
-            answer = group.save(self.adaptdl_stop_timeout_s)
-        except TimeoutError as exc:
-            LOG.warning("trial %s: in-place checkpoint skipped: %s", self.trial_id, exc)
-            return
-        if not answer["taken"]:
-            return
-        self._archive = group.checkpoint_archive(answer["path"]) or self._archive
+        self._archive = saved.archive or self._archive
         if self._storage_info is None:
             return
         self._fetch(0.0)
         try:
             # The reports made before the checkpoint and not yet returned: a resumption
             # from it returns them first (the later ones the function makes again).
-            self._keep_state([r for r in self._queue if r.tag < answer["index"]])
+            self._keep_state(self._reports_before(saved.index))
         except (OSError, ValueError) as exc:
-            LOG.warning("trial %s: could not keep its in-place checkpoint on the run's "
-                        "storage (%s)", self.trial_id, exc)
+            LOG.warning("%s: could not keep its in-place checkpoint on the run's storage "
+                        "(%s)", self._adaptdl_name, exc)
+
+    def _reports_before(self, index: int) -> list[PendingReport]:
+        """The queued reports made before the batch boundary ``index`` (a checkpoint's)."""
+        return [r for r in self._queue if r.tag < index]
 
     def _keep_state(self, pending: list[PendingReport]) -> str:
         """Write the trial's record (with ``pending``, its reports not yet returned), its
@@ -261,18 +272,16 @@ class AdaptDLTrainable(tune.Trainable):
         from the newest checkpoint in the same placement group (Ray places its lost
         bundles on the nodes left, or the start times out into an ordinary failure) and
         return True; False if no node was lost (the failure is the trial's)."""
-        from adaptdl_ray.replicas.nodes import cluster_nodes, lost_nodes_under
+        from adaptdl_ray.replicas.nodes import cluster_nodes
         group = self._group
         if not isinstance(group, WorkerGroup):
-            return False
-        lost = lost_nodes_under(group.node_ids, group.actors, lambda: cluster_nodes().keys())
-        if not lost:
+            return False  # (it ran in the trial actor: a loss of its node is Tune's)
+        verdict = judge_failure(exc, group, lambda: cluster_nodes().keys(),
+                                name=self._adaptdl_name)
+        if verdict.verdict is Verdict.FAIL:
             return False
         self._fetch_quietly()
-        self._progress.nodes_lost += len(lost)
-        LOG.warning("trial %s: node(s) %s under its replicas were lost (%s); continuing "
-                    "from its newest checkpoint", self.trial_id,
-                    ", ".join(n[:12] for n in lost), first_line_of(exc))
+        self._progress.nodes_lost += len(verdict.lost_nodes)
         # Its own reservations go back too: it continues on its placement group's bundles
         # (Ray places the lost ones on the nodes left, else the start waits for room) and
         # grows back to its size in place once there is room.
@@ -297,31 +306,27 @@ class AdaptDLTrainable(tune.Trainable):
             return
         target = self.adaptdl_replica_spec.clamp(target)
         current = group.num_replicas
-        if target == current:
-            self._replicas.cancel_grow()
-            return
-        if target > current and not self._replicas.grow_ready(group, target - current):
-            return  # the new replicas start while the trial trains
+        step = resize_step(current, target, cancel_grow=self._replicas.cancel_grow,
+                           grow_ready=lambda extra: self._replicas.grow_ready(group, extra))
+        if step is not ResizeStep.GO:
+            return  # (a grow's new replicas start while the trial trains)
         requested = time.time()
         outcomes = group.stop(self.adaptdl_stop_timeout_s)
         self._fetch(0.0)
-        if all(o["status"] == "finished" for o in outcomes):
+        if boundary_of(outcomes) is Boundary.FINISHED:
             self._ended = True  # the function ended first: step() finishes the trial
             return
         stopped = time.time()
         self._archive = group.checkpoint_archive() or self._archive
         stay = self._replicas.survivors(group, target)
         if isinstance(group, WorkerGroup):
-            # Every replica leaves the job's process group together, then the extra stop.
-            if stay and not recycle_workers(group.actors, self._replica_trial_info()):
-                stay = []
-            self._replicas.release([a for a in group.actors if a not in stay])
+            stay = hand_over(group.actors, stay, self._replica_trial_info(),
+                             release=self._replicas.release)
         else:
             group.shutdown()
         LOG.info("trial %s: resizing in place %d -> %d replicas (%d stay, %d start)",
                  self.trial_id, current, target, len(stay), target - len(stay))
-        self._progress.restarts += 1
-        self._launch_at, self._launch_s = stopped, 0.0
+        self._count_restart(stopped)
         self._measure_from = {"requested": requested, "stopped": stopped, "saved": stopped,
                               "decided": self._target.decided_at or requested}
         self._group = self._replicas.group(target, keep=stay)
@@ -344,16 +349,12 @@ class AdaptDLTrainable(tune.Trainable):
             # final state is its newest checkpoint; nothing to stop or ask.
             archive = self._group.checkpoint_archive() or archive
         elif self._group is not None and self._group.started and self._pause_announced():
-            outcomes = self._group.stop(self.adaptdl_stop_timeout_s)
-            self._fetch(0.0)
-            archive, pending = self._group.checkpoint_archive() or archive, list(self._queue)
-            self._progress.finished = all(o["status"] == "finished" for o in outcomes)
+            archive, pending = self._stop_at_boundary() or archive, list(self._queue)
         elif self._group is not None and self._group.started:
-            answer = self._group.save(self.adaptdl_stop_timeout_s)
+            saved = self._in_place.save(self._group)
             self._fetch(0.0)
-            if answer["taken"]:
-                archive = self._group.checkpoint_archive(answer["path"])
-                pending = [r for r in self._queue if r.tag < answer["index"]]
+            if saved is not None:
+                archive, pending = saved.archive, self._reports_before(saved.index)
             else:  # the function ended before a boundary: its final state
                 self._group.finished(self.adaptdl_stop_timeout_s)
                 self._fetch(0.0)
@@ -458,12 +459,11 @@ class AdaptDLTrainable(tune.Trainable):
 
     def _ensure_started(self) -> None:
         if self._group is None:
-            self._progress.restarts += 1
-            self._launch_at, self._launch_s = time.time(), 0.0
+            self._count_restart()
             self._group = self._new_group()
         if not self._group.started:
             self._ended = False
-            self._next_save = None
+            self._in_place.restart()
             self._group.start(self._adaptdl_fn, self._config, fn_kwargs=self._fn_kwargs,
                               archive=self._archive, user_files=self._user_files,
                               num_restarts=self._progress.restarts, job_id=self.trial_id,
@@ -472,13 +472,17 @@ class AdaptDLTrainable(tune.Trainable):
                 self._control.put_nodes.remote(self.trial_id, list(self._group.node_ids),
                                                self._progress.restarts)
 
+    def _count_restart(self, at: float | None = None) -> None:
+        """A new launch of the function, from ``at`` (default now): a restart."""
+        self._progress.restarts += 1
+        self._launch_at, self._launch_s = time.time() if at is None else at, 0.0
+
     def _relaunch_from_checkpoint(self) -> None:
         """Continue a job that stopped itself at a checkpoint, in the same (recycled)
         replicas if they can serve again, else in fresh ones; a restart either way."""
         self._archive = self._group.checkpoint_archive() or self._archive
         if self._group.recycle(self._replica_trial_info()):
-            self._progress.restarts += 1
-            self._launch_at, self._launch_s = time.time(), 0.0
+            self._count_restart()
         else:
             self._replicas.release_all(self._group)
             self._group = None
@@ -595,9 +599,15 @@ class AdaptDLTrainable(tune.Trainable):
     def _save_interrupted(self) -> None:
         if self._storage_info is None or self._error is not None:
             return
-        outcomes = self._group.stop(self.adaptdl_stop_timeout_s)
-        self._fetch(0.0)
-        self._archive = self._group.checkpoint_archive() or self._archive
-        self._progress.finished = all(o["status"] == "finished" for o in outcomes)
+        self._archive = self._stop_at_boundary() or self._archive
         path = self._keep_state(list(self._queue))
         LOG.info("trial %s: state saved to %s", self.trial_id, path)
+
+    def _stop_at_boundary(self) -> bytes | None:
+        """Stop the replicas at their next batch boundary (each checkpoints, unless its
+        function ended first), queue rank 0's last reports and return its newest
+        checkpoint (``None``: none); the trial is finished if the function had ended."""
+        outcomes = self._group.stop(self.adaptdl_stop_timeout_s)
+        self._fetch(0.0)
+        self._progress.finished = boundary_of(outcomes) is Boundary.FINISHED
+        return self._group.checkpoint_archive()

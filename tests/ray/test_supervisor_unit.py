@@ -14,6 +14,7 @@ from adaptdl_core.decision import Decision, JobSpec, NodeInfo
 from adaptdl_ray.supervisor import Change, Ending, JobRunner, LaunchEnd, Phase, Supervisor
 from adaptdl_ray.replicas import pool as pool_module
 from adaptdl_ray.supervisor import supervisor as supervisor_module
+from adaptdl_ray.supervisor.recovery import FailureVerdict, Verdict, judge_failure
 from adaptdl_ray.supervisor.supervisor import _Launch
 
 
@@ -130,13 +131,39 @@ def test_in_place_checkpoints_come_every_interval(monkeypatch, interval, some):
         assert group.saves == 0
 
 
+class TakingGroup(SavingGroup):
+    """SavingGroup whose in-place saves are taken; rank 0's checkpoints are numbered."""
+
+    def save(self, timeout):
+        self.saves += 1
+        return {"taken": True, "path": f"ckpt-{self.saves}", "index": self.saves}
+
+    def checkpoint_archive(self, path=None):
+        return path.encode() if path else b"newest"
+
+
+def test_an_in_place_checkpoint_is_kept_counted_and_is_where_a_lost_node_resumes(
+        monkeypatch):
+    kept = []
+    monkeypatch.setattr(supervisor_module, "_DRAIN_CHECK_S", 0.0)
+    sup = make(draining_fn=lambda: (sup.request_stop() or {}) if group.saves >= 2 else {},
+               checkpoint_interval_s=0.01, kept=kept)
+    group = TakingGroup(["a", "b"])
+    assert sup._watch(_Launch(2, group, 0.0)) == LaunchEnd(Ending.STOPPED)
+    assert kept == [b"ckpt-1", b"ckpt-2"]
+    assert sup.facts["checkpoints"] == 2 and sup.facts["checkpoint_s"] >= 0.0
+    assert sup._newest_kept(b"older") == b"ckpt-2"
+
+
 def test_a_lost_node_is_named_and_the_job_continues_on_what_is_left():
     """A replica's node missing from the cluster is a lost node (no wait: it is gone
     already); the job continues at its size if the rest holds it, else smaller."""
     nodes = {"a": NodeInfo({"CPU": 1})}
     sup = make(nodes_fn=lambda: nodes)
     launch = _Launch(2, FakeGroup(["a", "b"]), 0.0)
-    assert sup._lost_nodes(launch) == ["b"]
+    verdict = judge_failure(RuntimeError("gone"), launch.group, lambda: nodes.keys(),
+                            name=sup.name)
+    assert verdict == FailureVerdict(Verdict.CONTINUE, ("b",), "gone")
     assert sup._room_elsewhere(launch) == 1
     nodes["c"] = NodeInfo({"CPU": 2})
     assert sup._room_elsewhere(launch) == 2

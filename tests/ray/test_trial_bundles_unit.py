@@ -12,7 +12,10 @@ pytest.importorskip("ray")
 
 import ray  # noqa: E402
 
+from tests.fake_clock import Clock  # noqa: E402
+
 from adaptdl_ray.replicas import nodes  # noqa: E402
+from adaptdl_ray.supervisor.in_place import InPlaceCheckpoints  # noqa: E402
 from adaptdl_ray.tune import AdaptDLTrainableCreator  # noqa: E402
 from adaptdl_ray.tune import trainable as trainable_mod  # noqa: E402
 
@@ -112,13 +115,19 @@ def test_an_in_place_checkpoint_is_kept_on_the_storage_and_a_new_actor_resumes_t
     trial._group = group = SavingGroup()
     trial._queue.extend([PendingReport({"acc": 1}, 1), PendingReport({"acc": 2}, 2)])
     trial._progress.iteration = 5
-    trial._next_save = 0.0  # due
+    clock = Clock()
+    trial._in_place = InPlaceCheckpoints(10.0, 1.0, name="trial default", clock=clock)
+    trial._in_place.restart()
+    trial._save_in_place_if_due()
+    assert group.saves == 0  # not due yet
+    clock.now = 10.0  # due
     trial._save_in_place_if_due()
     assert group.saves == 1
     progress, _, _ = checkpoint_files.read_interrupted(storage)
     assert progress.seq == 1 and progress.iteration == 5
     assert [r.metrics for r in progress.pending] == [{"acc": 1}]  # made before the save
     assert len(trial._queue) == 2  # still returned to Tune as usual
+    clock.now = 19.0
     trial._save_in_place_if_due()
     assert group.saves == 1  # not due again before the interval
 
