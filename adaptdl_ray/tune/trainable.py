@@ -43,14 +43,14 @@ from typing import Any, Callable
 
 import ray
 from ray import tune
-from ray.tune.result import (DONE, RESULT_DUPLICATE, SHOULD_CHECKPOINT, TIME_THIS_ITER_S)
+from ray.tune.result import DONE, RESULT_DUPLICATE, TIME_THIS_ITER_S
 
 from adaptdl_core.decision.jobs import JobSpec
 from adaptdl_ray.replicas import _ray_private
 from adaptdl_ray.tune import checkpoint_files, control
 from adaptdl_ray.tune.resources import (num_replicas_of, placement_group_factory,
                                          request_type)
-from adaptdl_ray.tune.results import order_like, resize_phases, result_row
+from adaptdl_ray.tune.results import resize_phases, result_row
 from adaptdl_ray.tune.traps import warn_unscheduled
 from adaptdl_ray.tune.trial_progress import PendingReport, TrialProgress
 from adaptdl_ray.tune.trial_replicas import TrialReplicas
@@ -546,26 +546,11 @@ class AdaptDLTrainable(tune.Trainable):
             self._fetch(0.0)
 
     def _emit(self, report: PendingReport, *, final: bool = False) -> dict:
-        """The result Tune receives for a queued report."""
-        row = dict(report.metrics)
-        checkpoint = report.user_checkpoint is not None
-        if checkpoint:
+        """The result Tune receives for a queued report (:meth:`TrialProgress.tune_result`);
+        a report's user checkpoint becomes the files of the trial's next checkpoint."""
+        if report.user_checkpoint is not None:
             self._user_files = report.user_checkpoint
-            self._progress.user_checkpoints += 1
-        elif final and self._progress.user_checkpoints == 0:
-            # Never checkpointed by the user: the final state goes to Tune, so that
-            # result.checkpoint holds the trained model (model_state_dict()).
-            checkpoint = True
-        # After a failure no fresh state can be taken: the retry starts from the last
-        # checkpoint, so the reports still queued go to Tune without one.
-        row[SHOULD_CHECKPOINT] = checkpoint and self._error is None
-        row[DONE] = final or bool(row.get(DONE, False))
-        row[TIME_THIS_ITER_S] = row.pop(TIME_THIS_ITER_S)
-        if not self._progress.schema:
-            self._progress.schema = list(row)
-        self._progress.iteration += 1
-        self._progress.time_total_s += row[TIME_THIS_ITER_S]
-        return order_like(row, self._progress.schema)
+        return self._progress.tune_result(report, final=final, failed=self._error is not None)
 
     def _next_final(self) -> dict:
         """After the function ended: its remaining reports, the last marked done."""

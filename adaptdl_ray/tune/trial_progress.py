@@ -13,6 +13,10 @@ import dataclasses
 import json
 from typing import Any
 
+from ray.tune.result import DONE, SHOULD_CHECKPOINT, TIME_THIS_ITER_S
+
+from adaptdl_ray.tune.results import order_like
+
 __all__ = ["TrialProgress", "PendingReport"]
 
 
@@ -66,6 +70,31 @@ class TrialProgress:
     schema: list[str] = dataclasses.field(default_factory=list)
     pending: list[PendingReport] = dataclasses.field(default_factory=list)
     nodes_lost: int = 0
+
+    def tune_result(self, report: PendingReport, *, final: bool, failed: bool) -> dict:
+        """The result Tune receives for ``report``, counted in this record (iteration,
+        ``time_total_s``, user checkpoints; the first result fixes the key order).
+
+        Args:
+            final: the function's last report: it is marked done, and it carries the final
+                state as a checkpoint when the user never checkpointed (so that
+                ``result.checkpoint`` holds the trained model).
+            failed: a replica failed: no fresh state can be taken, so no report asks Tune
+                to checkpoint (the retry starts from the last checkpoint)."""
+        row = dict(report.metrics)
+        checkpoint = report.user_checkpoint is not None
+        if checkpoint:
+            self.user_checkpoints += 1
+        elif final and self.user_checkpoints == 0:
+            checkpoint = True
+        row[SHOULD_CHECKPOINT] = checkpoint and not failed
+        row[DONE] = final or bool(row.get(DONE, False))
+        row[TIME_THIS_ITER_S] = row.pop(TIME_THIS_ITER_S)
+        if not self.schema:
+            self.schema = list(row)
+        self.iteration += 1
+        self.time_total_s += row[TIME_THIS_ITER_S]
+        return order_like(row, self.schema)
 
     def to_json(self) -> str:
         """Serialise (user checkpoints of pending reports are left out: stored beside)."""

@@ -225,3 +225,32 @@ def test_a_jobs_storage_directory_gives_its_weights(tmp_path):
     files = JobFiles("j", tmp_path / "storage")
     files.store_checkpoint(_core_checkpoint(tmp_path, weights))
     assert torch.equal(model_state_dict(str(files.root))["w"], weights["w"])
+
+
+def test_tune_result_counts_orders_and_asks_for_the_final_state():
+    """A trial's results: counted in its record, keys in the first result's order, a user
+    checkpoint asks Tune to checkpoint, the last report of a trial that never checkpointed
+    carries the final state, and after a failure no report asks for a checkpoint."""
+    from ray.tune.result import DONE, SHOULD_CHECKPOINT, TIME_THIS_ITER_S
+
+    from adaptdl_ray.tune.trial_progress import PendingReport, TrialProgress
+    progress = TrialProgress()
+    first = progress.tune_result(PendingReport({"b": 1, "a": 2, TIME_THIS_ITER_S: 0.5}),
+                                 final=False, failed=False)
+    assert list(first)[:2] == ["b", "a"] and first[SHOULD_CHECKPOINT] is False
+    second = progress.tune_result(PendingReport({"a": 3, "b": 4, TIME_THIS_ITER_S: 0.25}),
+                                  final=True, failed=False)
+    assert list(second)[:2] == ["b", "a"]
+    assert second[SHOULD_CHECKPOINT] is True and second[DONE] is True  # the final state
+    assert (progress.iteration, progress.time_total_s) == (2, 0.75)
+    user = progress.tune_result(PendingReport({"a": 5, "b": 6, TIME_THIS_ITER_S: 0.1},
+                                              user_checkpoint=b"tar"),
+                                final=False, failed=False)
+    assert user[SHOULD_CHECKPOINT] is True and progress.user_checkpoints == 1
+    after_user = progress.tune_result(PendingReport({"a": 7, "b": 8, TIME_THIS_ITER_S: 0.1}),
+                                      final=True, failed=False)
+    assert after_user[SHOULD_CHECKPOINT] is False  # the user's checkpoints are the trial's
+    failed = progress.tune_result(PendingReport({"a": 9, "b": 0, TIME_THIS_ITER_S: 0.1},
+                                                user_checkpoint=b"tar"),
+                                  final=False, failed=True)
+    assert failed[SHOULD_CHECKPOINT] is False
