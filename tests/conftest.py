@@ -16,24 +16,10 @@ from adaptdl_core import context
 
 
 def pytest_configure(config):
-    """Register the markers of this suite (``pytest -m "not slow"`` skips the slow tests),
-    and keep the file order below under ``--dist loadfile``: pytest-xdist (3.6 and later)
-    otherwise reorders files by their number of tests, which sends the one-test Ray files,
-    the longest of all, to the end, where one runs alone on one worker."""
+    """Register the markers of this suite (``pytest -m "not slow"`` skips the slow tests)."""
     config.addinivalue_line(
         "markers", "slow: takes about 20 s or more on a 2-core machine (processes, whole "
         "trainings or simulations); the quick command leaves it out, CI runs it")
-    if hasattr(config.option, "loadscopereorder"):
-        config.option.loadscopereorder = False
-
-
-def pytest_collection_modifyitems(session, config, items):
-    """Run the files that hold slow tests first (each file's tests stay in their order): with
-    ``-n 2 --dist loadfile`` (the README's command) the longest files start at once and the
-    many short ones fill the two workers' ends, instead of one long file running alone last."""
-    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
-    # (the Ray end-to-end files are the longest: they go first of all)
-    items.sort(key=lambda item: (item.path not in slow_files, item.path.parent.name != "ray"))
 
 
 def _adaptdl_vars() -> list[str]:
