@@ -24,8 +24,8 @@ needs (pause announcements, interrupts, result files, the base scheduler):
   each resize is logged with its reason (``state.jobs[id].resize_log``).
 * **Accelerator types**: on a cluster of several types, a trial's placement group request
   (its ``min_replicas`` base bundles; its own reservations follow it) names the type its
-  decision places it on whenever the scheduler sets it (a relaunch; a trial re-added with
-  a standing decision). A decision naming another type than where the trial runs is a
+  decision places it on whenever the scheduler sets it for a relaunch (a trial's first
+  request names none: no solve has placed it yet). A decision naming another type than where the trial runs is a
   move: Tune cannot change a placement group in place, so the trial is paused at its next
   result (Tune checkpoints it; its actor gives its own reservations back) and relaunched
   with a request for the new type, restoring from that checkpoint. Trials post their
