@@ -330,10 +330,10 @@ class AdaptDLScheduler(TrialScheduler):
         return TrialScheduler.CONTINUE
 
     def _pause_to_move(self, trial: Trial, current: int, move: Any) -> str:
-        """Pause a trial whose decision ``move`` places it on another accelerator type (at
-        this result: Tune checkpoints it) and queue it to relaunch with a request for that
-        type. Returns Tune's PAUSE."""
-        reason = f"moving to {move.accelerator_type} ({move.reason})"
+        """Pause a trial whose decision ``move`` is carried out on another accelerator type
+        (at this result: Tune checkpoints it) and queue it to relaunch with a request for
+        that type. Returns Tune's PAUSE."""
+        reason = f"relaunching on {move.accelerator_type} ({move.reason})"
         self._sizes.move(trial.trial_id, current, move.replicas, reason, move)
         RESIZE_LOG.info("trial %s: pausing to relaunch on %s with %d replica(s) (%s)",
                         trial.trial_id, move.accelerator_type, move.replicas, move.reason)

@@ -20,7 +20,7 @@ from adaptdl_core.decision import (CoreDriver, Decision, DecisionCore, JobProgre
 from adaptdl_core.decision.resize_cost import describe_resize
 from adaptdl_core.policy.typed import mixed_types
 from adaptdl_ray.tune.results import METRIC_PREFIX
-from adaptdl_ray.tune.trial_types import is_type_move, nodes_to_report
+from adaptdl_ray.tune.trial_types import needs_typed_relaunch, nodes_to_report
 
 LOG = logging.getLogger(__name__)
 # (see adaptdl_ray.tune.scheduler: one line per resize, for users)
@@ -133,9 +133,11 @@ class TrialSizes:
                 (``None``: none).
 
         Returns:
-            The decision when it moves the trial to another accelerator type (see
-            :func:`~adaptdl_ray.tune.trial_types.is_type_move`): nothing is begun or told
-            then; the caller pauses the trial to relaunch it there (:meth:`move`).
+            The decision when it is carried out by a relaunch on its accelerator type (a
+            move to another type, or a grow of a trial whose request names another type
+            or none: see :func:`~adaptdl_ray.tune.trial_types.needs_typed_relaunch`):
+            nothing is begun or told then; the caller pauses the trial to relaunch it
+            there (:meth:`move`).
             ``None`` otherwise."""
         record = self.core.state.jobs[trial_id]
         verdict = self.core.decision_for(trial_id)
@@ -150,8 +152,9 @@ class TrialSizes:
             return None
         if verdict.action != "resize" or verdict.replicas < 1 or verdict.replicas == pending:
             return None
-        if is_type_move(verdict.accelerator_type, request_kind,
-                        record.placed if record.placed_known else None, self.core.nodes):
+        if needs_typed_relaunch(verdict.accelerator_type, request_kind,
+                                record.placed if record.placed_known else None,
+                                self.core.nodes, grows=verdict.replicas > current):
             return verdict
         if verdict.replicas == current:
             return None  # (a move to the type it now runs on: the core learns it next report)

@@ -17,7 +17,7 @@ from adaptdl_core.policy import NodeInfo
 from adaptdl_core.policy.typed import mixed_types
 from adaptdl_ray.supervisor.supervisor import nodes_off_type
 
-__all__ = ["is_type_move", "nodes_to_report"]
+__all__ = ["is_type_move", "needs_typed_relaunch", "nodes_to_report"]
 
 
 def is_type_move(kind: str | None, request_kind: str | None, placed: Sequence[Any] | None,
@@ -38,6 +38,18 @@ def is_type_move(kind: str | None, request_kind: str | None, placed: Sequence[An
     if placed is None:
         return True
     return bool(nodes_off_type(nodes, placed, kind))
+
+
+def needs_typed_relaunch(kind: str | None, request_kind: str | None,
+                         placed: Sequence[Any] | None, nodes: Mapping[Any, NodeInfo], *,
+                         grows: bool) -> bool:
+    """Whether a resize decision naming ``kind`` is carried out by a relaunch with a
+    request for ``kind`` instead of in place: a move to another type
+    (:func:`is_type_move`), or a grow of a trial whose request names another type or none
+    (its own new reservations follow its request's type, and would go anywhere)."""
+    if is_type_move(kind, request_kind, placed, nodes):
+        return True
+    return grows and kind is not None and request_kind != kind
 
 
 def nodes_to_report(launch: tuple[Sequence[Any], int | None] | None, replicas: int,

@@ -13,7 +13,9 @@ from ray.tune.schedulers import TrialScheduler  # noqa: E402
 from adaptdl_core.policy import NodeInfo  # noqa: E402
 from adaptdl_ray.tune import AdaptDLScheduler  # noqa: E402
 from adaptdl_ray.tune.resources import num_replicas_of, request_type  # noqa: E402
-from adaptdl_ray.tune.trial_types import is_type_move, nodes_to_report  # noqa: E402
+from adaptdl_ray.tune.trial_types import (is_type_move,  # noqa: E402
+                                          needs_typed_relaunch,
+                                          nodes_to_report)
 from tests.ray.test_scheduler_unit import LONG, StubTrial, start_trial  # noqa: E402,F401
 from tests.ray.test_scheduler_unit import clock  # noqa: E402,F401 - the fixture
 from tests.ray.typed_policy import TypeSwitchPolicy  # noqa: E402
@@ -29,6 +31,13 @@ def test_a_decision_is_a_type_move_only_off_its_type():
     assert is_type_move("typeB", None, ["ta"], NODES)          # untyped, placed elsewhere
     assert not is_type_move("typeB", None, ["tb"], NODES)      # untyped, already there
     assert is_type_move("typeB", None, None, NODES)            # not known where: relaunch
+
+
+def test_a_grow_of_a_trial_not_requesting_the_type_is_a_relaunch():
+    assert needs_typed_relaunch("typeA", None, ["ta"], NODES, grows=True)
+    assert not needs_typed_relaunch("typeA", None, ["ta"], NODES, grows=False)
+    assert not needs_typed_relaunch("typeA", "typeA", ["ta"], NODES, grows=True)
+    assert not needs_typed_relaunch(None, None, ["ta"], NODES, grows=True)
 
 
 def test_the_core_is_told_the_nodes_of_the_launch_a_result_came_from():
