@@ -106,3 +106,26 @@ def test_a_trial_started_untyped_on_the_chosen_type_is_not_moved(clock):
         assert report(sched, tc, a, 1, ["tb"]) == TrialScheduler.CONTINUE
     assert sched.state.jobs["a"].resizes == 0
     assert request_type(a.placement_group_factory) is None
+
+
+def test_a_grow_of_an_untyped_trial_is_a_typed_relaunch_not_a_resize_in_place(clock):
+    from adaptdl_core.policy import ResizeVerdict
+    from adaptdl_ray.tune import AdaptDLTrainableCreator
+    from tests.ray.test_scheduler_unit import StubController, train_fn
+    sched = AdaptDLScheduler(solve_wait_s=None, nodes_fn=lambda: NODES,
+                             allocation_interval_s=30,
+                             resize_rule=lambda **kw: ResizeVerdict(True, "paying"),
+                             policy=TypeSwitchPolicy("typeA", "typeB", 2, lambda: False))
+    tc = StubController()
+    a = tc.add(sched, StubTrial("a", AdaptDLTrainableCreator(train_fn, max_replicas=2)))
+    tc.start_pending(sched)
+    # The policy grows it to 2 on typeA: its request names no type, so its new replica's
+    # reservation could go anywhere; it is relaunched with a typed request instead of
+    # being told to grow in place.
+    assert report(sched, tc, a, 1, ["ta"]) == TrialScheduler.PAUSE
+    assert sched.target_of("a") == 1
+    a.status = Trial.PAUSED
+    tc.start_pending(sched)
+    assert a.status == Trial.RUNNING and sched.target_of("a") == 2
+    assert request_type(a.placement_group_factory) == "typeA"
+    assert num_replicas_of(a.placement_group_factory) == 1  # its minimum; it grows in place
