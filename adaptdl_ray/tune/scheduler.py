@@ -22,6 +22,15 @@ needs (pause announcements, interrupts, result files, the base scheduler):
   (Tune checkpoints it in place), its placement group request is updated while it is
   paused, and it is resumed with the new count; it grows only once the room is free, and
   each resize is logged with its reason (``state.jobs[id].resize_log``).
+* **Accelerator types**: on a cluster of several types, a trial's placement group request
+  (its ``min_replicas`` base bundles; its own reservations follow it) names the type its
+  decision places it on whenever the scheduler sets it for a relaunch (a trial's first
+  request names none: no solve has placed it yet). A decision naming another type than where the trial runs is a
+  move: Tune cannot change a placement group in place, so the trial is paused at its next
+  result (Tune checkpoints it; its actor gives its own reservations back) and relaunched
+  with a request for the new type, restoring from that checkpoint. Trials post their
+  replicas' node ids at each launch and the core is told them, so that it sees where each
+  trial runs and does not order the same move again.
 * **Draining nodes**: a running trial with replicas on a node Ray is draining (a spot
   node's preemption notice, ``ray drain-node``, the autoscaler removing it) is paused at
   its next batch boundary, without waiting for a report, and relaunched on the other
@@ -58,7 +67,7 @@ from adaptdl_ray.cluster.sizing import JOB_RESIZE_COST_PRIOR_S as IN_PLACE_RESIZ
 from adaptdl_ray.replicas.nodes import Cached, DrainWatch, cluster_nodes, free_resources
 from adaptdl_ray.tune import checkpoint_files
 from adaptdl_ray.tune.experiment_link import ExperimentLink
-from adaptdl_ray.tune.resources import num_replicas_of, placement_group_factory
+from adaptdl_ray.tune.resources import num_replicas_of, placement_group_factory, request_type
 from adaptdl_ray.tune.results import check_metric
 from adaptdl_ray.tune.scheduler_args import ProfileGroups, check_arguments, checked_policy
 from adaptdl_ray.tune.creator import replica_spec_of, stop_timeout_of
@@ -313,9 +322,25 @@ class AdaptDLScheduler(TrialScheduler):
         if trial.trial_id in self._relaunches:
             return decision  # already pausing (moving off a draining node)
         self._maybe_decide(tune_controller)
-        self._sizes.resize(trial.trial_id, current, lambda replicas: self._fits(
-            self._free(tune_controller), trial, replicas))
+        move = self._sizes.resize(trial.trial_id, current, lambda replicas: self._fits(
+            self._free(tune_controller), trial, replicas),
+            request_type(trial.placement_group_factory))
+        if move is not None:
+            return self._pause_to_move(trial, current, move)
         return TrialScheduler.CONTINUE
+
+    def _pause_to_move(self, trial: Trial, current: int, move: Any) -> str:
+        """Pause a trial whose decision ``move`` is carried out on another accelerator type
+        (at this result: Tune checkpoints it) and queue it to relaunch with a request for
+        that type. Returns Tune's PAUSE."""
+        reason = f"relaunching on {move.accelerator_type} ({move.reason})"
+        self._sizes.move(trial.trial_id, current, move.replicas, reason, move)
+        RESIZE_LOG.info("trial %s: pausing to relaunch on %s with %d replica(s) (%s)",
+                        trial.trial_id, move.accelerator_type, move.replicas, move.reason)
+        self._relaunches.add(trial.trial_id, move.replicas)
+        self._traps.forget(trial.trial_id)
+        self._link.announce_pause(trial.trial_id)
+        return TrialScheduler.PAUSE
 
     def on_trial_complete(self, tune_controller: Any, trial: Trial, result: dict) -> None:
         """Free the finished trial's replicas (re-divided at the next check). Its last
@@ -453,11 +478,22 @@ class AdaptDLScheduler(TrialScheduler):
 
     def _set_resources(self, trial: Trial, spec: Any, replicas: int) -> None:
         """A (not running) trial's start: its placement group holds its minimum (so that
-        Tune admits it once that fits), and it grows to ``replicas`` in place."""
-        if num_replicas_of(trial.placement_group_factory) != spec.min_replicas:
-            trial.update_resources(placement_group_factory(spec, spec.min_replicas))
+        Tune admits it once that fits) on the accelerator type its decision names, and it
+        grows to ``replicas`` in place."""
+        kind = self._decided_type(trial.trial_id)
+        pgf = trial.placement_group_factory
+        if num_replicas_of(pgf) != spec.min_replicas or request_type(pgf) != kind:
+            trial.update_resources(placement_group_factory(spec, spec.min_replicas, kind))
         self._link.hook()
         self._sizes.tell(trial.trial_id, replicas)
+
+    def _decided_type(self, trial_id: str) -> str | None:
+        """The accelerator type the trial's standing decision places it on (``None``: any
+        node: a cluster of one type, or no decision yet)."""
+        record = self._core.state.jobs.get(trial_id)
+        if record is None or not record.live:
+            return None
+        return self._core.decision_for(trial_id, log=False).accelerator_type
 
     def target_of(self, trial_id: str) -> int | None:
         """The replicas this scheduler last told the trial to run on (``None``: none)."""

@@ -15,9 +15,12 @@ import logging
 import time
 from typing import Any, Callable, Iterable, Mapping
 
-from adaptdl_core.decision import CoreDriver, DecisionCore, JobProgress, progress_from_status
+from adaptdl_core.decision import (CoreDriver, Decision, DecisionCore, JobProgress,
+                                   progress_from_status)
 from adaptdl_core.decision.resize_cost import describe_resize
+from adaptdl_core.policy.typed import mixed_types
 from adaptdl_ray.tune.results import METRIC_PREFIX
+from adaptdl_ray.tune.trial_types import needs_typed_relaunch, nodes_to_report
 
 LOG = logging.getLogger(__name__)
 # (see adaptdl_ray.tune.scheduler: one line per resize, for users)
@@ -49,6 +52,7 @@ class TrialSizes:
         self._now: dict[str, int] = {}      # replicas each trial's latest result reported
         self._targets: dict[str, int] = {}  # replicas each trial was last told to run on
         self._launches: dict[str, tuple] = {}  # (node ids, restarts) each launch posted
+        self._asked: dict[str, Any] = {}  # the restart count each trial's nodes were asked at
 
     # -- sizes ----------------------------------------------------------------------------
     def held(self, trial_id: str, base: int) -> int:
@@ -69,14 +73,39 @@ class TrialSizes:
     # -- a trial's results ------------------------------------------------------------------
     def reported(self, trial_id: str, result: Mapping[str, Any], base: int) -> tuple[int, bool]:
         """A result of a running trial: the core hears its size (first: a count that
-        changed through a resize begun here is not a new one) and progress. Returns the
-        replicas it runs on and whether restarts or a resize cost changed."""
+        changed through a resize begun here is not a new one), on a cluster of several
+        accelerator types where its replicas run (their node ids, as its launch posted
+        them), and its progress. Returns the replicas it runs on and whether restarts or a
+        resize cost changed."""
         value = result.get(METRIC_PREFIX + "replicas")
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             self._now[trial_id] = value
         current = self.held(trial_id, base)
-        self.core.running(trial_id, replicas=current)
+        placed = self._placement(trial_id, current, result.get(METRIC_PREFIX + "restarts"))
+        if placed is not None:
+            self.core.running(trial_id, nodes=placed)
+        else:
+            self.core.running(trial_id, replicas=current)
         return current, self.progress(trial_id, result)
+
+    def _placement(self, trial_id: str, replicas: int, restarts: Any) -> list | None:
+        """The node ids the trial's replicas run on, to tell the core, on a cluster of
+        several types only (see :func:`~adaptdl_ray.tune.trial_types.nodes_to_report`):
+        the control actor is asked once per launch (a result whose restart count its
+        last posted launch does not carry)."""
+        if not mixed_types(self.core.nodes):
+            return None
+        launch = self._launches.get(trial_id)
+        if self.control is not None and isinstance(restarts, int) and \
+                (launch is None or launch[1] != restarts) and self._asked.get(trial_id) != restarts:
+            import ray
+            self._asked[trial_id] = restarts
+            try:
+                self.launch_nodes([trial_id])
+            except ray.exceptions.RayError as exc:
+                LOG.debug("trial %s: could not read where its replicas run: %s", trial_id, exc)
+            launch = self._launches.get(trial_id)
+        return nodes_to_report(launch, replicas, restarts, self.core.nodes)
 
     def progress(self, trial_id: str, result: Mapping[str, Any]) -> bool:
         """Pass a result's progress to the core; the line of a resize it closes (its
@@ -92,11 +121,24 @@ class TrialSizes:
             RESIZE_LOG.info(describe_resize(trial_id, record.resize_log[-1], "trial"))
         return changed
 
-    def resize(self, trial_id: str, current: int, room_for: Callable[[int], bool]) -> None:
+    def resize(self, trial_id: str, current: int, room_for: Callable[[int], bool],
+               request_kind: str | None = None) -> Decision | None:
         """Carry out the core's standing decision for a trial running on ``current``
         replicas that just reported: cancel a resize the policy changed its mind about,
         or begin one (a grow only once ``room_for(replicas)`` says its room is free) and
-        tell the trial. A trial is never preempted to zero here: Tune admits trials."""
+        tell the trial. A trial is never preempted to zero here: Tune admits trials.
+
+        Args:
+            request_kind: the accelerator type the trial's placement group request names
+                (``None``: none).
+
+        Returns:
+            The decision when it is carried out by a relaunch on its accelerator type (a
+            move to another type, or a grow of a trial whose request names another type
+            or none: see :func:`~adaptdl_ray.tune.trial_types.needs_typed_relaunch`):
+            nothing is begun or told then; the caller pauses the trial to relaunch it
+            there (:meth:`move`).
+            ``None`` otherwise."""
         record = self.core.state.jobs[trial_id]
         verdict = self.core.decision_for(trial_id)
         pending = record.resize_log[-1]["to"] if record.resize_pending and \
@@ -107,17 +149,24 @@ class TrialSizes:
                 (verdict.proposed or verdict.replicas) != pending:
             self.core.cancel_resize(trial_id, "the policy kept its size")
             self.tell(trial_id, current)
-            return
+            return None
         if verdict.action != "resize" or verdict.replicas < 1 or verdict.replicas == pending:
-            return
+            return None
+        if needs_typed_relaunch(verdict.accelerator_type, request_kind,
+                                record.placed if record.placed_known else None,
+                                self.core.nodes, grows=verdict.replicas > current):
+            return verdict
+        if verdict.replicas == current:
+            return None  # (a move to the type it now runs on: the core learns it next report)
         if verdict.replicas > current and not room_for(verdict.replicas):
-            return  # grow only once the shrinking trials have freed the room
+            return None  # grow only once the shrinking trials have freed the room
         self.core.begin_resize(trial_id, verdict)
         LOG.info("trial %s: resizing in place %d -> %d replicas (%s; predicted cost %.1f s); "
                  "one line follows once its cost is measured", trial_id, current,
                  verdict.replicas, verdict.reason, record.resize_log[-1]["cost_s"])
         self.tell(trial_id, verdict.replicas)
         self.driver.save()
+        return None
 
     def launch_nodes(self, trial_ids: list[str]) -> dict[str, list[str]]:
         """The node ids of the replicas of each given trial's current launch, as the trials
@@ -140,16 +189,18 @@ class TrialSizes:
         """The replicas of the trial's current launch as it posted them (0: not known)."""
         return len(self._launches.get(trial_id, ((), None))[0])
 
-    def move(self, trial_id: str, current: int, to: int, reason: str) -> None:
+    def move(self, trial_id: str, current: int, to: int, reason: str,
+             decision: Decision | None = None) -> None:
         """The trial, running on ``current`` replicas, is paused to relaunch on ``to``
-        replicas elsewhere (``reason``). A resize in place that its current launch carried
-        out and no report has told yet ends here (its cost is not measured): the move is
-        the resize whose cost the relaunch's report gives."""
+        replicas elsewhere (``reason``; ``decision``: the core's decision it carries out,
+        e.g. a move to another accelerator type). A resize in place that its current launch
+        carried out and no report has told yet ends here (its cost is not measured): the
+        move is the resize whose cost the relaunch's report gives."""
         self.core.running(trial_id, replicas=current)
         restarts = self._launches.get(trial_id, ((), None))[1]
         if restarts is not None and restarts > self.core.state.jobs[trial_id].restarts:
             self.core.update(trial_id, progress=JobProgress(restarts=restarts))
-        self.core.begin_resize(trial_id, to=to, reason=reason)
+        self.core.begin_resize(trial_id, decision, to=to, reason=reason)
         self.driver.save()
 
     def ended(self, trial_id: str, outcome: str) -> bool:
@@ -162,6 +213,7 @@ class TrialSizes:
         self.core.remove(trial_id, outcome)
         self._now.pop(trial_id, None)
         self._launches.pop(trial_id, None)
+        self._asked.pop(trial_id, None)
         if outcome != "failed":
             self._targets.pop(trial_id, None)
         if self.control is not None:

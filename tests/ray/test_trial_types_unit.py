@@ -1,0 +1,131 @@
+"""A Tune trial on a cluster of two accelerator types, without Ray: its relaunch's request
+names the type its decision chose, a move to another type is a pause and a relaunch (not a
+resize in place), and once it runs on the new type nothing moves it again."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("ray.tune")
+from ray.tune.experiment import Trial  # noqa: E402
+from ray.tune.schedulers import TrialScheduler  # noqa: E402
+
+from adaptdl_core.policy import NodeInfo  # noqa: E402
+from adaptdl_ray.tune import AdaptDLScheduler  # noqa: E402
+from adaptdl_ray.tune.resources import num_replicas_of, request_type  # noqa: E402
+from adaptdl_ray.tune.trial_types import (is_type_move,  # noqa: E402
+                                          needs_typed_relaunch,
+                                          nodes_to_report)
+from tests.ray.test_scheduler_unit import LONG, StubTrial, start_trial  # noqa: E402,F401
+from tests.ray.test_scheduler_unit import clock  # noqa: E402,F401 - the fixture
+from tests.ray.typed_policy import TypeSwitchPolicy  # noqa: E402
+
+NODES = {"ta": NodeInfo({"CPU": 2}, accelerator_type="typeA"),
+         "tb": NodeInfo({"CPU": 2}, accelerator_type="typeB")}
+
+
+def test_a_decision_is_a_type_move_only_off_its_type():
+    assert not is_type_move(None, None, ["ta"], NODES)         # one type: never
+    assert not is_type_move("typeB", "typeB", ["ta"], NODES)   # its request holds it there
+    assert is_type_move("typeB", "typeA", ["ta"], NODES)
+    assert is_type_move("typeB", None, ["ta"], NODES)          # untyped, placed elsewhere
+    assert not is_type_move("typeB", None, ["tb"], NODES)      # untyped, already there
+    assert is_type_move("typeB", None, None, NODES)            # not known where: relaunch
+
+
+def test_a_grow_of_a_trial_not_requesting_the_type_is_a_relaunch():
+    assert needs_typed_relaunch("typeA", None, ["ta"], NODES, grows=True)
+    assert not needs_typed_relaunch("typeA", None, ["ta"], NODES, grows=False)
+    assert not needs_typed_relaunch("typeA", "typeA", ["ta"], NODES, grows=True)
+    assert not needs_typed_relaunch(None, None, ["ta"], NODES, grows=True)
+
+
+def test_the_core_is_told_the_nodes_of_the_launch_a_result_came_from():
+    assert nodes_to_report((["ta"], 2), 1, 2, NODES) == ["ta"]
+    assert nodes_to_report((["ta"], 1), 1, 2, NODES) is None   # an older launch
+    assert nodes_to_report((["ta", "ta"], 2), 1, 2, NODES) is None  # another count
+    assert nodes_to_report((["gone"], 2), 1, 2, NODES) is None  # a node the core lacks
+    assert nodes_to_report(None, 1, 2, NODES) is None
+    one = {"n": NodeInfo({"CPU": 2}, accelerator_type="T4")}
+    assert nodes_to_report((["n"], 2), 1, 2, one) is None       # one type: counts only
+
+
+def report(sched, tc, trial, restarts, nodes):
+    """A result of ``trial``'s launch ``restarts``, whose replicas run on ``nodes`` (as
+    the launch posted them to the control actor)."""
+    sched._sizes.note_launches({trial.trial_id: (nodes, restarts)})
+    return sched.on_trial_result(tc, trial, trial.result(**LONG, **{
+        "adaptdl/restarts": restarts}))
+
+
+def test_a_trial_moves_to_the_type_its_decision_names_by_a_relaunch(clock):
+    switched = [False]
+    sched = AdaptDLScheduler(solve_wait_s=None, nodes_fn=lambda: NODES,
+                             allocation_interval_s=30,
+                             policy=TypeSwitchPolicy("typeA", "typeB", 1, lambda: switched[0]))
+    tc, a = start_trial(sched, "a")
+    assert a.status == Trial.RUNNING and request_type(a.placement_group_factory) is None
+    # It runs on typeA, as the policy places it: nothing moves.
+    assert report(sched, tc, a, 1, ["ta"]) == TrialScheduler.CONTINUE
+    clock[0] += 31
+    assert report(sched, tc, a, 1, ["ta"]) == TrialScheduler.CONTINUE
+    assert sched.core.record("a").placed == ["ta"] and sched.state.jobs["a"].resizes == 0
+    # The policy moves it to typeB at the same size: a pause (Tune checkpoints it), not a
+    # resize in place (its placement group cannot change while it runs).
+    switched[0] = True
+    clock[0] += 31
+    assert report(sched, tc, a, 1, ["ta"]) == TrialScheduler.PAUSE
+    assert sched.target_of("a") == 1 and sched.state.jobs["a"].resizes == 1
+    assert "typeB" in sched.state.jobs["a"].resize_log[-1]["reason"]
+    # Relaunched with a request for typeB (its base bundles, its minimum).
+    a.status = Trial.PAUSED
+    tc.start_pending(sched)
+    assert a.status == Trial.RUNNING
+    pgf = a.placement_group_factory
+    assert request_type(pgf) == "typeB" and num_replicas_of(pgf) == 1
+    # Its first result, before the core has heard where it runs: its typed request says
+    # so; nothing moves again.
+    sched._sizes.note_launches({"a": (["ta"], 1)})  # (the old launch, as last read)
+    assert sched.on_trial_result(tc, a, a.result(**LONG)) == TrialScheduler.CONTINUE
+    # Once it reports its new nodes, the core sees it on typeB: kept there.
+    assert report(sched, tc, a, 2, ["tb"]) == TrialScheduler.CONTINUE
+    clock[0] += 31
+    assert report(sched, tc, a, 2, ["tb"]) == TrialScheduler.CONTINUE
+    assert sched.core.record("a").placed == ["tb"]
+    assert sched.core.decision_for("a").action == "keep"
+    assert sched.state.jobs["a"].resizes == 1 and "a" not in sched._relaunches
+
+
+def test_a_trial_started_untyped_on_the_chosen_type_is_not_moved(clock):
+    sched = AdaptDLScheduler(solve_wait_s=None, nodes_fn=lambda: NODES,
+                             allocation_interval_s=30,
+                             policy=TypeSwitchPolicy("typeA", "typeB", 1, lambda: True))
+    tc, a = start_trial(sched, "a")
+    for _ in range(3):
+        clock[0] += 31
+        assert report(sched, tc, a, 1, ["tb"]) == TrialScheduler.CONTINUE
+    assert sched.state.jobs["a"].resizes == 0
+    assert request_type(a.placement_group_factory) is None
+
+
+def test_a_grow_of_an_untyped_trial_is_a_typed_relaunch_not_a_resize_in_place(clock):
+    from adaptdl_core.policy import ResizeVerdict
+    from adaptdl_ray.tune import AdaptDLTrainableCreator
+    from tests.ray.test_scheduler_unit import StubController, train_fn
+    sched = AdaptDLScheduler(solve_wait_s=None, nodes_fn=lambda: NODES,
+                             allocation_interval_s=30,
+                             resize_rule=lambda **kw: ResizeVerdict(True, "paying"),
+                             policy=TypeSwitchPolicy("typeA", "typeB", 2, lambda: False))
+    tc = StubController()
+    a = tc.add(sched, StubTrial("a", AdaptDLTrainableCreator(train_fn, max_replicas=2)))
+    tc.start_pending(sched)
+    # The policy grows it to 2 on typeA: its request names no type, so its new replica's
+    # reservation could go anywhere; it is relaunched with a typed request instead of
+    # being told to grow in place.
+    assert report(sched, tc, a, 1, ["ta"]) == TrialScheduler.PAUSE
+    assert sched.target_of("a") == 1
+    a.status = Trial.PAUSED
+    tc.start_pending(sched)
+    assert a.status == Trial.RUNNING and sched.target_of("a") == 2
+    assert request_type(a.placement_group_factory) == "typeA"
+    assert num_replicas_of(a.placement_group_factory) == 1  # its minimum; it grows in place
