@@ -80,7 +80,6 @@ LOG = logging.getLogger(__name__)
 # at verbose=0) and Python shows other loggers only from WARNING, so this child of Tune's
 # logger makes the lines visible at Tune's default verbosity and from run_job. Silence
 # them with logging.getLogger("ray.tune.adaptdl").setLevel(logging.WARNING).
-RESIZE_LOG = logging.getLogger("ray.tune.adaptdl")
 
 __all__ = ["AdaptDLScheduler"]
 
@@ -201,7 +200,7 @@ class AdaptDLScheduler(TrialScheduler):
             else "pollux", share_cluster=cluster_allocator if cluster_allocator is not None
             else nodes_fn is None and not own_policy)
         self._traps = TrapWatch(allocation_interval_s)
-        self._relaunches = RelaunchQueue()  # trials paused to move off draining nodes
+        self._relaunches = RelaunchQueue()  # paused trials to relaunch (drain or type moves)
         # Each trial's trainable class: Tune's Trial.get_trainable_cls() asks Ray's GCS and
         # unpickles the class on every call (milliseconds, on every result).
         self._trainables: dict[str, Any] = {}
@@ -275,8 +274,6 @@ class AdaptDLScheduler(TrialScheduler):
             LOG.info("restored AdaptDLScheduler state: %d trials", restored)
         nodes = self._nodes.get()
         self._core.set_nodes(nodes)
-        # A trial re-added after a failure or a restore keeps its size if the cluster holds
-        # it (it grows to it in place once its minimum has started).
         requested = spec.fitted(self._sizes.target_of(trial.trial_id) or 1, nodes) \
             if trial.status == Trial.PENDING else None
         # (first: the core raises the clear error for a trial the cluster never holds)
@@ -307,10 +304,8 @@ class AdaptDLScheduler(TrialScheduler):
             LOG.warning(trap)
         current, changed = self._sizes.reported(trial.trial_id, result,
                                                 num_replicas_of(trial.placement_group_factory))
-        if changed:
-            self._driver.save()  # a relaunch happened (rare): its measured cost is worth keeping
-        else:
-            self._driver.save_if_due()
+        # (a relaunch happened, rarely: its measured cost is worth keeping at once)
+        self._driver.save() if changed else self._driver.save_if_due()
         decision = self._base.on_trial_result(tune_controller, trial, result)
         if decision == TrialScheduler.PAUSE:
             self._traps.forget(trial.trial_id)
@@ -325,21 +320,16 @@ class AdaptDLScheduler(TrialScheduler):
         move = self._sizes.resize(trial.trial_id, current, lambda replicas: self._fits(
             self._free(tune_controller), trial, replicas),
             request_type(trial.placement_group_factory))
-        if move is not None:
-            return self._pause_to_move(trial, current, move)
+        if move is not None:  # to another accelerator type: relaunched with its request
+            self._sizes.move_type(trial.trial_id, current, move)
+            return self._pause_to_relaunch(trial.trial_id, move.replicas)
         return TrialScheduler.CONTINUE
 
-    def _pause_to_move(self, trial: Trial, current: int, move: Any) -> str:
-        """Pause a trial whose decision ``move`` is carried out on another accelerator type
-        (at this result: Tune checkpoints it) and queue it to relaunch with a request for
-        that type. Returns Tune's PAUSE."""
-        reason = f"relaunching on {move.accelerator_type} ({move.reason})"
-        self._sizes.move(trial.trial_id, current, move.replicas, reason, move)
-        RESIZE_LOG.info("trial %s: pausing to relaunch on %s with %d replica(s) (%s)",
-                        trial.trial_id, move.accelerator_type, move.replicas, move.reason)
-        self._relaunches.add(trial.trial_id, move.replicas)
-        self._traps.forget(trial.trial_id)
-        self._link.announce_pause(trial.trial_id)
+    def _pause_to_relaunch(self, trial_id: str, replicas: int) -> str:
+        """Queue the pausing trial to relaunch on ``replicas``; announce it. Returns PAUSE."""
+        self._relaunches.add(trial_id, replicas)
+        self._traps.forget(trial_id)
+        self._link.announce_pause(trial_id)
         return TrialScheduler.PAUSE
 
     def on_trial_complete(self, tune_controller: Any, trial: Trial, result: dict) -> None:
@@ -423,12 +413,7 @@ class AdaptDLScheduler(TrialScheduler):
             current = self._sizes.launch_size(trial_id) or self._held(trial)
             target = replica_spec_of(self._trainable(trial)).fitted(current, nodes)
             self._sizes.move(trial_id, current, target, reason)
-            RESIZE_LOG.warning("trial %s: %s: pausing at its next batch boundary to relaunch "
-                               "on the other nodes with %d replica(s)", trial_id, reason,
-                               target)
-            self._relaunches.add(trial_id, target)
-            self._traps.forget(trial_id)
-            self._link.announce_pause(trial_id)
+            self._pause_to_relaunch(trial_id, target)
             tune_controller.pause_trial(trial)
 
     def _next_resized_trial(self, tune_controller: Any) -> Trial | None:
@@ -456,11 +441,8 @@ class AdaptDLScheduler(TrialScheduler):
 
     def debug_string(self) -> str:
         """One line for Tune's status output: allocations, replicas in use, waiting trials."""
-        state = self._core.state
-        live = [r for r in state.jobs.values() if r.live and r.target > 0]
-        return (f"AdaptDLScheduler: {state.num_allocations} allocations, "
-                f"{sum(r.target for r in live)} replicas over {len(live)} trials, "
-                f"{len(self._relaunches)} relaunching; base: {self._base.debug_string()}")
+        return (f"AdaptDLScheduler: {self._sizes.summary()}, {len(self._relaunches)} "
+                f"relaunching; base: {self._base.debug_string()}")
 
     # -- internals ------------------------------------------------------------------
     def _trial_ended(self, trial: Trial, outcome: str) -> None:
@@ -468,8 +450,7 @@ class AdaptDLScheduler(TrialScheduler):
         self._traps.forget(trial.trial_id)
         self._relaunches.drop(trial.trial_id)
         self._trainables.pop(trial.trial_id, None)
-        if ray.is_initialized():
-            # (a trial actor that died gave back nothing of its own)
+        if ray.is_initialized():  # (a trial actor that died gave back nothing of its own)
             remove_leftover_reservations(trial.trial_id)
         if self._sizes.ended(trial.trial_id, outcome):
             # The experiment may be over: nothing is left to flush it later, and the
@@ -480,20 +461,12 @@ class AdaptDLScheduler(TrialScheduler):
         """A (not running) trial's start: its placement group holds its minimum (so that
         Tune admits it once that fits) on the accelerator type its decision names, and it
         grows to ``replicas`` in place."""
-        kind = self._decided_type(trial.trial_id)
+        kind = self._sizes.decided_type(trial.trial_id)
         pgf = trial.placement_group_factory
         if num_replicas_of(pgf) != spec.min_replicas or request_type(pgf) != kind:
             trial.update_resources(placement_group_factory(spec, spec.min_replicas, kind))
         self._link.hook()
         self._sizes.tell(trial.trial_id, replicas)
-
-    def _decided_type(self, trial_id: str) -> str | None:
-        """The accelerator type the trial's standing decision places it on (``None``: any
-        node: a cluster of one type, or no decision yet)."""
-        record = self._core.state.jobs.get(trial_id)
-        if record is None or not record.live:
-            return None
-        return self._core.decision_for(trial_id, log=False).accelerator_type
 
     def target_of(self, trial_id: str) -> int | None:
         """The replicas this scheduler last told the trial to run on (``None``: none)."""

@@ -202,6 +202,29 @@ class TrialSizes:
             self.core.update(trial_id, progress=JobProgress(restarts=restarts))
         self.core.begin_resize(trial_id, decision, to=to, reason=reason)
         self.driver.save()
+        RESIZE_LOG.warning("trial %s: %s: pausing to relaunch with %d replica(s)",
+                           trial_id, reason, to)
+
+    def move_type(self, trial_id: str, current: int, decision: Decision) -> None:
+        """The trial, running on ``current`` replicas, is paused to relaunch on the
+        accelerator type ``decision`` names, on ``decision.replicas`` (see :meth:`move`)."""
+        self.move(trial_id, current, decision.replicas,
+                  f"relaunching on {decision.accelerator_type} ({decision.reason})", decision)
+
+    def summary(self) -> str:
+        """The allocations so far, the replicas in use and the trials using them, in words."""
+        state = self.core.state
+        live = [r for r in state.jobs.values() if r.live and r.target > 0]
+        return (f"{state.num_allocations} allocations, {sum(r.target for r in live)} "
+                f"replicas over {len(live)} trials")
+
+    def decided_type(self, trial_id: str) -> str | None:
+        """The accelerator type the trial's standing decision places it on (``None``: any
+        node: a cluster of one type, or no decision yet)."""
+        record = self.core.state.jobs.get(trial_id)
+        if record is None or not record.live:
+            return None
+        return self.core.decision_for(trial_id, log=False).accelerator_type
 
     def ended(self, trial_id: str, outcome: str) -> bool:
         """The trial ended (``finished``, ``stopped``, ``failed``: a retried trial starts
