@@ -202,7 +202,8 @@ class _ScriptedSizer:
     def start(self) -> int:
         return 1
 
-    def observe(self, replicas: int, *, hints: Any = None, progress: Any = None) -> None:
+    def observe(self, replicas: int, *, nodes: Any = None, hints: Any = None,
+                progress: Any = None) -> None:
         if replicas != self.current:
             self.current, self.seen = replicas, 0
             if self._pending is not None and progress is not None and \
