@@ -59,7 +59,7 @@ import numpy as np
 from adaptdl_core import validation
 from adaptdl_core.policy import (DEFAULT_RESTART_COST_S, MIN_COST_MULTIPLES, NodeInfo,
                                  ResizeVerdict, mixed_types, move_verdict,
-                                 node_types, placement_type, resize_verdict,
+                                 common_type, node_types, placement_type, resize_verdict,
                                  warn_if_type_unaware)
 
 from .jobs import (JobSpec, allocation_policy, check_profile_group,
@@ -850,11 +850,8 @@ class DecisionCore:
 
     # -- accelerator types ----------------------------------------------------------
     def _nodes_type(self, nodes: Sequence[Hashable]) -> Any:
-        """The one accelerator type of ``nodes`` (``None``: none, unknown nodes, or
-        several types)."""
-        kinds = {self._nodes[n].accelerator_type for n in nodes if n in self._nodes}
-        return kinds.pop() if len(kinds) == 1 and all(n in self._nodes for n in nodes) \
-            else None
+        """The one accelerator type of ``nodes`` (see :func:`common_type`)."""
+        return common_type(self._nodes, nodes)
 
     def _chosen_type(self, nodes: Sequence[Hashable]) -> str | None:
         """The accelerator type a decision places its replicas on (see

@@ -18,7 +18,8 @@ from .remaining import (POLICY_NAMES, RemainingWorkPolicy, admission_order, poli
                         remaining_weights)
 from .resize import (MIN_COST_MULTIPLES, ResizeVerdict, amortised_resize_verdict,
                      move_verdict, resize_verdict)
-from .typed import (TypedAllocator, knows_types, mixed_types, node_types, placement_type,
+from .typed import (TypedAllocator, common_type, knows_types, mixed_types, node_types,
+                    nodes_off_type, placement_type,
                     type_unaware_note, typed_round_applies, warn_if_type_unaware)
 from .speedup import GoodputOptimizer, LinearSpeedup, SpeedupFunction
 
@@ -47,6 +48,8 @@ __all__ = [
     "knows_types",
     "optimize",
     "placement_type",
+    "common_type",
+    "nodes_off_type",
     "policy_by_name",
     "power_mean",
     "remaining_weights",

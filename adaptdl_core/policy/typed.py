@@ -47,7 +47,7 @@ from .problem import _Problem
 from .records import AllocationResult, Allocations, JobInfo, NodeInfo
 
 __all__ = ["TypedAllocator", "typed_round_applies", "node_types", "mixed_types",
-           "placement_type", "knows_types", "type_unaware_note", "warn_if_type_unaware"]
+           "placement_type", "common_type", "nodes_off_type", "knows_types", "type_unaware_note", "warn_if_type_unaware"]
 
 LOG = logging.getLogger(__name__)
 # Whether warn_if_type_unaware has warned in this process.
@@ -70,20 +70,37 @@ def mixed_types(nodes: Mapping[Hashable, NodeInfo]) -> bool:
     return len([t for t in node_types(nodes) if t is not None]) >= 2
 
 
-def placement_type(nodes: Mapping[Hashable, NodeInfo],
-                   placement: Sequence[Hashable]) -> Optional[str]:
-    """The one accelerator type of the nodes in ``placement`` (node ids, one per replica)
-    on a cluster of several types (:func:`mixed_types`): the type a solve chose for a job,
-    which its replicas are then placed on. ``None`` on a cluster of one type or none, for
-    an empty placement, a node not in ``nodes``, a node of no known type, or nodes of
-    several types (nothing to ask for: the replicas go wherever they fit)."""
-    if not placement or not mixed_types(nodes):
-        return None
-    if any(n not in nodes for n in placement):
+def common_type(nodes: Mapping[Hashable, NodeInfo],
+                placement: Sequence[Hashable]) -> Optional[str]:
+    """The one accelerator type of the nodes in ``placement`` (node ids), as ``nodes``
+    tells: ``None`` for an empty placement, a node not in ``nodes``, a node of no known
+    type, or nodes of several types."""
+    if not placement or any(n not in nodes for n in placement):
         return None
     kinds = {nodes[n].accelerator_type for n in placement}
     kind = kinds.pop() if len(kinds) == 1 else None
     return kind if isinstance(kind, str) and kind else None
+
+
+def placement_type(nodes: Mapping[Hashable, NodeInfo],
+                   placement: Sequence[Hashable]) -> Optional[str]:
+    """The one accelerator type of the nodes in ``placement`` (node ids, one per replica)
+    on a cluster of several types (:func:`mixed_types`): the type a solve chose for a job,
+    which its replicas are then placed on. ``None`` on a cluster of one type or none, and
+    wherever :func:`common_type` is (nothing to ask for: the replicas go wherever they
+    fit)."""
+    return common_type(nodes, placement) if mixed_types(nodes) else None
+
+
+def nodes_off_type(nodes: Mapping[Hashable, NodeInfo], node_ids: Sequence[Hashable],
+                   accelerator_type: Optional[str]) -> set:
+    """The nodes of ``node_ids`` (where replicas run) that are not of
+    ``accelerator_type``, as ``nodes`` (the cluster) tells: a node it does not list
+    counts as off the type. None when no type is asked for."""
+    if accelerator_type is None:
+        return set()
+    return {n for n in node_ids
+            if n not in nodes or nodes[n].accelerator_type != accelerator_type}
 
 
 def knows_types(policy: object) -> bool:

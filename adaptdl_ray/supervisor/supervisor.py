@@ -36,7 +36,7 @@ import time
 from typing import Any, Callable, Mapping, Sequence
 
 from adaptdl_core.decision import Decision, JobSpec, progress_from_status
-from adaptdl_core.policy import NodeInfo
+from adaptdl_core.policy import nodes_off_type
 from adaptdl_ray.replicas.nodes import DrainWatch
 from adaptdl_ray.replicas.pool import Grow
 from adaptdl_ray.supervisor.in_place import InPlaceCheckpoints
@@ -48,7 +48,7 @@ from adaptdl_ray.supervisor.recovery import (ResizeStep, Verdict, hand_over, jud
 LOG = logging.getLogger(__name__)
 
 __all__ = ["Supervisor", "JobRunner", "StatusUpdate", "DEFAULT_STOP_TIMEOUT_S",
-           "DEFAULT_CHECKPOINT_INTERVAL_S", "nodes_off_type"]
+           "DEFAULT_CHECKPOINT_INTERVAL_S"]
 
 #: Seconds a stop or a resize may wait for the replicas to reach a batch boundary.
 DEFAULT_STOP_TIMEOUT_S = 120.0
@@ -117,17 +117,6 @@ class _Launch:
         self.started = started
         self.accelerator_type = accelerator_type
         self.first_step: float | None = None
-
-
-def nodes_off_type(nodes: Mapping[Any, NodeInfo], node_ids: Sequence[Any],
-                   accelerator_type: str | None) -> set:
-    """The nodes of ``node_ids`` (where replicas run) that are not of
-    ``accelerator_type``, as ``nodes`` (the cluster) tells: a node it does not list
-    counts as off the type. None when no type is asked for."""
-    if accelerator_type is None:
-        return set()
-    return {n for n in node_ids
-            if n not in nodes or nodes[n].accelerator_type != accelerator_type}
 
 
 def _worker_group(actors: list, resources: Mapping[str, float],

@@ -14,8 +14,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from adaptdl_core.policy import NodeInfo
-from adaptdl_core.policy.typed import mixed_types
-from adaptdl_ray.supervisor.supervisor import nodes_off_type
+from adaptdl_core.policy.typed import mixed_types, nodes_off_type
 
 __all__ = ["is_type_move", "needs_typed_relaunch", "nodes_to_report"]
 

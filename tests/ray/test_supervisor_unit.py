@@ -450,7 +450,7 @@ class TypeSizer(KeepSizer):
 
 
 def test_nodes_off_a_type_are_those_of_another_type_or_unknown():
-    from adaptdl_ray.supervisor.supervisor import nodes_off_type
+    from adaptdl_core.policy import nodes_off_type
     assert nodes_off_type(TYPED, ["a", "b", "gone"], "A100") == {"a", "gone"}
     assert nodes_off_type(TYPED, ["a", "b"], None) == set()
 
