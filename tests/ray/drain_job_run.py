@@ -23,6 +23,7 @@ from typing import Any, Callable, Mapping
 from adaptdl_core.decision import Decision, JobProgress, JobSpec
 from tests.core.harness import read_events
 from tests.ray.cluster_resize_job import JOB_SCRIPT
+from tests.ray.two_nodes import two_nodes
 
 
 class KeepSizer:
@@ -59,28 +60,24 @@ def run_on_two_nodes(storage: str, record_dir: str, name: str, job_args: list[st
     """Run the test job (2 replicas, :class:`KeepSizer`) as an ElasticJob on a cluster of a
     head of 1 CPU and a worker of 2 (so the job starts on the worker); once launch 0 has
     trained ``batches_before`` batches, call ``act(cluster, worker)`` (it returns what it
-    saw, with ``"at"``: when its action took effect) and follow the job to its end.
+    saw, with ``"at"``: when its action took effect) and follow the job to its end. The
+    job's batches sleep until launch 1 has trained one, then go as fast as they can.
 
     Returns:
         ``act``'s dict (without ``at``) plus the job's exit ``status``, the replicas of each
         launch (``sizes``), ``batches_before`` (launch 0's when ``act`` was called),
         ``to_first_step_s`` (from ``at`` to launch 1's first batch) and the job's final
         ``status.json`` (``job_status``)."""
-    import ray
-    from ray.cluster_utils import Cluster
-
     from adaptdl_ray.cluster.elastic_job import ElasticJob
     from adaptdl_ray.cluster.job_files import JobFiles
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     record = Path(record_dir)
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    try:
-        worker = cluster.add_node(num_cpus=2)
-        cluster.wait_for_nodes()
-        ray.init(address=cluster.address, log_to_driver=True)
+    with two_nodes(1, 2, log_to_driver=True) as (cluster, worker):
         files = JobFiles(name, storage)
-        job = ElasticJob(files, JOB_SCRIPT, ["--record", record_dir, *job_args],
+        fast = record.parent / f"{record.name}-moved"  # (beside the records: not one)
+        job = ElasticJob(files, JOB_SCRIPT, ["--record", record_dir, *job_args,
+                                             "--slow-until", str(fast)],
                          JobSpec({"CPU": 1}, 1, 2), sizer=KeepSizer(), status_every_s=0.5,
                          **job_options)
         status: list[int] = []
@@ -97,6 +94,7 @@ def run_on_two_nodes(storage: str, record_dir: str, name: str, job_args: list[st
         while runner.is_alive() and time.time() < at + 240:
             if first_step is None and batches(record, 1):
                 first_step = time.time()
+                fast.touch()
             time.sleep(0.1)
         runner.join(timeout=60)
         return {**seen, "status": status[0] if status else None,
@@ -105,9 +103,6 @@ def run_on_two_nodes(storage: str, record_dir: str, name: str, job_args: list[st
                 "batches_before": before,
                 "to_first_step_s": None if first_step is None else first_step - at,
                 "job_status": files.read_status() or {}}
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
 
 
 def main(storage: str, record_dir: str, deadline_s: float = 60.0) -> int:

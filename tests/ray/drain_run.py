@@ -10,11 +10,11 @@ import sys
 import time
 
 import ray
-from ray.cluster_utils import Cluster
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from adaptdl_ray.replicas._ray_private import draining_nodes
 from adaptdl_ray.replicas.nodes import cluster_nodes
+from tests.ray.two_nodes import two_nodes
 
 
 @ray.remote(num_cpus=1)
@@ -26,11 +26,7 @@ class Busy:
 
 
 def main() -> None:
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    try:
-        worker = cluster.add_node(num_cpus=2)
-        cluster.wait_for_nodes()
-        ray.init(address=cluster.address, logging_level="ERROR")
+    with two_nodes(1, 2) as (cluster, worker):
         busy = Busy.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
             worker.node_id, soft=False)).remote()
         on_worker = ray.get(busy.node.remote(), timeout=60) == worker.node_id
@@ -51,9 +47,6 @@ def main() -> None:
             "draining": drained, "nodes": sorted(cluster_nodes()),
             "given_list": sorted(cluster_nodes(listed)),
             "given_list_and_drains": sorted(cluster_nodes(listed, draining=drained))}))
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
 
 
 if __name__ == "__main__":

@@ -26,8 +26,9 @@ from tests.ray.two_nodes import two_nodes
 # Enough epochs that the trial is still training when the drain lands: starting the
 # `ray drain-node` command takes seconds on a busy 2-core machine, a grow in place starts its
 # new replica (torch imported) while the trial trains, and with fewer epochs a
-# CI run once saw the trial finish on its 2 replicas before the move.
-EPOCHS, SIZE = 8, 240
+# CI run once saw the trial finish on its 2 replicas before the move. (The epochs after the
+# move cost little: the batches stop sleeping once the trial left the drained node.)
+EPOCHS, SIZE = 12, 240
 
 
 class GrowToTwo:
@@ -62,6 +63,8 @@ def main(storage: str, record_dir: str, deadline_s: float = 60.0) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     # The head holds one replica, the worker two: the 2-replica launch has one there.
     seen: dict = {}
+    # Batches sleep until the trial trains off the drained node, then go as fast as they can.
+    fast = f"{record_dir.rstrip('/')}-moved"
     with two_nodes(1, 2) as (cluster, worker):
 
         def drain_when_on_worker() -> None:
@@ -85,6 +88,7 @@ def main(storage: str, record_dir: str, deadline_s: float = 60.0) -> int:
                     seen["drain_to_first_step_s"] = time.time() - drained_at
                     break
                 time.sleep(0.1)
+            open(fast, "w").close()
             # The node is reclaimed once the trial left it.
             cluster.remove_node(worker)
             seen["removed"] = True
@@ -98,7 +102,8 @@ def main(storage: str, record_dir: str, deadline_s: float = 60.0) -> int:
             AdaptDLTrainableCreator(counting_job, max_replicas=2, stop_timeout_s=60),
             scheduler=scheduler, storage_path=storage, verbose=0,
             config={"record_dir": record_dir, "epochs": EPOCHS, "size": SIZE,
-                    "batch_size": 12, "sleep": 0.15, "report_every": 100})
+                    "batch_size": 12, "sleep": 0.15, "report_every": 100,
+                    "slow_until": fast})
         watcher.join(timeout=130)
         trial = analysis.trials[0]
         seen.update(status=trial.status, failures=trial.num_failures,

@@ -18,6 +18,7 @@ cluster's that took the port), and a start that fails is retried on newly picked
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import shutil
@@ -128,9 +129,12 @@ class LocalCluster:
             try:
                 with urllib.request.urlopen(f"{self.address}/api/version", timeout=2) as r:
                     session = json.loads(r.read().decode()).get("session_name", "")
-            except (OSError, ValueError):
+            except (OSError, ValueError):  # (not up yet: refused, reset, half an answer)
                 time.sleep(0.5)
                 continue
+            except http.client.HTTPException as exc:  # not HTTP: another server took it
+                raise RuntimeError(f"port {self.address} answers for another server "
+                                   f"({type(exc).__name__})") from exc
             if session and os.path.isdir(os.path.join(self.temp_dir, session)):
                 return
             raise RuntimeError(f"port {self.address} answers for another cluster "

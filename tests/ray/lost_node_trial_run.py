@@ -67,6 +67,8 @@ def main(storage: str, record_dir: str, interval_s: float = 2.0, mode: str = "ro
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     seen: dict = {}
     replicas = 1 if mode == "actor" else REPLICAS
+    # Batches sleep until the next launch has trained one, then go as fast as they can.
+    fast = f"{record_dir.rstrip('/')}-continued"
     with two_nodes(1 if mode == "actor" else 3, 1) as (cluster, worker):
         placeholder = ray.remote(num_cpus=1)(Placeholder).options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(cluster.head_node.node_id,
@@ -88,6 +90,7 @@ def main(storage: str, record_dir: str, interval_s: float = 2.0, mode: str = "ro
             seen["steps_before_loss"] = len(first) // replicas
             if _wait_for_batches(record_dir, 1, 1, lost_at + 150):
                 seen["loss_to_first_step_s"] = time.time() - lost_at
+            open(fast, "w").close()
 
         watcher = threading.Thread(target=lose_the_worker, daemon=True)
         watcher.start()
@@ -107,7 +110,8 @@ def main(storage: str, record_dir: str, interval_s: float = 2.0, mode: str = "ro
             max_failures=1 if mode == "actor" else 0,
             config={"record_dir": record_dir, "size": SIZE,
                     "epochs": EPOCHS,
-                    "batch_size": BATCH, "sleep": SLEEP_S, "report_every": 100})
+                    "batch_size": BATCH, "sleep": SLEEP_S, "report_every": 100,
+                    "slow_until": fast})
         watcher.join(timeout=300)
         trial = analysis.trials[0]
         seen.update(status=trial.status, failures=trial.num_failures,

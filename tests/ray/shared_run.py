@@ -3,7 +3,7 @@
 
     python tests/ray/shared_run.py --address A --name N --arm shared|alone --out F \\
         --record-dir D --storage S [--cpus --trials --epochs --size --batch-size
-        --sleep-per-sample --interval]
+        --sleep-per-sample --interval] [--slow-until PATH]
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def run_driver(args: argparse.Namespace) -> dict[str, Any]:
     config = {"record_dir": args.record_dir, "per_trial_records": True,
               "size": args.size, "batch_size": args.batch_size,
               "sleep_per_sample": args.sleep_per_sample, "sleep": args.sleep_per_step,
-              "report_every": 4,
+              "report_every": 4, "slow_until": getattr(args, "slow_until", None),
               "epochs": tune.grid_search(epochs_per_trial(args))}
     tuner = tune.Tuner(trainable, param_space=config,
                        run_config=tune.RunConfig(name=args.name, storage_path=args.storage,
@@ -146,6 +146,8 @@ def main() -> int:
     for name in ("--address", "--name", "--out", "--record-dir", "--storage"):
         parser.add_argument(name, required=True)
     parser.add_argument("--arm", choices=ARMS, required=True)
+    parser.add_argument("--slow-until", default=None,
+                        help="a path: once it exists, the trials' batches no longer sleep")
     args = parser.parse_args()
     record = run_driver(args)
     with open(args.out, "w") as f:

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import urllib.request
 
 import pytest
@@ -42,9 +43,23 @@ def _allocator_view(address: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def grown(records_dirs) -> bool:
+    """Whether a trial recorded under any of ``records_dirs`` started with 2 replicas or
+    more (they all start with one: it grew)."""
+    for path in (p for d in records_dirs for p in d.glob("*/restart*-rank0.jsonl")):
+        with open(path) as f:  # (a line still being written has no newline yet)
+            if any(e["event"] == "start" and e["replicas"] >= 2
+                   for e in (json.loads(line) for line in f if line.endswith("\n"))):
+                return True
+    return False
+
+
 def test_two_sweeps_share_one_cluster(tmp_path):
+    # The trials train slowly until one of them has grown (the file below), then as fast
+    # as they go: the grow is the event the long trials are there for.
+    grew = tmp_path / "grew"
     shape = [a for k, v in SHAPE.items() for a in (f"--{k.replace('_', '-')}", str(v))] + \
-        ["--always-resize"]
+        ["--always-resize", "--slow-until", str(grew)]
     with LocalCluster(num_cpus=SHAPE["cpus"], env=cluster_env()) as cluster:
         procs = []
         for name in ("sweep-a", "sweep-b"):
@@ -57,8 +72,13 @@ def test_two_sweeps_share_one_cluster(tmp_path):
                  "--name", name, "--out", str(out), "--record-dir", str(records),
                  "--storage", str(tmp_path / "storage"), *shape],
                 env=cluster_env(), stdout=log, stderr=subprocess.STDOUT)))
+        deadline = time.monotonic() + 360
+        while any(p.poll() is None for *_, p in procs) and time.monotonic() < deadline:
+            if not grew.exists() and grown([records for _, _, records, _, _ in procs]):
+                grew.touch()
+            time.sleep(0.2)
         for name, out, records, log, proc in procs:
-            assert proc.wait(timeout=360) == 0, open(log.name).read()[-3000:]
+            assert proc.wait(timeout=10) == 0, open(log.name).read()[-3000:]
         view = _allocator_view(cluster.gcs_address)
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{cluster.metrics_port}/metrics",
                                          timeout=30).read().decode()

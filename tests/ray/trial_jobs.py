@@ -8,6 +8,7 @@ test can check that every epoch saw every sample exactly once across resizes.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import time
@@ -219,7 +220,9 @@ def validating_job(config: dict) -> None:
     epoch trains with ``autoscale_batch_size``, runs a validation loop over a second
     ``AdaptiveDataLoader``, reports ``model.pt`` as a Tune checkpoint, then sleeps
     ``config["pause"]`` seconds. Config as for :func:`counting_job` (``record_dir``,
-    ``epochs``, ``size``, ``batch_size``, ``sleep``) plus ``val_size`` and ``pause``.
+    ``epochs``, ``size``, ``batch_size``, ``sleep``) plus ``val_size``, ``pause`` and
+    ``start_together`` (a first launch waits for the sweep's other trials to start:
+    :func:`_wait_for_siblings`).
     Records ``start`` (with ``finished_epochs``), ``batch`` and ``report`` events, and
     ``held`` when the harness holds it in the pause (:func:`_held`)."""
     import tempfile
@@ -233,6 +236,8 @@ def validating_job(config: dict) -> None:
     model = adl.AdaptiveDataParallel(net, opt)
     log.write(json.dumps({"event": "start", "replicas": replicas, "restarts": restarts,
                           "finished_epochs": adl.finished_epochs()}) + "\n")
+    if config.get("start_together") and restarts == 0:
+        _wait_for_siblings(config["record_dir"])
     for epoch in adl.remaining_epochs_until(config["epochs"]):
         model.train()
         for idx, x, y in loader:
@@ -257,6 +262,20 @@ def validating_job(config: dict) -> None:
         if not _held(config, epoch, restarts, log):
             time.sleep(config.get("pause", 0.0))
     log.write(json.dumps({"event": "finished"}) + "\n")
+
+
+def _wait_for_siblings(record_dir: str, timeout_s: float = 120) -> None:
+    """Wait until every record directory beside ``record_dir`` (one per trial of the
+    sweep) holds a first launch's records: the trials then train side by side, so that on
+    a loaded machine none runs to its end while another is still starting (it would have
+    nothing left for the harness to interrupt). Gives up after ``timeout_s``."""
+    root = os.path.dirname(os.path.abspath(record_dir))
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        dirs = [d for d in glob.glob(os.path.join(root, "*")) if os.path.isdir(d)]
+        if all(os.path.exists(os.path.join(d, "restart0-rank0.jsonl")) for d in dirs):
+            return
+        time.sleep(0.02)
 
 
 def _held(config: dict, epoch: int, restarts: int, log) -> bool:
