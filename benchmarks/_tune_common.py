@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from _common import ROOT  # noqa: F401  (puts the repository on sys.path)
+from _processes import proc_stat
 from adaptdl_ray.tune.results import RESIZE_PHASES  # noqa: E402  (after the path is set)
 
 LOG = logging.getLogger(__name__)
@@ -162,22 +163,15 @@ def reap_children(timeout_s: float = 30.0) -> int:
 def _proc_table() -> dict[int, tuple[int, int, float]]:
     """pid -> (ppid, start time in ticks, user + system CPU seconds incl. waited-for
     children) of every process (Linux ``/proc``; empty elsewhere)."""
-    tick = os.sysconf("SC_CLK_TCK")
     out: dict[int, tuple[int, int, float]] = {}
     try:
         pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
     except OSError:
         return out
     for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # exited meanwhile
-        # After the command name: state(0) ppid(1) ... utime(11) stime(12) cutime(13)
-        # cstime(14) ... starttime(19)
-        out[pid] = (int(fields[1]), int(fields[19]),
-                    sum(int(x) for x in fields[11:15]) / tick)
+        stat = proc_stat(pid)
+        if stat is not None:  # (else it exited meanwhile)
+            out[pid] = (stat[0], int(stat[1]), stat[3])
     return out
 
 

@@ -14,49 +14,14 @@ started and discarded around the trials (in both arms alike) rather than to the 
 from __future__ import annotations
 
 import argparse
-import collections
 import os
 import sys
 import tempfile
-import threading
-import time
 
 import _tune_common as tc
 import many_trials
 from _common import machine_description
-
-
-def _sample(stop: threading.Event, seen: dict, ignore: set[str]) -> None:
-    tick = os.sysconf("SC_CLK_TCK")
-    while not stop.is_set():
-        for pid in os.listdir("/proc"):
-            if not pid.isdigit() or pid in ignore:
-                continue
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    stat = f.read()
-                with open(f"/proc/{pid}/cmdline") as f:
-                    cmd = f.read().replace("\0", " ")[:80]
-            except OSError:
-                continue
-            fields = stat.rsplit(")", 1)[1].split()
-            record = seen.setdefault((pid, fields[19]), [0.0, []])
-            record[0] = max(record[0], (int(fields[11]) + int(fields[12])) / tick)
-            if cmd and (not record[1] or record[1][-1] != cmd):
-                record[1].append(cmd)
-        time.sleep(0.1)
-
-
-def table(seen: dict) -> list[tuple[str, int, float]]:
-    """``(titles, processes, CPU seconds)`` per kind of process, most CPU first."""
-    kinds: dict[str, list] = collections.defaultdict(lambda: [0, 0.0])
-    for cpu, names in seen.values():
-        titles = [n.split()[0] for n in names if n.startswith("ray::")]
-        key = " > ".join(dict.fromkeys(titles)) if titles else \
-            (names[0].split()[0] if names else "?")
-        kinds[key][0] += 1
-        kinds[key][1] += cpu
-    return sorted(((k, n, c) for k, (n, c) in kinds.items()), key=lambda r: -r[2])
+from _processes import ProcessSampler, kinds_table
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,20 +38,14 @@ def main(argv: list[str] | None = None) -> int:
     tc.init_ray(args.cpus)
     storage = tempfile.mkdtemp(prefix="process-churn-")
     many_trials.warm_up(args.cpus, storage)
-    seen: dict = {}
-    stop = threading.Event()
-    sampler = threading.Thread(target=_sample, args=(stop, seen, set(os.listdir("/proc"))),
-                               daemon=True)
-    sampler.start()
-    result = many_trials.run_arm(args.arm, args.trials, storage)
-    stop.set()
-    sampler.join()
+    with ProcessSampler() as sampler:
+        result = many_trials.run_arm(args.arm, args.trials, storage)
     ray.shutdown()
     print(f"Machine: {machine_description()}")
     print(f"arm {args.arm}: {args.trials} trials in {result['wall_s']:.1f} s, "
           f"{args.cpus} Ray CPUs\n")
     print("| processes | CPU s | Ray titles seen, in order |\n|---:|---:|---|")
-    for kind, count, cpu in table(seen)[:15]:
+    for kind, count, cpu in kinds_table(sampler.seen)[:15]:
         print(f"| {count} | {cpu:.1f} | {kind} |")
     return 0
 
