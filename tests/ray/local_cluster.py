@@ -11,9 +11,11 @@ never with ``ray stop`` (which stops every Ray instance on the machine).
 Ports: Ray picks (and binds at once) every port it can pick itself and nobody here needs
 to know (``0``). The few this helper must name in advance (the GCS, the dashboard, the
 metrics export and the Ray client server: Ray cannot report them all, nor take a bound
-socket) are picked free, which leaves a moment in which another process may take one: the
-cluster is then known by its dashboard answering with this cluster's session (not another
-cluster's that took the port), and a start that fails is retried on newly picked ports.
+socket) are picked free below the ports the kernel hands out itself (:func:`free_ports`),
+which leaves a moment in which another process naming ports may take one: the cluster is
+then known by its dashboard answering with this cluster's session (not another cluster's
+or another server's that took the port), and a start that fails is retried on newly picked
+ports.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -31,7 +34,7 @@ import time
 import urllib.request
 from typing import Any
 
-__all__ = ["LocalCluster", "cluster_env", "REPO_ROOT"]
+__all__ = ["LocalCluster", "cluster_env", "free_ports", "REPO_ROOT"]
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -54,17 +57,52 @@ _RAY_PICKS = ("--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
 _PICKED_HERE = ("--port", "--dashboard-port", "--metrics-export-port",
                 "--ray-client-server-port")
 _ATTEMPTS = 3
+# The ports Ray's workers take by default (``--min-worker-port``, ``--max-worker-port``).
+_RAY_WORKER_PORTS = (10002, 19999)
 
 
-def _free_ports(count: int) -> list[int]:
-    """``count`` distinct ports free a moment ago (held together while picked, so they
-    differ, then released for ``ray start`` to bind)."""
-    socks = []
+def ephemeral_range() -> tuple[int, int]:
+    """The kernel's range of ports for sockets bound to port 0 (Linux's
+    ``ip_local_port_range``; its default elsewhere)."""
     try:
-        for _ in range(count):
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = (int(v) for v in f.read().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def free_ports(count: int, rng: random.Random | None = None) -> list[int]:
+    """``count`` distinct ports free a moment ago, outside the kernel's ephemeral range.
+
+    Every process that binds port 0 (Ray's workers and agents, of any Ray instance on the
+    machine) gets a port of that range, and gRPC servers bind with ``SO_REUSEPORT``: one
+    that took a port picked here before ``ray start`` bound it would then share it with
+    this cluster's server, and calls would reach the wrong one (the likely cause of a GCS
+    that never answered a driver, and of a dashboard port that answered in HTTP/2, both
+    seen under a loaded suite). Ports below the range are handed to nobody who does not
+    ask for them by number. Each candidate is bound on every interface and held until all
+    are picked, then released for ``ray start``. They are above Ray's worker ports too
+    (:data:`_RAY_WORKER_PORTS`), which ``ray start`` refuses to see named. (Where the
+    ephemeral range starts too low to leave room, the kernel picks, as before.)"""
+    rng = rng or random.Random()
+    low = min(ephemeral_range()[0], 65536)
+    first = _RAY_WORKER_PORTS[1] + 1
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(20 * count):
+            if len(socks) == count:
+                break
             s = socket.socket()
-            s.bind(("127.0.0.1", 0))
+            try:
+                s.bind(("", rng.randrange(first, low) if low - first >= 1000 else 0))
+            except OSError:
+                s.close()
+                continue
             socks.append(s)
+        if len(socks) < count:
+            raise RuntimeError(f"found {len(socks)} free ports of {count} in "
+                               f"[{first}, {low})")
         return [s.getsockname()[1] for s in socks]
     finally:
         for s in socks:
@@ -101,7 +139,7 @@ class LocalCluster:
 
     def _start(self, num_cpus: int, env: dict[str, str] | None) -> None:
         self.temp_dir = tempfile.mkdtemp(prefix="ray-")
-        ports = dict(zip(_PICKED_HERE, _free_ports(len(_PICKED_HERE))))
+        ports = dict(zip(_PICKED_HERE, free_ports(len(_PICKED_HERE))))
         ports.update(dict.fromkeys(_RAY_PICKS, 0))
         self.address = f"http://127.0.0.1:{ports['--dashboard-port']}"
         self.gcs_address = f"127.0.0.1:{ports['--port']}"

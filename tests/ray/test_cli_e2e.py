@@ -262,11 +262,12 @@ def test_every_address_reaches_this_cluster_beside_a_hung_instance(cluster, clus
     try:
         os.killpg(hung.proc.pid, signal.SIGSTOP)
         env = {k: v for k, v in cluster_env.items() if k != "RAY_ADDRESS"}
-        calls = [(["ls", "--json", "--address", cluster.address], env),
+        # (`start` first: `status` needs the allocator, whatever ran before this test.)
+        calls = [(["start", "--address", cluster.address], env),
+                 (["ls", "--json", "--address", cluster.address], env),
                  (["ls", "--json", "--address", cluster.gcs_address], env),
                  (["ls", "--json"], dict(env, RAY_ADDRESS=cluster.address)),
-                 (["status", "--address", cluster.address], env),
-                 (["start", "--address", cluster.address], env)]
+                 (["status", "--address", cluster.address], env)]
         for args, call_env in calls:
             started = time.monotonic()
             out = cli(call_env, tmp_path, *args, timeout=90)
