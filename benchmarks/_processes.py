@@ -64,12 +64,12 @@ class ProcessSampler:
                 if not pid.isdigit() or pid in self._ignore:
                     continue
                 stat = proc_stat(pid)
+                if stat is None:
+                    continue  # (it exited meanwhile)
                 try:
                     with open(f"/proc/{pid}/cmdline") as f:
                         cmd = f.read().replace("\0", " ").strip()[:160]
                 except OSError:
-                    continue
-                if stat is None:
                     continue
                 record = self.seen.setdefault((pid, stat[1]), [0.0, []])
                 record[0] = max(record[0], stat[2])

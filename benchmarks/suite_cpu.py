@@ -54,7 +54,7 @@ def kind_of(names: list[str]) -> str:
         return "replica actors (ray::ReplicaWorker)"
     if any(t.startswith("ray::AdaptDL_") for t in titles):
         return "trial actors (ray::AdaptDL_*)"
-    if any(d in text for d in _DAEMONS) or "ray-dashboard-" in text:
+    if any(d in text for d in _DAEMONS):  # ("dashboard": its modules' processes too)
         return "Ray daemons (raylet, GCS, agents, log monitor, dashboard)"
     if titles and set(titles) != {"ray::IDLE"}:
         return "other Ray actors (control, allocator, job supervisor, ...)"

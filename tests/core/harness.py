@@ -42,11 +42,14 @@ def run_json_job(script, replicas, tmp_path, *args, timeout=300) -> list[dict]:
 
 
 def read_events(record_dir: Path) -> list[dict]:
-    """All JSON events written by jobs into ``record_dir``, with their file's restart/rank."""
+    """All JSON events written by jobs into ``record_dir``, with their file's restart/rank.
+    Safe to call while they run: a line still being written (no newline yet) is left out."""
     events = []
     for path in sorted(record_dir.glob("r*-rank*.jsonl")):
         restart, rank = path.stem[1:].split("-rank")
-        for line in path.read_text().splitlines():
+        for line in path.read_text().splitlines(keepends=True):
+            if not line.endswith("\n"):
+                continue
             event = json.loads(line)
             event.update(restart=int(restart), rank=int(rank))
             events.append(event)

@@ -39,11 +39,12 @@ HOLD_FILE = "hold-from-epoch"  # beside the trials' record directories: see tria
 
 
 def records(record_dir) -> list[dict]:
-    """Every event a trial's replicas recorded, over all launches (``*.jsonl``)."""
+    """Every event a trial's replicas recorded, over all launches (``*.jsonl``). Safe to
+    call while they train: a line still being written (no newline yet) is left out."""
     events = []
     for path in glob.glob(os.path.join(str(record_dir), "*.jsonl")):
         with open(path) as f:
-            events += [json.loads(line) for line in f]
+            events += [json.loads(line) for line in f if line.endswith("\n")]
     return events
 
 

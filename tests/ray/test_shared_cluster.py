@@ -15,6 +15,7 @@ import urllib.request
 
 import pytest
 
+from tests.ray.interrupt_scenario import records
 from tests.ray.local_cluster import REPO_ROOT, LocalCluster, cluster_env
 from tests.ray.shared_run import exactly_once, peak_replicas
 
@@ -44,14 +45,11 @@ def _allocator_view(address: str) -> dict:
 
 
 def grown(records_dirs) -> bool:
-    """Whether a trial recorded under any of ``records_dirs`` started with 2 replicas or
-    more (they all start with one: it grew)."""
-    for path in (p for d in records_dirs for p in d.glob("*/restart*-rank0.jsonl")):
-        with open(path) as f:  # (a line still being written has no newline yet)
-            if any(e["event"] == "start" and e["replicas"] >= 2
-                   for e in (json.loads(line) for line in f if line.endswith("\n"))):
-                return True
-    return False
+    """Whether a trial recorded under any of ``records_dirs`` (a directory per trial)
+    started with 2 replicas or more (they all start with one: it grew)."""
+    return any(e["event"] == "start" and e["replicas"] >= 2
+               for d in records_dirs for trial in d.iterdir() if trial.is_dir()
+               for e in records(trial))
 
 
 def test_two_sweeps_share_one_cluster(tmp_path):
