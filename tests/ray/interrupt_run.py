@@ -30,8 +30,8 @@ JOBS = {
     # 8) a trial finished 4 more epochs of 0.6 s before it saved; nothing was then left to
     # resume and the test failed, on the base commit too.
     "contract": (contract_job, {"epochs": 12, "size": 96, "batch_size": 8, "sleep": 0.05}),
-    # The trials start together: under load one trial's start was seen to lag until the
-    # other had trained all its epochs, leaving it nothing to resume.
+    # The trials start together, so that both are training when the first interrupt
+    # comes (under load one trial's start can lag behind the other's whole run).
     "validating": (validating_job, {"epochs": 12, "size": 48, "val_size": 40,
                                     "batch_size": 8, "sleep": 0.02, "pause": 0.5,
                                     "start_together": True}),

@@ -135,7 +135,7 @@ def resume_problems(summary: dict, epochs: int, size: int) -> list[str]:
     Args:
         summary: the last restore's JSON summary (see :mod:`tests.ray.interrupt_run`).
         epochs, size: the job's epochs and training-set size."""
-    problems = []
+    problems, relaunched = [], False
     if summary["statuses"] != ["TERMINATED", "TERMINATED"]:
         problems.append(f"statuses {summary['statuses']}")
     want = [f"{e}:end" for e in range(epochs)]
@@ -158,8 +158,15 @@ def resume_problems(summary: dict, epochs: int, size: int) -> list[str]:
         # no launch of a trial: one whose function had ended, its last reports still
         # queued in the trial when the interrupt saved it, only hands those over.)
         finished = launches(events)
-        if finished != sorted(finished) or finished[:1] != [0] or len(finished) < 2:
+        relaunched = relaunched or len(finished) >= 2
+        if finished != sorted(finished) or finished[:1] != [0]:
             problems.append(f"trial {name}: launches began at finished epochs {finished}")
+    # Every interrupt left a saved trial to resume (see interrupt()), so some trial ran in
+    # more than one launch. Not necessarily each: under load a trial that is ahead can run
+    # its last epochs while Tune handles the signal, and end in its first launch (seen in
+    # CI, with the trials started together); its epochs are still checked above.
+    if not relaunched:
+        problems.append("no trial was relaunched: no interrupt left one to resume")
     return problems
 
 
