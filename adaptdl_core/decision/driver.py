@@ -139,6 +139,22 @@ class CoreDriver:
             self._inflight = (request, self._executor.submit(run, request))
         return self.collect(self._wait_s()) or applied
 
+    def solve_now(self) -> bool:
+        """Solve in the calling thread now, whatever the core's interval and rate limits
+        say, after applying the solve in flight (waiting for it): for a front-end that
+        must place a job before it can come back for the result (a Tune trial's first
+        placement-group request names the accelerator type its decision chose, and Tune
+        stages the trial right after adding it).
+
+        Returns:
+            ``True`` if the solve was applied (a failed one is logged, as in
+            :meth:`collect`, and the jobs keep their targets)."""
+        self.collect(None)
+        request = self.core.begin_solve()
+        (self.solver or SolveRequest.run)(request)
+        self._inflight = (request, None)
+        return self.collect(None)
+
     def decide(self, prepare: Callable[[], None] | None = None) -> dict[Hashable, Decision]:
         """:meth:`step`, then the standing decision of every live job (what
         :meth:`DecisionCore.decide` answers, with the solve driven by this driver)."""

@@ -24,13 +24,13 @@ needs (pause announcements, interrupts, result files, the base scheduler):
   each resize is logged with its reason (``state.jobs[id].resize_log``).
 * **Accelerator types**: on a cluster of several types, a trial's placement group request
   (its ``min_replicas`` base bundles; its own reservations follow it) names the type its
-  decision places it on whenever the scheduler sets it for a relaunch (a trial's first
-  request names none: no solve has placed it yet). A decision naming another type than where the trial runs is a
-  move: Tune cannot change a placement group in place, so the trial is paused at its next
-  result (Tune checkpoints it; its actor gives its own reservations back) and relaunched
-  with a request for the new type, restoring from that checkpoint. Trials post their
-  replicas' node ids at each launch and the core is told them, so that it sees where each
-  trial runs and does not order the same move again.
+  decision places it on, from its first request (the scheduler solves when Tune adds a
+  trial, before Tune stages it) to each relaunch. A decision naming another type than
+  where the trial runs is a move: Tune cannot change a placement group in place, so the
+  trial is paused at its next result (Tune checkpoints it; its actor gives its own
+  reservations back) and relaunched with a request for the new type, restoring from that
+  checkpoint. Trials post their replicas' node ids at each launch and the core is told
+  them, so that it sees where each trial runs and does not order the same move again.
 * **Draining nodes**: a running trial with replicas on a node Ray is draining (a spot
   node's preemption notice, ``ray drain-node``, the autoscaler removing it) is paused at
   its next batch boundary, without waiting for a report, and relaunched on the other
@@ -281,6 +281,7 @@ class AdaptDLScheduler(TrialScheduler):
         self._base.on_trial_add(tune_controller, trial)
         if requested is not None:
             checkpoint_files.restore_result_files_of(trial)
+            self._sizes.place_first(trial.trial_id)
             self._set_resources(trial, spec, requested)
         elif trial.status == Trial.PAUSED:
             self._relaunches.add(trial.trial_id)

@@ -218,6 +218,18 @@ class TrialSizes:
         return (f"{state.num_allocations} allocations, {sum(r.target for r in live)} "
                 f"replicas over {len(live)} trials")
 
+    def place_first(self, trial_id: str) -> str | None:
+        """A trial about to be staged by Tune (new, or again after a failure): on a
+        cluster of several accelerator types, solve now, so that its first placement-group
+        request names the type its decision chose (Tune stages it right after adding it,
+        and a staged request cannot change; without a type it would start wherever Ray
+        finds room and be moved, at one relaunch's cost). Returns that type (``None``: a
+        cluster of one type, or the policy has no room for the trial now)."""
+        if not mixed_types(self.core.nodes):
+            return None
+        self.driver.solve_now()
+        return self.decided_type(trial_id)
+
     def decided_type(self, trial_id: str) -> str | None:
         """The accelerator type the trial's standing decision places it on (``None``: any
         node: a cluster of one type, or no decision yet)."""

@@ -63,6 +63,30 @@ def test_a_slow_solve_is_applied_at_a_later_step():
     assert driver.last_solve_s > driver.solve_wait_s
 
 
+def test_solve_now_applies_the_solve_in_flight_then_solves_whatever_the_limits():
+    release = threading.Event()
+
+    class Slow(CountingPolicy):
+        def allocate(self, *args, **kwargs):
+            release.wait(10)
+            return super().allocate(*args, **kwargs)
+
+    policy = Slow()
+    core = DecisionCore(policy=policy, clock=Clock(1000.0), interval_s=60.0,
+                        min_event_gap_s=5.0)
+    core.set_nodes({"n0": NodeInfo({"GPU": 4})})
+    driver = CoreDriver(core, solve_wait_s=0.01)
+    core.add_job("a", GPU)
+    assert driver.step() is False and driver.solving
+    core.add_job("b", GPU)  # (an event inside the core's gap: no solve would be due)
+    assert not core.due()
+    threading.Timer(0.2, release.set).start()
+    # Waits for the solve in flight (one at a time), then solves with "b" in this thread.
+    assert driver.solve_now() is True and not driver.solving
+    assert policy.calls == 2 and core.state.num_allocations == 2
+    assert core.decision_for("b").action == "start"
+
+
 def test_a_solver_elsewhere_fills_the_request_and_a_failed_solve_keeps_targets(caplog):
     seen = []
 

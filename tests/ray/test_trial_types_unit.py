@@ -64,7 +64,8 @@ def test_a_trial_moves_to_the_type_its_decision_names_by_a_relaunch(clock):
                              allocation_interval_s=30,
                              policy=TypeSwitchPolicy("typeA", "typeB", 1, lambda: switched[0]))
     tc, a = start_trial(sched, "a")
-    assert a.status == Trial.RUNNING and request_type(a.placement_group_factory) is None
+    # Its first request names the type its first solve chose (solved when Tune added it).
+    assert a.status == Trial.RUNNING and request_type(a.placement_group_factory) == "typeA"
     # It runs on typeA, as the policy places it: nothing moves.
     assert report(sched, tc, a, 1, ["ta"]) == TrialScheduler.CONTINUE
     clock[0] += 31
@@ -96,11 +97,41 @@ def test_a_trial_moves_to_the_type_its_decision_names_by_a_relaunch(clock):
     assert sched.state.jobs["a"].resizes == 1 and "a" not in sched._relaunches
 
 
-def test_a_trial_started_untyped_on_the_chosen_type_is_not_moved(clock):
-    sched = AdaptDLScheduler(solve_wait_s=None, nodes_fn=lambda: NODES,
+def test_a_new_trial_requests_the_type_its_first_solve_chose_on_a_mixed_cluster_only(clock):
+    from tests.ray.test_scheduler_unit import StubController
+    sched = AdaptDLScheduler(solve_wait_s=30, nodes_fn=lambda: NODES,
                              allocation_interval_s=30,
                              policy=TypeSwitchPolicy("typeA", "typeB", 1, lambda: True))
+    tc = StubController()
+    a = tc.add(sched, StubTrial("a"))
+    # Solved when Tune added it, in Tune's thread, before Tune stages it.
+    assert sched.state.num_allocations == 1 and sched.core.record("a").nodes == ["tb"]
+    assert request_type(a.placement_group_factory) == "typeB"
+    tc.start_pending(sched)
+    assert a.status == Trial.RUNNING and request_type(a.placement_group_factory) == "typeB"
+    # Each trial Tune adds is placed before it is staged.
+    b = tc.add(sched, StubTrial("b"))
+    assert sched.state.num_allocations == 2
+    assert request_type(b.placement_group_factory) == "typeB"
+    # On a cluster of one type nothing is solved when a trial is added, and its request
+    # names no type.
+    one = AdaptDLScheduler(solve_wait_s=None, allocation_interval_s=30,
+                           nodes_fn=lambda: {"n": NodeInfo({"CPU": 2}, accelerator_type="T4")},
+                           policy=TypeSwitchPolicy("T4", "T4", 1, lambda: True))
+    c = StubController().add(one, StubTrial("c"))
+    assert one.state.num_allocations == 0 and request_type(c.placement_group_factory) is None
+
+
+def test_a_trial_started_untyped_on_the_chosen_type_is_not_moved(clock):
+    # No room at its first solve (its request then names no type); its next solve places
+    # it on typeB, where Ray happened to start it.
+    room = [False]
+    sched = AdaptDLScheduler(solve_wait_s=None, nodes_fn=lambda: NODES,
+                             allocation_interval_s=30,
+                             policy=TypeSwitchPolicy(None, "typeB", 1, lambda: room[0]))
     tc, a = start_trial(sched, "a")
+    assert request_type(a.placement_group_factory) is None
+    room[0] = True
     for _ in range(3):
         clock[0] += 31
         assert report(sched, tc, a, 1, ["tb"]) == TrialScheduler.CONTINUE
@@ -115,10 +146,14 @@ def test_a_grow_of_an_untyped_trial_is_a_typed_relaunch_not_a_resize_in_place(cl
     sched = AdaptDLScheduler(solve_wait_s=None, nodes_fn=lambda: NODES,
                              allocation_interval_s=30,
                              resize_rule=lambda **kw: ResizeVerdict(True, "paying"),
-                             policy=TypeSwitchPolicy("typeA", "typeB", 2, lambda: False))
+                             policy=TypeSwitchPolicy(None, "typeA", 2, lambda: room[0]))
+    room = [False]  # no room at its first solve: its first request names no type
     tc = StubController()
     a = tc.add(sched, StubTrial("a", AdaptDLTrainableCreator(train_fn, max_replicas=2)))
     tc.start_pending(sched)
+    assert request_type(a.placement_group_factory) is None
+    room[0] = True
+    clock[0] += 31
     # The policy grows it to 2 on typeA: its request names no type, so its new replica's
     # reservation could go anywhere; it is relaunched with a typed request instead of
     # being told to grow in place.

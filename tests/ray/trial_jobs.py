@@ -69,17 +69,22 @@ def counting_job(config: dict) -> None:
     """Config: ``record_dir``, ``epochs``, ``size``, ``batch_size``, ``sleep`` (seconds per
     batch), ``report_every`` (batches between reports), optional ``autoscale`` (max batch),
     ``sleep_per_sample`` (seconds per sample of a replica's batch), ``slow_until`` (a
-    path: once it exists, batches no longer sleep) and ``per_trial_records`` (records
-    under ``record_dir/<trial id>``)."""
+    path: once it exists, batches no longer sleep), ``per_trial_records`` (records
+    under ``record_dir/<trial id>``) and ``record_node`` (start records carry the Ray
+    node id the replica runs on)."""
     rank, restarts, replicas, log, loader = _start(config)
     if config.get("autoscale"):
         loader.autoscale_batch_size(config["autoscale"], local_bsz_bounds=(2, 64))
     net = torch.nn.Linear(2, 1)
     opt = torch.optim.SGD(net.parameters(), lr=0.05)
     model = adl.AdaptiveDataParallel(net, opt)
-    log.write(json.dumps({"event": "start", "replicas": replicas, "restarts": restarts,
-                          "nodes": env.num_nodes(), "epoch": adl.current_epoch(),
-                          "trial_id": tune.get_context().get_trial_id()}) + "\n")
+    start = {"event": "start", "replicas": replicas, "restarts": restarts,
+             "nodes": env.num_nodes(), "epoch": adl.current_epoch(),
+             "trial_id": tune.get_context().get_trial_id()}
+    if config.get("record_node"):
+        import ray
+        start["node"] = ray.get_runtime_context().get_node_id()
+    log.write(json.dumps(start) + "\n")
     for epoch in adl.remaining_epochs_until(config["epochs"]):
         # A restart at the very end of an epoch resumes with no batch left in it.
         loss = torch.tensor(float("nan"))

@@ -11,12 +11,15 @@ from adaptdl_core.policy import AllocationResult
 
 class TypeSwitchPolicy:
     """Gives every job ``replicas`` replicas on the nodes of type ``first`` until
-    ``switch()`` says so, then on the nodes of type ``second``; once a job runs on
+    ``switch()`` says so, then on the nodes of type ``second`` (a type of ``None``: no
+    replicas for any job); once a job runs on
     ``second`` (its base allocation says so), touches ``done_file`` if given.
 
     Use type names the speed prior does not know (no type then looks faster), so that
     a move is carried out as soon as the policy proposes it while the job's remaining
     training is unknown or long."""
+
+    knows_types = True  # (it places by type: no warning that it ignores types)
 
     def __init__(self, first: str, second: str, replicas: int,
                  switch: Callable[[], bool], done_file: str | None = None) -> None:
@@ -26,6 +29,9 @@ class TypeSwitchPolicy:
 
     def allocate(self, jobs, nodes, base_allocations=None, *, now=None):
         kind = self.second if self.switch() else self.first
+        if kind is None:  # no room for anyone
+            return AllocationResult({key: [] for key in jobs}, {key: 0.0 for key in jobs},
+                                    1.0, 0, True, 0.0)
         typed = [n for n, info in nodes.items() if info.accelerator_type == kind]
         allocations = {key: [typed[i % len(typed)] for i in range(self.replicas)]
                        for key in jobs}
