@@ -18,13 +18,16 @@ __all__ = ["Holding", "free_room", "fits", "RelaunchQueue"]
 # Resource amounts are floats: a fit within this is a fit.
 _EPSILON = 1e-9
 
-#: What one job holds: its replicas' shape, how many it holds, and whether they may be
-#: only requested so far (a job still starting, whose resources Ray may not show as taken).
-Holding = tuple[Mapping[str, float], int, bool]
+#: What one job holds: its replicas' shape, how many it holds, whether they may be only
+#: requested so far (a job still starting, whose resources Ray may not show as taken), and
+#: optionally the accelerator type of the nodes they are on (``None`` or left out: not
+#: known, they may be on any node).
+Holding = tuple  # (Mapping[str, float], int, bool) or (..., str | None)
 
 
 def free_room(nodes: Mapping[Any, NodeInfo], holdings: Iterable[Holding], *,
-              cluster_free: Mapping[str, float] | None = None) -> dict[str, float]:
+              cluster_free: Mapping[str, float] | None = None,
+              accelerator_type: str | None = None) -> dict[str, float]:
     """The resources (summed over ``nodes``) that the jobs' ``holdings`` leave free.
 
     Args:
@@ -33,16 +36,25 @@ def free_room(nodes: Mapping[Any, NodeInfo], holdings: Iterable[Holding], *,
         cluster_free: on a shared cluster, the resources the cluster itself counts as free
             (what other experiments, jobs and other work hold is not free either): it bounds
             the result, less what starting jobs hold that it may not show yet.
+        accelerator_type: the room on the nodes of this type only (for replicas that must
+            go there): what those nodes hold, less the holdings on that type and those
+            whose type is not known (they may be there). ``cluster_free``, a count over
+            every type, still bounds it. ``None``: every node, every holding.
     """
     free: dict[str, float] = {}
     for node in nodes.values():
+        if accelerator_type is not None and node.accelerator_type != accelerator_type:
+            continue
         for key, amount in node.resources.items():
             free[key] = free.get(key, 0.0) + amount
     starting: dict[str, float] = {}
-    for resources, count, is_starting in holdings:
+    for resources, count, is_starting, *kind in holdings:
+        elsewhere = accelerator_type is not None and kind and kind[0] is not None and \
+            kind[0] != accelerator_type
         for key, amount in resources.items():
-            free[key] = free.get(key, 0.0) - amount * count
-            if is_starting:
+            if not elsewhere:
+                free[key] = free.get(key, 0.0) - amount * count
+            if is_starting:  # (cluster_free counts every type)
                 starting[key] = starting.get(key, 0.0) + amount * count
     for key, amount in (cluster_free or {}).items():
         free[key] = min(free.get(key, 0.0), amount - starting.get(key, 0.0))

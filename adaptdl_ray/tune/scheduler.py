@@ -62,7 +62,8 @@ from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 from adaptdl_core.decision import CoreDriver, CoreState, DecisionCore
 from adaptdl_core.decision.driver import DEFAULT_SOLVE_WAIT_S
 from adaptdl_core.decision.room import RelaunchQueue, fits, free_room
-from adaptdl_core.policy import NodeInfo, PolluxPolicy, amortised_resize_verdict
+from adaptdl_core.policy import (NodeInfo, PolluxPolicy, amortised_resize_verdict,
+                                 common_type)
 from adaptdl_ray.cluster.sizing import JOB_RESIZE_COST_PRIOR_S as IN_PLACE_RESIZE_PRIOR_S
 from adaptdl_ray.replicas.nodes import Cached, DrainWatch, cluster_nodes, free_resources
 from adaptdl_ray.tune import checkpoint_files
@@ -318,9 +319,9 @@ class AdaptDLScheduler(TrialScheduler):
         if trial.trial_id in self._relaunches:
             return decision  # already pausing (moving off a draining node)
         self._maybe_decide(tune_controller)
+        kind = request_type(trial.placement_group_factory)
         move = self._sizes.resize(trial.trial_id, current, lambda replicas: self._fits(
-            self._free(tune_controller), trial, replicas),
-            request_type(trial.placement_group_factory))
+            self._free(tune_controller, kind), trial, replicas), kind)
         if move is not None:  # to another accelerator type: relaunched with its request
             self._sizes.move_type(trial.trial_id, current, move)
             return self._pause_to_relaunch(trial.trial_id, move.replicas)
@@ -422,7 +423,7 @@ class AdaptDLScheduler(TrialScheduler):
         if not len(self._relaunches):
             return None
         trials = {t.trial_id: t for t in tune_controller.get_trials()}
-        free = self._free(tune_controller)
+        rooms: dict[str | None, dict[str, float]] = {}  # the free room on each type asked
 
         def ready(trial_id: str, size: int | None) -> bool | None:
             trial = trials.get(trial_id)
@@ -432,7 +433,10 @@ class AdaptDLScheduler(TrialScheduler):
                 return False  # still saving before its pause
             spec = replica_spec_of(self._trainable(trial))
             target = size or self._core.state.jobs[trial_id].target or spec.min_replicas
-            if not self._fits(free, trial, target):
+            kind = self._sizes.decided_type(trial_id)  # (what its request will name)
+            if kind not in rooms:
+                rooms[kind] = self._free(tune_controller, kind)
+            if not self._fits(rooms[kind], trial, target):
                 return False
             self._set_resources(trial, spec, target)
             return True
@@ -485,15 +489,27 @@ class AdaptDLScheduler(TrialScheduler):
             if t.status in (Trial.PENDING, Trial.RUNNING, Trial.PAUSED)],
             lambda: self._nodes.get(refresh=True))
 
-    def _free(self, tune_controller: Any) -> dict[str, float]:
+    def _free(self, tune_controller: Any, kind: str | None = None) -> dict[str, float]:
         """Resources the running and starting trials leave free (see
-        :func:`~adaptdl_core.decision.room.free_room`). When the cluster is shared, what
-        other experiments, jobs and other work hold is not free either."""
+        :func:`~adaptdl_core.decision.room.free_room`), on the nodes of accelerator type
+        ``kind`` if given (``None``: every node). When the cluster is shared, what other
+        experiments, jobs and other work hold is not free either."""
         holdings = [(replica_spec_of(self._trainable(t)).resources, self._held(t),
-                     t.status == Trial.PENDING)
+                     t.status == Trial.PENDING, self._held_type(t))
                     for t in tune_controller.get_trials() if t.status in _HOLDING]
-        return free_room(self._nodes.get(), holdings, cluster_free=self._cluster_free.get()
+        return free_room(self._nodes.get(), holdings, accelerator_type=kind,
+                         cluster_free=self._cluster_free.get()
                          if self._link.allocator is not None else None)
+
+    def _held_type(self, trial: Trial) -> str | None:
+        """The accelerator type a trial's replicas are on: its request's, else that of
+        the nodes the core last heard it runs on (``None``: not known, or no type)."""
+        kind = request_type(trial.placement_group_factory)
+        if kind is None:
+            record = self._core.state.jobs.get(trial.trial_id)
+            if record is not None and record.placed_known:
+                kind = common_type(self._nodes.get(), record.placed)
+        return kind
 
     def _fits(self, free: dict[str, float], trial: Trial, replicas: int) -> bool:
         """Whether ``trial`` could hold ``replicas`` replicas given ``free``."""

@@ -30,6 +30,27 @@ def test_on_a_shared_cluster_what_others_hold_is_not_free_nor_what_starting_jobs
     assert free_room(NODES, holdings)["CPU"] == 5.0
 
 
+def test_the_room_on_one_type_counts_its_nodes_and_what_may_be_on_them():
+    nodes = {"a1": NodeInfo({"CPU": 4.0}, accelerator_type="A"),
+             "a2": NodeInfo({"CPU": 2.0}, accelerator_type="A"),
+             "b1": NodeInfo({"CPU": 8.0}, accelerator_type="B")}
+    holdings = [({"CPU": 1.0}, 2, False, "A"), ({"CPU": 1.0}, 3, False, "B"),
+                ({"CPU": 1.0}, 1, False, None),  # placed anywhere: counts on every type
+                ({"CPU": 1.0}, 1, True)]          # (no type given: the same)
+    assert free_room(nodes, holdings, accelerator_type="A") == {"CPU": 2.0}
+    assert free_room(nodes, holdings, accelerator_type="B") == {"CPU": 3.0}
+    assert free_room(nodes, holdings) == {"CPU": 7.0}  # every node, every holding
+    # A type no node has: no room at all.
+    assert not fits(free_room(nodes, holdings, accelerator_type="C"), {"CPU": 1.0}, 0, 1)
+    # The shared cluster's own count, over every type, still bounds it; the starting
+    # job on another type is still not shown as taken there.
+    starting_b = [({"CPU": 1.0}, 2, True, "B")]
+    assert free_room(nodes, starting_b, accelerator_type="A",
+                     cluster_free={"CPU": 4.0}) == {"CPU": 2.0}
+    assert free_room(nodes, starting_b, accelerator_type="A",
+                     cluster_free={"CPU": 9.0}) == {"CPU": 6.0}
+
+
 def test_a_job_fits_in_the_free_room_plus_what_it_holds():
     free = {"CPU": 1.0, "GPU": 0.0}
     assert fits(free, {"CPU": 1.0}, held=2, replicas=3)

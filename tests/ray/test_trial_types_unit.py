@@ -164,3 +164,51 @@ def test_a_grow_of_an_untyped_trial_is_a_typed_relaunch_not_a_resize_in_place(cl
     assert a.status == Trial.RUNNING and sched.target_of("a") == 2
     assert request_type(a.placement_group_factory) == "typeA"
     assert num_replicas_of(a.placement_group_factory) == 1  # its minimum; it grows in place
+
+
+class Plan:
+    """Places each job as ``plan[job] = (type, replicas)`` says (no room: ``(None, 0)``)."""
+
+    knows_types = True
+
+    def __init__(self, plan):
+        self.plan = plan
+
+    def allocate(self, jobs, nodes, base_allocations=None, *, now=None):
+        from adaptdl_core.policy import AllocationResult
+        out = {}
+        for key in jobs:
+            kind, count = self.plan.get(key, (None, 0))
+            typed = [n for n, info in nodes.items() if info.accelerator_type == kind]
+            out[key] = [typed[i % len(typed)] for i in range(count)] if typed else []
+        return AllocationResult(out, {k: float(len(v)) for k, v in out.items()},
+                                1.0, 0, True, 0.0)
+
+
+def test_a_move_to_a_type_waits_for_room_on_that_type_not_on_any_node(clock):
+    from adaptdl_ray.tune import AdaptDLTrainableCreator
+    from tests.ray.test_scheduler_unit import StubController, train_fn
+    plan = {"a": ("typeA", 1), "b": ("typeB", 2)}
+    sched = AdaptDLScheduler(solve_wait_s=None, nodes_fn=lambda: NODES,
+                             allocation_interval_s=30, policy=Plan(plan))
+    tc = StubController()
+    b = tc.add(sched, StubTrial("b", AdaptDLTrainableCreator(train_fn, min_replicas=2,
+                                                             max_replicas=2)))
+    a = tc.add(sched, StubTrial("a"))
+    tc.start_pending(sched)
+    assert request_type(b.placement_group_factory) == "typeB"
+    assert request_type(a.placement_group_factory) == "typeA"
+    assert report(sched, tc, b, 0, ["tb", "tb"]) == TrialScheduler.CONTINUE
+    # The policy moves "a" to typeB, whose two CPUs "b" holds.
+    plan["a"] = ("typeB", 1)
+    clock[0] += 31
+    assert report(sched, tc, a, 0, ["ta"]) == TrialScheduler.PAUSE
+    a.status = Trial.PAUSED
+    # The cluster has 2 CPUs free (typeA's), none on typeB: "a" waits, paused.
+    tc.start_pending(sched)
+    assert a.status == Trial.PAUSED and "a" in sched._relaunches
+    # "b" ends: its room on typeB is free, and "a" relaunches there.
+    b.status = Trial.TERMINATED
+    sched.on_trial_complete(tc, b, {})
+    tc.start_pending(sched)
+    assert a.status == Trial.RUNNING and request_type(a.placement_group_factory) == "typeB"
