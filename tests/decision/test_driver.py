@@ -41,17 +41,29 @@ def test_a_due_solve_runs_after_prepare_and_is_applied_and_written(tmp_path):
     assert driver.step() is True and policy.calls == 2
 
 
-def test_a_slow_solve_is_applied_at_a_later_step():
-    release = threading.Event()
+class HeldPolicy(CountingPolicy):
+    """A policy whose solves wait until ``release`` is set (at most 10 s)."""
 
-    class Slow(CountingPolicy):
-        def allocate(self, *args, **kwargs):
-            release.wait(10)
-            return super().allocate(*args, **kwargs)
+    def __init__(self):
+        super().__init__()
+        self.release = threading.Event()
 
-    core = DecisionCore(policy=Slow(), clock=Clock(1000.0), interval_s=60.0)
+    def allocate(self, *args, **kwargs):
+        self.release.wait(10)
+        return super().allocate(*args, **kwargs)
+
+
+def held_driver(**core_options):
+    """A driver that waits 0.01 s for its solves, over a core whose policy is held."""
+    policy = HeldPolicy()
+    core = DecisionCore(policy=policy, clock=Clock(1000.0), interval_s=60.0, **core_options)
     core.set_nodes({"n0": NodeInfo({"GPU": 4})})
-    driver = CoreDriver(core, solve_wait_s=0.01)
+    return CoreDriver(core, solve_wait_s=0.01), core, policy
+
+
+def test_a_slow_solve_is_applied_at_a_later_step():
+    driver, core, policy = held_driver()
+    release = policy.release
     core.add_job("a", GPU)
     assert driver.step() is False and driver.solving
     assert core.decision_for("a").action == "wait"  # the standing decision meanwhile
@@ -64,23 +76,12 @@ def test_a_slow_solve_is_applied_at_a_later_step():
 
 
 def test_solve_now_applies_the_solve_in_flight_then_solves_whatever_the_limits():
-    release = threading.Event()
-
-    class Slow(CountingPolicy):
-        def allocate(self, *args, **kwargs):
-            release.wait(10)
-            return super().allocate(*args, **kwargs)
-
-    policy = Slow()
-    core = DecisionCore(policy=policy, clock=Clock(1000.0), interval_s=60.0,
-                        min_event_gap_s=5.0)
-    core.set_nodes({"n0": NodeInfo({"GPU": 4})})
-    driver = CoreDriver(core, solve_wait_s=0.01)
+    driver, core, policy = held_driver(min_event_gap_s=5.0)
     core.add_job("a", GPU)
     assert driver.step() is False and driver.solving
     core.add_job("b", GPU)  # (an event inside the core's gap: no solve would be due)
     assert not core.due()
-    threading.Timer(0.2, release.set).start()
+    threading.Timer(0.2, policy.release.set).start()
     # Waits for the solve in flight (one at a time), then solves with "b" in this thread.
     assert driver.solve_now() is True and not driver.solving
     assert policy.calls == 2 and core.state.num_allocations == 2
