@@ -9,7 +9,7 @@ the cluster holds and what each job holds; nothing here asks Ray.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Optional, Union
 
 from adaptdl_core.policy import NodeInfo
 
@@ -22,7 +22,8 @@ _EPSILON = 1e-9
 #: requested so far (a job still starting, whose resources Ray may not show as taken), and
 #: optionally the accelerator type of the nodes they are on (``None`` or left out: not
 #: known, they may be on any node).
-Holding = tuple  # (Mapping[str, float], int, bool) or (..., str | None)
+Holding = Union[tuple[Mapping[str, float], int, bool],
+                tuple[Mapping[str, float], int, bool, Optional[str]]]
 
 
 def free_room(nodes: Mapping[Any, NodeInfo], holdings: Iterable[Holding], *,
