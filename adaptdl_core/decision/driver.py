@@ -127,12 +127,11 @@ class CoreDriver:
             return applied
         if prepare is not None:
             prepare()
-        request = self.core.begin_solve()
-        run = self.solver or SolveRequest.run
         if self.solve_wait_s is None:
-            run(request)
-            self._inflight = (request, None)
+            self._solve_here()
         else:
+            request = self.core.begin_solve()
+            run = self.solver or SolveRequest.run
             if self._executor is None:
                 self._executor = concurrent.futures.ThreadPoolExecutor(
                     1, thread_name_prefix="adaptdl-solve")
@@ -150,10 +149,15 @@ class CoreDriver:
             ``True`` if the solve was applied (a failed one is logged, as in
             :meth:`collect`, and the jobs keep their targets)."""
         self.collect(None)
+        self._solve_here()
+        return self.collect(None)
+
+    def _solve_here(self) -> None:
+        """Take the core's inputs and solve them in this thread; the result is in flight
+        until :meth:`collect` applies it."""
         request = self.core.begin_solve()
         (self.solver or SolveRequest.run)(request)
         self._inflight = (request, None)
-        return self.collect(None)
 
     def decide(self, prepare: Callable[[], None] | None = None) -> dict[Hashable, Decision]:
         """:meth:`step`, then the standing decision of every live job (what

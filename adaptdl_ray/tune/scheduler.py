@@ -495,7 +495,8 @@ class AdaptDLScheduler(TrialScheduler):
         ``kind`` if given (``None``: every node). When the cluster is shared, what other
         experiments, jobs and other work hold is not free either."""
         holdings = [(replica_spec_of(self._trainable(t)).resources, self._held(t),
-                     t.status == Trial.PENDING, self._held_type(t))
+                     t.status == Trial.PENDING,
+                     self._held_type(t) if kind is not None else None)
                     for t in tune_controller.get_trials() if t.status in _HOLDING]
         return free_room(self._nodes.get(), holdings, accelerator_type=kind,
                          cluster_free=self._cluster_free.get()

@@ -35,6 +35,7 @@ from typing import Callable
 
 from adaptdl_core.decision import JobSpec
 from tests.core.harness import read_events
+from tests.exactly_once import launch_of
 from tests.ray.cluster_resize_job import JOB_SCRIPT
 from tests.ray.drain_job_run import batches
 from tests.ray.interrupt_scenario import records
@@ -54,6 +55,16 @@ def _switch_after(count_batches: Callable[[], int], switch: str, running: Callab
     while count_batches() < BATCHES_BEFORE_MOVE and running() and time.time() < until:
         time.sleep(0.05)
     open(switch, "w").close()
+
+
+def launch_nodes(events: list[dict]) -> dict[str, list]:
+    """launch (restart number, as a string) -> the node id of each of its replicas, from
+    their start records (a job's or a trial's: see :func:`tests.exactly_once.launch_of`)."""
+    launches: dict[str, list] = {}
+    for e in events:
+        if e["event"] == "start":
+            launches.setdefault(str(launch_of(e)), []).append(e.get("node"))
+    return launches
 
 
 def run_job(storage: str, record_dir: str) -> dict:
@@ -80,11 +91,8 @@ def run_job(storage: str, record_dir: str) -> dict:
     until = time.time() + 240
     _switch_after(lambda: batches(record, 0), switch, runner.is_alive, until)
     runner.join(timeout=max(until + 120 - time.time(), 1.0))
-    launches: dict[str, list] = {}
-    for e in read_events(record):
-        if e["event"] == "start":
-            launches.setdefault(str(e["restart"]), []).append(e.get("node"))
-    return {"status": status[0] if status else None, "launches": launches,
+    return {"status": status[0] if status else None,
+            "launches": launch_nodes(read_events(record)),
             "moved": os.path.exists(done),
             "resizes": [{k: r.get(k) for k in ("from", "to", "reason")}
                         for r in sizer.core.record("typed").resize_log]}
@@ -119,11 +127,8 @@ def run_trial(storage: str, record_dir: str) -> dict:
     finally:
         finished.set()
     trial = analysis.trials[0]
-    launches: dict[str, list] = {}
-    for e in records(record_dir):
-        if e["event"] == "start":
-            launches.setdefault(str(e["restarts"]), []).append(e.get("node"))
-    return {"status": trial.status, "failures": trial.num_failures, "launches": launches,
+    return {"status": trial.status, "failures": trial.num_failures,
+            "launches": launch_nodes(records(record_dir)),
             "moved": os.path.exists(done),
             "resizes": [{k: r.get(k) for k in ("from", "to", "reason")}
                         for r in scheduler.state.jobs[trial.trial_id].resize_log]}
