@@ -13,21 +13,19 @@ import time
 from typing import Any, Callable, Collection, Mapping
 
 from adaptdl_core.policy import NodeInfo
+from adaptdl_ray.replicas.bundles import ACCELERATOR_LABEL
 from adaptdl_ray.replicas.bundles import ACCELERATOR_RESOURCE_PREFIX as _ACCELERATOR_RESOURCE
 
 LOG = logging.getLogger(__name__)
 
 __all__ = ["Cached", "DrainWatch", "cluster_nodes", "node_accelerator_type", "ACCELERATOR_LABEL",
+           "asked_by_label",
            "free_resources", "draining_under", "lost_nodes_under",
            "NODE_LOSS_WAIT_S"]
 
 #: After a replica failed, the longest wait (seconds) for Ray to declare a node dead while
 #: a replica does not answer (Ray's health checks take some seconds to notice a lost node).
 NODE_LOSS_WAIT_S = 45.0
-
-
-#: Ray's node label naming a node's accelerator type; it overrides the resource.
-ACCELERATOR_LABEL = "ray.io/accelerator-type"
 
 
 def node_accelerator_type(node: dict[str, Any]) -> str | None:
@@ -40,6 +38,28 @@ def node_accelerator_type(node: dict[str, Any]) -> str | None:
     kinds = [k[len(_ACCELERATOR_RESOURCE):] for k, v in node.get("Resources", {}).items()
              if k.startswith(_ACCELERATOR_RESOURCE) and v > 0]
     return kinds[0] if len(kinds) == 1 and kinds[0] else None
+
+
+def asked_by_label(accelerator_type: str | None,
+                   nodes: list[dict[str, Any]] | None = None) -> bool:
+    """Whether replicas placed on ``accelerator_type`` must ask for it by its label (see
+    :func:`~adaptdl_ray.replicas.bundles.label_selectors`) rather than by its
+    ``accelerator_type:<T>`` resource: no alive node of the type, as
+    :func:`node_accelerator_type` types them, carries that resource. False for no type.
+
+    Args:
+        nodes: ``ray.nodes()`` output (fetched when ``None``; no nodes when this process
+            is not connected to Ray).
+    """
+    if accelerator_type is None:
+        return False
+    if nodes is None:
+        import ray
+        nodes = ray.nodes() if ray.is_initialized() else []
+    resource = _ACCELERATOR_RESOURCE + accelerator_type
+    typed = [n for n in nodes
+             if n.get("Alive", False) and node_accelerator_type(n) == accelerator_type]
+    return bool(typed) and not any(n.get("Resources", {}).get(resource, 0) > 0 for n in typed)
 
 
 def cluster_nodes(nodes: list[dict[str, Any]] | None = None,

@@ -21,7 +21,7 @@ import logging
 import time
 from typing import Any, Callable, Mapping, Sequence
 
-from adaptdl_ray.replicas.bundles import replica_bundle
+from adaptdl_ray.replicas.bundles import label_selectors, replica_bundle, type_resource
 
 LOG = logging.getLogger(__name__)
 
@@ -129,21 +129,27 @@ class ReplicaPool:
                 (see ``ReplicaWorker.warm_up``): the modules of a replica running the job,
                 so that joining it costs what staying costs.
             accelerator_type: place them on nodes of this type only (each bundle asks
-                for it, see :func:`~adaptdl_ray.replicas.bundles.replica_bundle`);
-                ``None``: on any node.
+                for it, see :func:`~adaptdl_ray.replicas.bundles.replica_bundle`, or by
+                its label where its nodes carry only that,
+                :func:`~adaptdl_ray.replicas.nodes.asked_by_label`); ``None``: on any node.
 
         Raises:
             ValueError: ``count`` < 1.
         """
         from ray.util.placement_group import placement_group
+
+        from adaptdl_ray.replicas.nodes import asked_by_label
         if count < 1:
             raise ValueError(f"count must be >= 1, got {count}")
-        bundle = replica_bundle(self.resources, accelerator_type)
+        by_label = asked_by_label(accelerator_type)
+        bundle = replica_bundle(self.resources, accelerator_type, by_label=by_label)
+        select = {"bundle_label_selector": label_selectors(accelerator_type, 1)} \
+            if by_label else {}
         pgs = []
         for _ in range(count):
             self._made += 1
             pgs.append(placement_group([dict(bundle)], strategy="PACK",
-                                       name=f"{self.name}-{self._made}"))
+                                       name=f"{self.name}-{self._made}", **select))
         reservation = Reservation(self, pgs, self._clock(), warm_up, accelerator_type)
         self._reserved.append(reservation)
         return reservation
@@ -263,6 +269,12 @@ class Grow:
 
     def _ray_fits(self, extra: int) -> bool:
         from adaptdl_ray.replicas.nodes import free_resources
+        from adaptdl_ray.replicas.nodes import asked_by_label
         free = free_resources()
-        return all(free.get(k, 0.0) + 1e-9 >= v * extra
-                   for k, v in replica_bundle(self.pool.resources, self._type).items())
+        bundle = replica_bundle(self.pool.resources, self._type)
+        if self._type is not None and type_resource(self._type) not in free and \
+                asked_by_label(self._type):
+            # No resource names the type: its replicas' own resources are counted over
+            # the whole cluster.
+            bundle = replica_bundle(self.pool.resources)
+        return all(free.get(k, 0.0) + 1e-9 >= v * extra for k, v in bundle.items())

@@ -5,7 +5,9 @@ A trial with ``n`` replicas requests ``PlacementGroupFactory([{}] + [per_replica
 actor runs there with no resources), so bundle ``i`` holds replica ``i``. The policy sees
 the same request as ``JobInfo.resources = per_replica``. A trial placed on an accelerator
 type asks for it in every replica's bundle
-(:func:`~adaptdl_ray.replicas.bundles.replica_bundle`).
+(:func:`~adaptdl_ray.replicas.bundles.replica_bundle`), or by a label selector per bundle
+where the type's nodes carry only its label (Tune passes ``bundle_label_selector`` on to
+Ray's ``placement_group``).
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from __future__ import annotations
 from ray.tune.execution.placement_groups import PlacementGroupFactory
 
 from adaptdl_core.decision.jobs import JobSpec
-from adaptdl_ray.replicas.bundles import bundles_type, replica_bundle
+from adaptdl_ray.replicas.bundles import bundles_type, label_selectors, replica_bundle
+from adaptdl_ray.replicas.nodes import asked_by_label
 
 __all__ = ["ReplicaRequest", "placement_group_factory", "num_replicas_of", "request_type"]
 
@@ -26,7 +29,13 @@ class ReplicaRequest(PlacementGroupFactory):
     Ray Tune rejects ``tune.run(..., resources_per_trial=...)`` for a trainable with its
     own resource request by printing that request (which left the user with Ray's
     error and no pointer to the creator's arguments); printed, this one says how to set
-    them instead."""
+    them instead.
+
+    Attributes:
+        accelerator_type: the type its replicas are placed on (``None``: any node).
+    """
+
+    accelerator_type: str | None = None
 
     def __str__(self) -> str:
         bundles = [b for b in self.bundles if b]
@@ -39,18 +48,34 @@ class ReplicaRequest(PlacementGroupFactory):
 
 
 def placement_group_factory(spec: JobSpec, num_replicas: int,
-                            accelerator_type: str | None = None) -> PlacementGroupFactory:
+                            accelerator_type: str | None = None, *,
+                            by_label: bool | None = None) -> PlacementGroupFactory:
     """The placement group request of a trial with ``num_replicas`` replicas, on nodes of
-    ``accelerator_type`` if given (``None``: any)."""
+    ``accelerator_type`` if given (``None``: any).
+
+    Args:
+        by_label: ask for the type by its label, not its resource (``None``: as the
+            cluster's nodes say, :func:`~adaptdl_ray.replicas.nodes.asked_by_label`).
+    """
     if num_replicas < 1:
         raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
-    bundle = replica_bundle(spec.resources, accelerator_type)
-    return ReplicaRequest([{}] + [dict(bundle) for _ in range(num_replicas)],
-                          strategy="PACK")
+    if by_label is None:
+        by_label = asked_by_label(accelerator_type)
+    bundle = replica_bundle(spec.resources, accelerator_type, by_label=by_label)
+    # (Tune drops the empty head bundle, so the selectors are the replicas' only.)
+    select = {"bundle_label_selector": label_selectors(accelerator_type, num_replicas)} \
+        if by_label and accelerator_type is not None else {}
+    request = ReplicaRequest([{}] + [dict(bundle) for _ in range(num_replicas)],
+                             strategy="PACK", **select)
+    request.accelerator_type = accelerator_type
+    return request
 
 
 def request_type(pgf: PlacementGroupFactory | None) -> str | None:
-    """The accelerator type a trial's placement group request asks for (``None``: none)."""
+    """The accelerator type a trial's placement group request asks for (``None``: none):
+    the one it was made for, or (a request made elsewhere) the one its bundles name."""
+    if isinstance(pgf, ReplicaRequest):
+        return pgf.accelerator_type
     return None if pgf is None else bundles_type(pgf.bundles)
 
 

@@ -3,7 +3,7 @@ entries (no Ray started)."""
 
 from __future__ import annotations
 
-from adaptdl_ray.replicas.nodes import cluster_nodes, node_accelerator_type
+from adaptdl_ray.replicas.nodes import asked_by_label, cluster_nodes, node_accelerator_type
 
 
 def entry(node_id, resources, labels=None, alive=True):
@@ -25,3 +25,20 @@ def test_type_from_the_resource_and_the_label():
     assert out["c"].accelerator_type is None
     assert out["d"].accelerator_type is None         # two types: unknown
     assert node_accelerator_type(entry("e", {"accelerator_type:T4": 0.0})) is None
+
+
+def test_a_type_is_asked_for_by_its_label_only_where_no_node_of_it_has_the_resource():
+    label = "ray.io/accelerator-type"
+    nodes = [entry("a", {"CPU": 8, "accelerator_type:T4": 1.0}),
+             entry("b", {"CPU": 8, "accelerator_type:A10G": 1.0}, labels={label: "H100"}),
+             entry("c", {"CPU": 8}, labels={label: "L4"}),
+             entry("d", {"CPU": 8, "accelerator_type:L4": 1.0}),
+             entry("e", {"CPU": 8}, labels={label: "V100"}),
+             entry("f", {"CPU": 8, "accelerator_type:V100": 1.0}, alive=False)]
+    assert not asked_by_label("T4", nodes)       # its resource
+    assert asked_by_label("H100", nodes)         # a label overriding the detected type
+    assert not asked_by_label("A10G", nodes)     # (no node is of that type any more)
+    assert not asked_by_label("L4", nodes)       # one node of it carries the resource
+    assert asked_by_label("V100", nodes)         # (the dead node does not count)
+    assert not asked_by_label(None, nodes)
+    assert not asked_by_label("H100")            # (no Ray to ask: by the resource)

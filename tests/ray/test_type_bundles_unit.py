@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from adaptdl_ray.replicas.bundles import (TYPE_SHARE, bundles_type, replica_bundle,
-                                          type_resource)
+from adaptdl_ray.replicas.bundles import (ACCELERATOR_LABEL, TYPE_SHARE, bundles_type,
+                                          label_selectors, replica_bundle, type_resource)
 
 
 def test_a_bundle_for_a_type_asks_for_a_sliver_of_its_resource():
@@ -20,6 +20,13 @@ def test_without_a_type_the_bundle_is_the_replicas_resources():
     resources = {"CPU": 2, "GPU": 0.5}
     bundle = replica_bundle(resources)
     assert bundle == resources and bundle is not resources
+
+
+def test_a_type_asked_by_its_label_leaves_the_bundle_alone_and_selects_per_bundle():
+    assert replica_bundle({"CPU": 1}, "H100", by_label=True) == {"CPU": 1.0}
+    assert label_selectors("H100", 2) == [{ACCELERATOR_LABEL: "H100"}] * 2
+    with pytest.raises(ValueError, match="accelerator_type"):
+        label_selectors("", 1)
 
 
 @pytest.mark.parametrize("bad", ["", 4, None])
@@ -48,6 +55,15 @@ def test_a_trials_request_asks_for_its_type_in_every_replica_bundle():
     typed = placement_group_factory(spec, 3, "A100")
     assert typed.bundles == [{"CPU": 1.0, "accelerator_type:A100": TYPE_SHARE}] * 3
     assert num_replicas_of(typed) == 3 and request_type(typed) == "A100"
+    # A type named only by its label: plain bundles, the type in the selectors.
+    labelled = placement_group_factory(spec, 2, "H100", by_label=True)
+    assert labelled.bundles == [{"CPU": 1.0}] * 2 and request_type(labelled) == "H100"
+    assert num_replicas_of(labelled) == 2
+    assert labelled != placement_group_factory(spec, 2, "L4", by_label=True)
+    assert labelled == placement_group_factory(spec, 2, "H100", by_label=True)
+    # Without Ray to ask, a type is asked for by its resource.
+    assert placement_group_factory(spec, 2, "A100") == typed.__class__(
+        [{}] + [replica_bundle({"CPU": 1}, "A100")] * 2, strategy="PACK")
 
 
 class Reservation:
@@ -103,3 +119,15 @@ def test_the_default_room_check_counts_the_types_sliver(monkeypatch):
     monkeypatch.setattr(nodes, "free_resources",
                         lambda: {"CPU": 4.0, "accelerator_type:A100": 1.0})
     assert grow.ready(2, lambda: ([], []), "A100")
+
+
+def test_the_room_check_of_a_type_named_only_by_its_label_counts_the_replicas_resources(
+        monkeypatch):
+    from adaptdl_ray.replicas import nodes, pool as pool_mod
+    grow = pool_mod.Grow(Pool())
+    monkeypatch.setattr(nodes, "free_resources", lambda: {"CPU": 4.0})
+    monkeypatch.setattr(nodes, "asked_by_label", lambda kind: kind == "H100")
+    assert grow.ready(2, lambda: ([], []), "H100")
+    grow.cancel()
+    assert not grow.ready(5, lambda: ([], []), "H100")      # (5 CPUs are not free)
+    assert not grow.ready(2, lambda: ([], []), "A100")      # (no node of that type)

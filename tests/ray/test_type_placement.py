@@ -1,4 +1,5 @@
-"""Placement by accelerator type on a real Ray cluster of two fake types: a submitted
+"""Placement by accelerator type on a real Ray cluster of two fake types (one named by its
+``accelerator_type:<T>`` resource, the other only by its label): a submitted
 job's and a Tune trial's replicas run on the type their solve chose, before and after a
 move between types, every sample trained exactly once (:mod:`tests.ray.typed_placement_run`:
 one cluster for both, its start paid once)."""

@@ -1,7 +1,9 @@
 """A submitted job, then a Tune trial, on a two-node cluster of their own whose nodes carry
-two accelerator types (fake ones: the ``accelerator_type:typeA`` / ``typeB`` resources on
-CPU nodes), each placed and moved by a scripted policy
-(:class:`~tests.ray.typed_policy.TypeSwitchPolicy`); both share the cluster's start.
+two accelerator types (fake ones on CPU nodes, named both ways Ray names a type: typeA by
+the ``accelerator_type:typeA`` resource, typeB only by the ``ray.io/accelerator-type``
+label, so replicas placed on typeB ask for it by a label selector), each placed and
+moved by a scripted policy (:class:`~tests.ray.typed_policy.TypeSwitchPolicy`); both share
+the cluster's start.
 
 * The job (an ``ElasticJob``, 2 replicas) starts on the typeA node (the head) and, once
   launch 0 has trained a few batches, is moved to the typeB node: checkpoint, relaunch on
@@ -138,6 +140,8 @@ def main(storage: str, record_dir: str, trial_record_dir: str) -> int:
     import ray
     from ray.cluster_utils import Cluster
 
+    from adaptdl_ray.replicas.nodes import ACCELERATOR_LABEL, node_accelerator_type
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     os.makedirs(storage, exist_ok=True)
     cluster = Cluster(initialize_head=True, head_node_args={
@@ -145,14 +149,10 @@ def main(storage: str, record_dir: str, trial_record_dir: str) -> int:
         "resources": {"accelerator_type:typeA": 1}})
     try:
         cluster.add_node(num_cpus=2, object_store_memory=_STORE,
-                         resources={"accelerator_type:typeB": 1})
+                         labels={ACCELERATOR_LABEL: "typeB"})
         cluster.wait_for_nodes()
         ray.init(address=cluster.address, log_to_driver=True)
-        types = {}
-        for node in ray.nodes():
-            for key in node["Resources"]:
-                if key.startswith("accelerator_type:"):
-                    types[key.split(":", 1)[1]] = node["NodeID"]
+        types = {node_accelerator_type(node): node["NodeID"] for node in ray.nodes()}
         seen = {"types": types, "job": run_job(os.path.join(storage, "job"), record_dir)}
         seen["trial"] = run_trial(os.path.join(storage, "trial"), trial_record_dir)
         print(json.dumps(seen, default=str), flush=True)
