@@ -311,7 +311,8 @@ def simulate(workload: Union[str, Path, Sequence[WorkloadJob]], policy="pollux",
             completion; unfinished jobs are then missing from ``jcts``).
         use_core: ``"pollux"`` only: go through :mod:`adaptdl_core.decision` (``None``: when
             available).
-        timeline: include ``timeline``: per round, GPUs held per job.
+        timeline: include ``timeline``: per round, GPUs held per job (``gpus``) and, on a
+            typed ``cluster``, the type each running job is on (``types``).
         policy_options: ``"adaptdl"`` only: keyword arguments of
             :class:`~adaptdl_core.policy.RemainingWorkPolicy` (e.g. ``{"alpha": 1.0}``).
         elastic: ``None`` (a fixed cluster of ``nodes``), or how the cluster changes over
@@ -415,10 +416,13 @@ def _one_blas_thread():
 
 
 class _ClusterRecorder(Observer):
-    """Per round, GPUs held per job (``timeline``), and progress in the log."""
+    """Per round, GPUs held per job and (``node_types``: node id -> type) each job's type
+    (``timeline``), and progress in the log."""
 
-    def __init__(self, timeline: bool, num_jobs: int) -> None:
+    def __init__(self, timeline: bool, num_jobs: int,
+                 node_types: Optional[Mapping[int, str]] = None) -> None:
         self.timeline: Optional[List[dict]] = [] if timeline else None
+        self.node_types = node_types
         self.num_jobs = num_jobs
         self.done = 0
         self.rounds = 0
@@ -430,7 +434,11 @@ class _ClusterRecorder(Observer):
             return
         self.rounds += 1
         if self.timeline is not None:
-            self.timeline.append({"t": now, "gpus": {k: len(v) for k, v in allocations.items()}})
+            entry = {"t": now, "gpus": {k: len(v) for k, v in allocations.items()}}
+            if self.node_types is not None:
+                entry["types"] = {k: self.node_types[v[0]] for k, v in allocations.items()
+                                  if v}
+            self.timeline.append(entry)
         if self.rounds % 100 == 0:
             logger.info("t=%.0f s: %d active, %d/%d done, wall %.0f s", now, len(jobs),
                         self.done, self.num_jobs, time.perf_counter() - self.t_wall)
@@ -486,7 +494,7 @@ def _simulate(workload, policy, *, traces, interval, restart_s, nodes, gpus_per_
     if elastic is not None:
         cluster = ElasticCluster(elastic, nodes, gpus_per_node, interval=interval, seed=seed)
         node_gpus = cluster.usable_nodes(0.0)
-    recorder = _ClusterRecorder(timeline, len(jobs))
+    recorder = _ClusterRecorder(timeline, len(jobs), node_types)
     outcome = run_rounds(pol, ArrivalAdmission(jobs), nodes=node_gpus,
                          schedule=Schedule(tick=interval, interval=interval,
                                            first_round=interval),

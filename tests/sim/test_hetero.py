@@ -78,9 +78,15 @@ def test_type_aware_policies_put_bert_on_a100():
     # BERT trains ~10x faster per GPU on an A100 than on a T4 (the traces): the
     # type-aware policies run the bert jobs on the a100 node.
     for policy in ("sia", "adaptdl"):
-        result = simulate(small_rows(), policy, cluster=TINY)
+        result = simulate(small_rows(), policy, cluster=TINY, timeline=True)
         assert result["gpu_hours_by_type"].get("a100", 0.0) > \
             10 * result["gpu_hours_by_type"].get("t4", 0.0), policy
+        # The timeline names the type of every running job, each round.
+        bert = [e["types"][k] for e in result["timeline"] for k, g in e["gpus"].items()
+                if k.startswith("bert") and g]
+        assert bert and bert.count("a100") > 2 * bert.count("t4"), policy
+        assert all(set(e["types"]) == {k for k, g in e["gpus"].items() if g}
+                   for e in result["timeline"])
 
 
 def test_typed_jobs_use_model_delays_calibration_and_per_type_limits():

@@ -26,3 +26,14 @@ def test_changes_keeps_the_entries_where_the_total_or_a_shown_job_changes():
         (60.0, 1, [1]), (180.0, 3, [1]), (240.0, 3, [2]), (300.0, 3, [0]), (360.0, 0, [0])]
     assert _script().changes(timeline, ["a", "b"], start=200.0, end=300.0) == [
         (240.0, 3, [2, 1]), (300.0, 3, [0, 3])]
+
+
+def test_on_a_typed_cluster_a_change_of_type_alone_is_a_change():
+    timeline = [{"t": 60.0, "gpus": {"a": 8, "b": 4}, "types": {"a": "rtx", "b": "t4"}},
+                {"t": 120.0, "gpus": {"a": 8, "b": 4}, "types": {"a": "a100", "b": "t4"}},
+                {"t": 180.0, "gpus": {"a": 8, "b": 4}, "types": {"a": "a100", "b": "t4"}},
+                {"t": 240.0, "gpus": {"a": 16, "b": 0}, "types": {"a": "a100"}}]
+    assert _script().changes(timeline, ["a", "b"]) == [
+        (60.0, {"rtx": 8, "t4": 4}, [(8, "rtx"), (4, "t4")]),
+        (120.0, {"a100": 8, "t4": 4}, [(8, "a100"), (4, "t4")]),
+        (240.0, {"a100": 16}, [(16, "a100"), (0, None)])]
