@@ -17,9 +17,11 @@ starves long jobs. :class:`RemainingWorkPolicy` keeps Pollux's fair objective an
 * **Rounding** (optional, ``quantize``): weights rounded to powers of two, meant to keep
   estimates drifting between rounds from moving jobs; measured, it restarted jobs no less
   often and changed the results within noise, so it is off by default.
-* **Ageing** (tail guard): a job's weight is at least ``min(age / patience_s, 1)``, so a
-  long job that has been in the cluster ``patience_s`` seconds is weighed like Pollux
-  weighs it again, whatever its remaining work.
+* **Ageing** (tail guard): a job's weight is at least ``min(age / patience_s,
+  ageing_cap)``, so a long job that has been in the cluster ``patience_s`` seconds is
+  weighed like Pollux weighs it again, whatever its remaining work; with ``ageing_cap``
+  above 1 (default 1) its weight goes on growing with its age up to that cap, so that
+  the oldest jobs come first, as under least-attained-service schedulers.
 * **Exploration** (``exploration_factor``, default 4): a job may be grown to four times
   the largest replica count it has been profiled at, where Pollux allows twice. Pollux's
   bound makes a job that scales climb 1, 2, 4, 8, 16 replicas over five or more rounds
@@ -72,7 +74,8 @@ def _check_seconds_or_inf(name: str, value: Any) -> float:
 
 def remaining_weights(jobs: Mapping[Hashable, JobInfo], now: float, *, alpha: float = 1.0,
                       max_weight: float = 4.0, patience_s: float = math.inf,
-                      quantize: bool = False) -> Dict[Hashable, float]:
+                      quantize: bool = False, ageing_cap: float = 1.0
+                      ) -> Dict[Hashable, float]:
     """Each job's weight in the fitness (see the module doc); pure.
 
     Args:
@@ -82,6 +85,8 @@ def remaining_weights(jobs: Mapping[Hashable, JobInfo], now: float, *, alpha: fl
         alpha: how strongly remaining work tilts the weights (0: all 1, Pollux).
         max_weight: weights are clipped to ``[1 / max_weight, max_weight]`` (>= 1).
         patience_s: seconds of age after which a job weighs at least 1 (``inf``: never).
+        ageing_cap: the most that ageing lifts a weight to (``1 <= ageing_cap <=
+            max_weight``): a job weighs at least ``min(age / patience_s, ageing_cap)``.
         quantize: round each weight (before ageing) to the nearest power of two.
 
     Returns:
@@ -93,6 +98,7 @@ def remaining_weights(jobs: Mapping[Hashable, JobInfo], now: float, *, alpha: fl
     validation.number("alpha", alpha, 0.0)
     validation.number("max_weight", max_weight, 1.0)
     patience_s = _check_seconds_or_inf("patience_s", patience_s)
+    validation.number("ageing_cap", ageing_cap, 1.0, float(max_weight))
     known = [j.remaining_s for j in jobs.values() if j.remaining_s is not None]
     # A job estimated to be done weighs the most; one second stands in for zero.
     ref = max(float(np.median(known)), 1.0) if known else None
@@ -104,9 +110,9 @@ def remaining_weights(jobs: Mapping[Hashable, JobInfo], now: float, *, alpha: fl
             w = min(max(w, 1.0 / max_weight), max_weight)
             if quantize:
                 w = 2.0 ** round(math.log2(w))
-        if w < 1.0 and math.isfinite(patience_s):
+        if w < ageing_cap and math.isfinite(patience_s):
             age = max(float(now) - job.creation_timestamp, 0.0)
-            w = max(w, min(age / patience_s, 1.0))
+            w = max(w, min(age / patience_s, ageing_cap))
         out[key] = w
     return out
 
@@ -140,7 +146,8 @@ class RemainingWorkPolicy:
 
     Args:
         p: power-mean exponent (< 0; -1 as Pollux).
-        alpha, max_weight, patience_s, quantize: see :func:`remaining_weights`.
+        alpha, max_weight, patience_s, quantize, ageing_cap: see
+            :func:`remaining_weights`.
         running_bonus: see :func:`admission_order` (>= 1).
         exploration_factor: a job may be grown to this many times the largest replica
             count it has been profiled at (an integer >= 2; Pollux's is 2).
@@ -155,7 +162,7 @@ class RemainingWorkPolicy:
     def __init__(self, p: float = -1.0, *, alpha: float = 1.0, max_weight: float = 4.0,
                  patience_s: float = 2 * 3600.0, running_bonus: float = 2.0,
                  quantize: bool = False, exploration_factor: int = 4,
-                 **pollux_options) -> None:
+                 ageing_cap: float = 1.0, **pollux_options) -> None:
         pollux_options.pop("fair_share", None)
         self.pollux = PolluxPolicy(p, fair_share=True, **pollux_options)
         #: Rounds on nodes of several accelerator types (see :mod:`.typed`).
@@ -163,7 +170,9 @@ class RemainingWorkPolicy:
         if not self.pollux.p < 0:
             raise ValueError(f"p must be < 0 for RemainingWorkPolicy (weights scale speedups "
                              f"as w ** (1/p)), got {p!r}; use -1")
-        remaining_weights({}, 0.0, alpha=alpha, max_weight=max_weight, patience_s=patience_s)
+        remaining_weights({}, 0.0, alpha=alpha, max_weight=max_weight, patience_s=patience_s,
+                          ageing_cap=ageing_cap)
+        self.ageing_cap = float(ageing_cap)
         validation.number("running_bonus", running_bonus, 1.0)
         self.alpha, self.max_weight = float(alpha), float(max_weight)
         self.patience_s, self.running_bonus = float(patience_s), float(running_bonus)
@@ -184,7 +193,8 @@ class RemainingWorkPolicy:
     def weights(self, jobs: Mapping[Hashable, JobInfo], now: float) -> Dict[Hashable, float]:
         """:func:`remaining_weights` with this policy's settings."""
         return remaining_weights(jobs, now, alpha=self.alpha, max_weight=self.max_weight,
-                                 patience_s=self.patience_s, quantize=self.quantize)
+                                 patience_s=self.patience_s, quantize=self.quantize,
+                                 ageing_cap=self.ageing_cap)
 
     def admitted(self, jobs: Mapping[Hashable, JobInfo], nodes: Mapping[Hashable, NodeInfo],
                  base: Mapping[Hashable, Sequence[Hashable]],

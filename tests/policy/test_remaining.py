@@ -51,8 +51,22 @@ def test_ageing_lifts_a_long_jobs_weight_back_to_one():
     assert full["long"] == 1.0 and full["short"] == plain["short"]
 
 
+def test_with_an_ageing_cap_an_old_jobs_weight_grows_past_one_up_to_the_cap():
+    jobs = {"short": job(10.0, created=NOW), "long": job(1e5, created=NOW - 7200.0),
+            "young": job(4e5, created=NOW - 600.0)}
+    plain = remaining_weights(jobs, NOW, patience_s=1800.0)
+    assert plain["long"] == 1.0
+    aged = remaining_weights(jobs, NOW, patience_s=1800.0, ageing_cap=3.0)
+    assert aged["long"] == 3.0                                  # 7200 / 1800 = 4, capped
+    assert aged["young"] == plain["young"] == pytest.approx(600.0 / 1800.0)
+    assert aged["short"] == plain["short"] == 4.0               # (at max_weight already)
+    assert remaining_weights(jobs, NOW, patience_s=3600.0, ageing_cap=4.0)["long"] == 2.0
+    assert RemainingWorkPolicy(patience_s=1800.0, ageing_cap=3.0).weights(jobs, NOW) == aged
+
+
 @pytest.mark.parametrize("kwargs", [{"alpha": -1.0}, {"alpha": math.nan}, {"max_weight": 0.5},
-                                    {"patience_s": 0.0}, {"patience_s": -5.0}])
+                                    {"patience_s": 0.0}, {"patience_s": -5.0},
+                                    {"ageing_cap": 0.5}, {"ageing_cap": 5.0}])
 def test_weight_arguments_are_checked(kwargs):
     name = next(iter(kwargs))
     with pytest.raises(ValueError, match=name):
