@@ -56,7 +56,7 @@ import numpy as np
 from adaptdl_core import validation
 
 from .allocator import AllocationResult, JobInfo, NodeInfo, PolluxPolicy, power_mean
-from .typed import TypedAllocator, typed_round_applies
+from .typed import TypedAllocator, mixed_types, typed_round_applies
 
 LOG = logging.getLogger(__name__)
 
@@ -144,10 +144,20 @@ class RemainingWorkPolicy:
     chosen by ``benchmarks/sim_cluster.py`` over the Pollux paper's workloads
     (``benchmarks/README.md``).
 
+    On a cluster of several accelerator types (:func:`.typed.mixed_types`) the weights
+    take ``mixed_alpha`` and ``mixed_ageing_cap`` instead (defaults 0 and 4: no tilt by
+    remaining work, old jobs first). A job runs on one type at a time, so the
+    job left last can use one type's GPUs at most, while the rest stand idle; ordering by
+    remaining work leaves the longest jobs for last, and there it cost the p99 and the
+    makespan more than it bought on the average, where ageing past 1 did not
+    (``benchmarks/sim_hetero.py``, ``benchmarks/README.md``).
+
     Args:
         p: power-mean exponent (< 0; -1 as Pollux).
         alpha, max_weight, patience_s, quantize, ageing_cap: see
             :func:`remaining_weights`.
+        mixed_alpha, mixed_ageing_cap: ``alpha`` and ``ageing_cap`` on a cluster of
+            several types (``mixed_ageing_cap <= max_weight``).
         running_bonus: see :func:`admission_order` (>= 1).
         exploration_factor: a job may be grown to this many times the largest replica
             count it has been profiled at (an integer >= 2; Pollux's is 2).
@@ -162,7 +172,8 @@ class RemainingWorkPolicy:
     def __init__(self, p: float = -1.0, *, alpha: float = 1.0, max_weight: float = 4.0,
                  patience_s: float = 2 * 3600.0, running_bonus: float = 2.0,
                  quantize: bool = False, exploration_factor: int = 4,
-                 ageing_cap: float = 1.0, **pollux_options) -> None:
+                 ageing_cap: float = 1.0, mixed_alpha: float = 0.0,
+                 mixed_ageing_cap: float = 4.0, **pollux_options) -> None:
         pollux_options.pop("fair_share", None)
         self.pollux = PolluxPolicy(p, fair_share=True, **pollux_options)
         #: Rounds on nodes of several accelerator types (see :mod:`.typed`).
@@ -173,6 +184,9 @@ class RemainingWorkPolicy:
         remaining_weights({}, 0.0, alpha=alpha, max_weight=max_weight, patience_s=patience_s,
                           ageing_cap=ageing_cap)
         self.ageing_cap = float(ageing_cap)
+        validation.number("mixed_alpha", mixed_alpha, 0.0)
+        validation.number("mixed_ageing_cap", mixed_ageing_cap, 1.0, float(max_weight))
+        self.mixed_alpha, self.mixed_ageing_cap = float(mixed_alpha), float(mixed_ageing_cap)
         validation.number("running_bonus", running_bonus, 1.0)
         self.alpha, self.max_weight = float(alpha), float(max_weight)
         self.patience_s, self.running_bonus = float(patience_s), float(running_bonus)
@@ -190,11 +204,14 @@ class RemainingWorkPolicy:
         """The power-mean exponent."""
         return self.pollux.p
 
-    def weights(self, jobs: Mapping[Hashable, JobInfo], now: float) -> Dict[Hashable, float]:
-        """:func:`remaining_weights` with this policy's settings."""
-        return remaining_weights(jobs, now, alpha=self.alpha, max_weight=self.max_weight,
-                                 patience_s=self.patience_s, quantize=self.quantize,
-                                 ageing_cap=self.ageing_cap)
+    def weights(self, jobs: Mapping[Hashable, JobInfo], now: float, *,
+                mixed: bool = False) -> Dict[Hashable, float]:
+        """:func:`remaining_weights` with this policy's settings (``mixed``: those of a
+        cluster of several types)."""
+        return remaining_weights(jobs, now, alpha=self.mixed_alpha if mixed else self.alpha,
+                                 max_weight=self.max_weight, patience_s=self.patience_s,
+                                 quantize=self.quantize,
+                                 ageing_cap=self.mixed_ageing_cap if mixed else self.ageing_cap)
 
     def admitted(self, jobs: Mapping[Hashable, JobInfo], nodes: Mapping[Hashable, NodeInfo],
                  base: Mapping[Hashable, Sequence[Hashable]],
@@ -244,7 +261,7 @@ class RemainingWorkPolicy:
             raise ValueError(f"jobs must be a dict of key -> JobInfo, got {type(jobs).__name__}")
         now = time.time() if now is None else now
         base = dict(base_allocations or {})
-        weights = self.weights(jobs, now)
+        weights = self.weights(jobs, now, mixed=mixed_types(nodes))
         admitted = self.admitted(jobs, nodes, base, weights)
         if len(admitted) < len(jobs):
             LOG.debug("%d of %d jobs fit at their minimum size; waiting by weight: %s",

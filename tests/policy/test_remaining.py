@@ -64,6 +64,23 @@ def test_with_an_ageing_cap_an_old_jobs_weight_grows_past_one_up_to_the_cap():
     assert RemainingWorkPolicy(patience_s=1800.0, ageing_cap=3.0).weights(jobs, NOW) == aged
 
 
+def test_on_a_mixed_cluster_the_weights_take_the_mixed_settings():
+    jobs = {"short": job(10.0), "long": job(1e5), "old": job(1e5, created=NOW - 4 * 7200.0)}
+    one_type = {"a": NodeInfo({"GPU": 4}, accelerator_type="t4"),
+                "b": NodeInfo({"GPU": 4}, accelerator_type="t4")}
+    mixed = {"a": NodeInfo({"GPU": 4}, accelerator_type="t4"),
+             "b": NodeInfo({"GPU": 4}, accelerator_type="a100")}
+    policy = RemainingWorkPolicy()
+    same = policy.allocate(jobs, one_type, now=NOW).details["weights"]
+    assert same == remaining_weights(jobs, NOW, patience_s=7200.0)
+    assert same["short"] > same["long"] and same["old"] == 1.0
+    # Mixed: no tilt by remaining work (mixed_alpha=0), ageing up to 4 (mixed_ageing_cap).
+    weights = policy.allocate(jobs, mixed, now=NOW).details["weights"]
+    assert weights == {"short": 1.0, "long": 1.0, "old": 4.0}
+    tilted = RemainingWorkPolicy(mixed_alpha=1.0, mixed_ageing_cap=1.0)
+    assert tilted.allocate(jobs, mixed, now=NOW).details["weights"] == same
+
+
 @pytest.mark.parametrize("kwargs", [{"alpha": -1.0}, {"alpha": math.nan}, {"max_weight": 0.5},
                                     {"patience_s": 0.0}, {"patience_s": -5.0},
                                     {"ageing_cap": 0.5}, {"ageing_cap": 5.0}])
@@ -78,6 +95,10 @@ def test_weight_arguments_are_checked(kwargs):
 def test_policy_arguments_are_checked():
     with pytest.raises(ValueError, match="p must be < 0"):
         RemainingWorkPolicy(p=1.0)
+    with pytest.raises(ValueError, match="mixed_alpha"):
+        RemainingWorkPolicy(mixed_alpha=-0.5)
+    with pytest.raises(ValueError, match="mixed_ageing_cap"):
+        RemainingWorkPolicy(mixed_ageing_cap=8.0)
     with pytest.raises(ValueError, match="running_bonus"):
         RemainingWorkPolicy(running_bonus=0.5)
     with pytest.raises(ValueError, match="pollux, adaptdl"):
