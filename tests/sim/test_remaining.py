@@ -70,8 +70,8 @@ def test_policy_options_reach_the_policy_and_are_checked(monkeypatch):
             self.rounds = []
             built.append(self)
 
-        def weights(self, jobs, now):
-            weights = super().weights(jobs, now)
+        def weights(self, jobs, now, *, mixed=False):
+            weights = super().weights(jobs, now, mixed=mixed)
             self.rounds.append(weights)
             return weights
 
