@@ -20,8 +20,9 @@ starves long jobs. :class:`RemainingWorkPolicy` keeps Pollux's fair objective an
 * **Ageing** (tail guard): a job's weight is at least ``min(age / patience_s,
   ageing_cap)``, so a long job that has been in the cluster ``patience_s`` seconds is
   weighed like Pollux weighs it again, whatever its remaining work; with ``ageing_cap``
-  above 1 (default 1) its weight goes on growing with its age up to that cap, so that
-  the oldest jobs come first, as under least-attained-service schedulers.
+  above 1 (default 1) its weight goes on growing with its age up to that cap: the longer
+  a job has been in the cluster, the more it weighs (the mixed-cluster default, see
+  :class:`RemainingWorkPolicy`).
 * **Exploration** (``exploration_factor``, default 4): a job may be grown to four times
   the largest replica count it has been profiled at, where Pollux allows twice. Pollux's
   bound makes a job that scales climb 1, 2, 4, 8, 16 replicas over five or more rounds
