@@ -13,13 +13,13 @@ import time
 from typing import Any, Callable, Collection, Mapping
 
 from adaptdl_core.policy import NodeInfo
-from adaptdl_ray.replicas.bundles import ACCELERATOR_LABEL
+from adaptdl_ray.replicas.bundles import ACCELERATOR_LABEL, label_selectors, replica_bundle
 from adaptdl_ray.replicas.bundles import ACCELERATOR_RESOURCE_PREFIX as _ACCELERATOR_RESOURCE
 
 LOG = logging.getLogger(__name__)
 
 __all__ = ["Cached", "DrainWatch", "cluster_nodes", "node_accelerator_type", "ACCELERATOR_LABEL",
-           "asked_by_label",
+           "asked_by_label", "type_request",
            "free_resources", "draining_under", "lost_nodes_under",
            "NODE_LOSS_WAIT_S"]
 
@@ -60,6 +60,26 @@ def asked_by_label(accelerator_type: str | None,
     typed = [n for n in nodes
              if n.get("Alive", False) and node_accelerator_type(n) == accelerator_type]
     return bool(typed) and not any(n.get("Resources", {}).get(resource, 0) > 0 for n in typed)
+
+
+def type_request(resources: Mapping[str, float], accelerator_type: str | None, count: int,
+                 *, by_label: bool | None = None) -> tuple[dict[str, float], dict[str, Any]]:
+    """How ``count`` replicas ask Ray for nodes of ``accelerator_type``: one replica's
+    bundle (:func:`~adaptdl_ray.replicas.bundles.replica_bundle`) and the keyword
+    arguments that name the type to ``placement_group`` (a label selector per bundle when
+    the type is asked for by its label, else none). The one rule of a job's reservations
+    and a Tune trial's request.
+
+    Args:
+        by_label: ask by the type's label (``None``: as :func:`asked_by_label` says).
+    """
+    if by_label is None:
+        by_label = asked_by_label(accelerator_type)
+    by_label = bool(by_label) and accelerator_type is not None
+    bundle = replica_bundle(resources, accelerator_type, by_label=by_label)
+    kwargs = {"bundle_label_selector": label_selectors(accelerator_type, count)} \
+        if by_label else {}
+    return bundle, kwargs
 
 
 def cluster_nodes(nodes: list[dict[str, Any]] | None = None,

@@ -21,7 +21,7 @@ import logging
 import time
 from typing import Any, Callable, Mapping, Sequence
 
-from adaptdl_ray.replicas.bundles import label_selectors, replica_bundle, type_resource
+from adaptdl_ray.replicas.bundles import replica_bundle, type_resource
 
 LOG = logging.getLogger(__name__)
 
@@ -131,20 +131,17 @@ class ReplicaPool:
             accelerator_type: place them on nodes of this type only (each bundle asks
                 for it, see :func:`~adaptdl_ray.replicas.bundles.replica_bundle`, or by
                 its label where its nodes carry only that,
-                :func:`~adaptdl_ray.replicas.nodes.asked_by_label`); ``None``: on any node.
+                :func:`~adaptdl_ray.replicas.nodes.type_request`); ``None``: on any node.
 
         Raises:
             ValueError: ``count`` < 1.
         """
         from ray.util.placement_group import placement_group
 
-        from adaptdl_ray.replicas.nodes import asked_by_label
+        from adaptdl_ray.replicas.nodes import type_request
         if count < 1:
             raise ValueError(f"count must be >= 1, got {count}")
-        by_label = asked_by_label(accelerator_type)
-        bundle = replica_bundle(self.resources, accelerator_type, by_label=by_label)
-        select = {"bundle_label_selector": label_selectors(accelerator_type, 1)} \
-            if by_label else {}
+        bundle, select = type_request(self.resources, accelerator_type, 1)
         pgs = []
         for _ in range(count):
             self._made += 1
@@ -215,6 +212,7 @@ class Grow:
         self.name = name
         self.reservation: Reservation | None = None
         self._type: str | None = None  # the type of the grow being asked for
+        self._label_typed: set[str] = set()  # types found asked for by their label
 
     def ready(self, extra: int, warm_up: Callable[[], tuple[list[str], list[str]]],
               accelerator_type: str | None = None) -> bool:
@@ -268,13 +266,14 @@ class Grow:
             self.reservation = None
 
     def _ray_fits(self, extra: int) -> bool:
-        from adaptdl_ray.replicas.nodes import free_resources
-        from adaptdl_ray.replicas.nodes import asked_by_label
+        from adaptdl_ray.replicas.nodes import asked_by_label, free_resources
         free = free_resources()
         bundle = replica_bundle(self.pool.resources, self._type)
         if self._type is not None and type_resource(self._type) not in free and \
-                asked_by_label(self._type):
+                (self._type in self._label_typed or asked_by_label(self._type)):
             # No resource names the type: its replicas' own resources are counted over
-            # the whole cluster.
+            # the whole cluster. (Remembered, so that this check, made at every hook while
+            # a grow waits, asks Ray for its nodes once per type.)
+            self._label_typed.add(self._type)
             bundle = replica_bundle(self.pool.resources)
         return all(free.get(k, 0.0) + 1e-9 >= v * extra for k, v in bundle.items())

@@ -16,8 +16,8 @@ from __future__ import annotations
 from ray.tune.execution.placement_groups import PlacementGroupFactory
 
 from adaptdl_core.decision.jobs import JobSpec
-from adaptdl_ray.replicas.bundles import bundles_type, label_selectors, replica_bundle
-from adaptdl_ray.replicas.nodes import asked_by_label
+from adaptdl_ray.replicas.bundles import bundles_type
+from adaptdl_ray.replicas.nodes import type_request
 
 __all__ = ["ReplicaRequest", "placement_group_factory", "num_replicas_of", "request_type"]
 
@@ -59,12 +59,9 @@ def placement_group_factory(spec: JobSpec, num_replicas: int,
     """
     if num_replicas < 1:
         raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
-    if by_label is None:
-        by_label = asked_by_label(accelerator_type)
-    bundle = replica_bundle(spec.resources, accelerator_type, by_label=by_label)
     # (Tune drops the empty head bundle, so the selectors are the replicas' only.)
-    select = {"bundle_label_selector": label_selectors(accelerator_type, num_replicas)} \
-        if by_label and accelerator_type is not None else {}
+    bundle, select = type_request(spec.resources, accelerator_type, num_replicas,
+                                  by_label=by_label)
     request = ReplicaRequest([{}] + [dict(bundle) for _ in range(num_replicas)],
                              strategy="PACK", **select)
     request.accelerator_type = accelerator_type

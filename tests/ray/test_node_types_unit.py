@@ -42,3 +42,14 @@ def test_a_type_is_asked_for_by_its_label_only_where_no_node_of_it_has_the_resou
     assert asked_by_label("V100", nodes)         # (the dead node does not count)
     assert not asked_by_label(None, nodes)
     assert not asked_by_label("H100")            # (no Ray to ask: by the resource)
+
+
+def test_a_type_request_is_a_bundle_and_the_placement_groups_selectors():
+    from adaptdl_ray.replicas.nodes import type_request
+    assert type_request({"CPU": 1}, "T4", 2, by_label=False) == \
+        ({"CPU": 1.0, "accelerator_type:T4": 0.001}, {})
+    assert type_request({"CPU": 1}, "H100", 2, by_label=True) == \
+        ({"CPU": 1.0}, {"bundle_label_selector": [{"ray.io/accelerator-type": "H100"}] * 2})
+    assert type_request({"CPU": 1}, None, 3, by_label=True) == ({"CPU": 1.0}, {})
+    assert type_request({"CPU": 1}, "H100", 1) == \
+        ({"CPU": 1.0, "accelerator_type:H100": 0.001}, {})   # (no Ray to ask: by resource)
