@@ -24,7 +24,7 @@ from adaptdl_core.sched_hints import SchedHints
 LOG = logging.getLogger(__name__)
 
 __all__ = ["JobSpec", "replicas_fitting", "cluster_capacity", "pack_guess",
-           "speedup_from_hints", "EXPLORATION_FACTOR", "exploration_cap", "job_info",
+           "speedup_from_hints", "exploring_params", "EXPLORATION_FACTOR", "exploration_cap", "job_info",
            "profiled_extent", "group_hints", "check_profile_group"]
 
 
@@ -184,14 +184,23 @@ def speedup_from_hints(hints: Mapping[str, Any] | None) -> Any:
 
 
 def _exploring(hints: SchedHints) -> GoodputFunction:
-    """Pollux's prior-driven exploration: a job measured on one replica only has no
-    measured gradient-sync cost, and the fit's stand-in for it is a guess; take it as zero
-    instead, so that a job with idle room next to it tries a second replica (its growth is
-    bounded by :func:`exploration_cap`, and it must pay for its resize). Once it has run on
-    several replicas, the fitted sync cost decides."""
-    p = hints.perf_params
-    optimistic = PerfParams(p.alpha_c, p.beta_c, p.alpha_n, p.beta_n, 0.0, 0.0, p.gamma)
-    return GoodputFunction(optimistic, hints.grad_params, hints.init_batch_size)
+    """The goodput function of a job measured on one replica only (see
+    :func:`exploring_params`)."""
+    return GoodputFunction(exploring_params(hints.perf_params), hints.grad_params,
+                           hints.init_batch_size)
+
+
+def exploring_params(perf: PerfParams) -> PerfParams:
+    """Pollux's prior-driven exploration, for a throughput fit from one replica only.
+
+    Such a job has no measured gradient-sync cost, and the fit's stand-in for it is a
+    guess; take the intra-node sync as free instead, so that a job with idle room next to
+    it tries a second replica (its growth is bounded by :func:`exploration_cap`, and it
+    must pay for its resize). Once it has run on several replicas, the fitted sync cost
+    decides. Every policy that values a one-replica job by goodput uses this rule (the
+    decision core's, and the simulator's Sia baseline, as Sia's own fit does)."""
+    return PerfParams(perf.alpha_c, perf.beta_c, perf.alpha_n, perf.beta_n, 0.0, 0.0,
+                      perf.gamma)
 
 
 def check_profile_group(group: Any) -> None:

@@ -11,8 +11,11 @@ it), so that Sia, Pollux and AdaptDL's own policy are compared in one simulator.
    not run on, the fit of a type it has, scaled by the ratio of the model's one-GPU
    throughput on the two types (Sia profiles every job on one GPU of each type when it
    arrives; here the ratio comes from the traces). A job with no fit at all gets value 1 on
-   one GPU of every type. Configurations are capped at twice the most replicas the job has
-   run at on any type (and by its largest batch). Values are normalised by the job's
+   one GPU of every type. A fit from one replica only takes its intra-node sync as free
+   (:func:`~adaptdl_core.decision.jobs.exploring_params`, the rule adaptdl's policy uses
+   too; Sia's own fit leaves sync terms it has not measured at about zero), so a new job
+   is valued higher on two GPUs than on one. Configurations are capped at twice the most
+   replicas the job has run at on any type (and by its largest batch). Values are normalised by the job's
    smallest, then multiplied by Pollux's restart factor ``max(age - R*delta, 0) / (age +
    delta)`` for every configuration but the one it has now (``delta`` its restart cost,
    ``R`` its restarts; no factor while ``age < delta``).
@@ -37,6 +40,7 @@ from typing import Dict, List, Mapping, Optional, Tuple
 import numpy as np
 
 from adaptdl_core import validation
+from adaptdl_core.decision.jobs import exploring_params
 from adaptdl_core.goodput import GoodputFunction
 
 from .gpu_types import TRACED_NODES, ClusterSpec
@@ -139,7 +143,10 @@ class SiaPolicy:
                 scale = (job.apps_by_type[t].one_gpu_throughput()
                          / job.apps_by_type[source].one_gpu_throughput())
             app = job.apps_by_type[model_type]
-            fn = GoodputFunction(fits[model_type][0], job.grad_params, app.init_batch_size)
+            perf, measured = fits[model_type]
+            if measured <= 1:
+                perf = exploring_params(perf)
+            fn = GoodputFunction(perf, job.grad_params, app.init_batch_size)
             gpn = max(g.gpus_per_node for g in self.spec.groups if g.gpu_type == model_type)
             ks = np.array([self.configs[i][2] for i in idx])
             ns = np.where(model_type == t, [self.configs[i][1] for i in idx],

@@ -157,6 +157,18 @@ def test_sia_configurations_and_choice():
         SiaPolicy(TINY, lambda_n=0.5)
 
 
+def test_sia_lets_a_job_measured_on_one_gpu_try_two():
+    # A job that has run on one GPU only has no measured sync cost. Sia takes it as free
+    # (as adaptdl's policy does), so with the cluster idle it gets two GPUs, not one.
+    apps = {t: get_application("cifar10", gpu_type=t) for t in ("t4", "a100")}
+    job = SimJob("c", apps["t4"], 0.0, apps_by_type=apps)
+    job.reallocate((1,), "t4")
+    job.advance(120.0)
+    assert job.fits_by_type()["t4"][1] == 1
+    out = SiaPolicy(TINY).decide(180.0, {"c": job}, {"c": [0]}, TINY.node_gpus())
+    assert len(out["c"]) == 2
+
+
 def test_cli_runs_a_typed_cluster_and_rejects_mixed_options(tmp_path):
     wl = tmp_path / "w.csv"
     wl.write_text("name,time,application,num_replicas,batch_size\n"
