@@ -61,9 +61,14 @@ def test_bad_cluster_names_and_policies():
         simulate(small_rows(), "tiresias", cluster=TINY)
 
 
-@pytest.mark.parametrize("policy", ["sia", "pollux", "adaptdl"])
-def test_small_mixed_cluster_simulation(policy):
-    result = simulate(small_rows(), policy, cluster=TINY)
+@pytest.mark.parametrize("policy,use_core", [("sia", None), ("pollux", None),
+                                             ("pollux", False), ("adaptdl", None)])
+def test_small_mixed_cluster_simulation(policy, use_core):
+    # Pollux with use_core=False: its allocations applied as they are (sim_hetero.py).
+    result = simulate(small_rows(), policy, cluster=TINY, use_core=use_core)
+    if policy == "pollux":
+        assert result["settings"]["pollux_path"] == \
+            ("direct" if use_core is False else "decision-core")
     assert result["completed"] == result["num_jobs"] == 5
     assert result["cluster"] == "tiny"
     for key in ("avg_jct", "p99_jct", "makespan", "jcts", "decision_s"):
