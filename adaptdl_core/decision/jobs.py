@@ -24,8 +24,8 @@ from adaptdl_core.sched_hints import SchedHints
 LOG = logging.getLogger(__name__)
 
 __all__ = ["JobSpec", "replicas_fitting", "cluster_capacity", "pack_guess",
-           "speedup_from_hints", "exploring_params", "EXPLORATION_FACTOR", "exploration_cap", "job_info",
-           "profiled_extent", "group_hints", "check_profile_group"]
+           "speedup_from_hints", "exploring_params", "EXPLORATION_FACTOR", "exploration_cap",
+           "job_info", "profiled_extent", "group_hints", "check_profile_group"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,11 +170,11 @@ def speedup_from_hints(hints: Mapping[str, Any] | None) -> Any:
     except ValueError as exc:
         LOG.warning("ignoring malformed scheduler hints (%s); using the linear prior", exc)
         return LinearSpeedup(0)
-    goodput = parsed.goodput_function()
-    if goodput is None:
+    if parsed.goodput_function() is None:
         return LinearSpeedup(parsed.max_profiled_replicas)
-    if parsed.max_profiled_replicas <= 1:
-        goodput = _exploring(parsed)
+    goodput = GoodputFunction(
+        exploring_params(parsed.perf_params, parsed.max_profiled_replicas),
+        parsed.grad_params, parsed.init_batch_size)
     try:
         return SpeedupFunction(goodput, parsed.max_batch_size, parsed.local_bsz_bounds,
                                parsed.gradient_accumulation)
@@ -183,22 +183,19 @@ def speedup_from_hints(hints: Mapping[str, Any] | None) -> Any:
         return LinearSpeedup(parsed.max_profiled_replicas)
 
 
-def _exploring(hints: SchedHints) -> GoodputFunction:
-    """The goodput function of a job measured on one replica only (see
-    :func:`exploring_params`)."""
-    return GoodputFunction(exploring_params(hints.perf_params), hints.grad_params,
-                           hints.init_batch_size)
+def exploring_params(perf: PerfParams, measured_replicas: int) -> PerfParams:
+    """Pollux's prior-driven exploration: the throughput fit a policy values a job by.
 
-
-def exploring_params(perf: PerfParams) -> PerfParams:
-    """Pollux's prior-driven exploration, for a throughput fit from one replica only.
-
-    Such a job has no measured gradient-sync cost, and the fit's stand-in for it is a
+    A job measured on one replica only (``measured_replicas <= 1``, the most replicas its
+    fit has seen) has no measured gradient-sync cost, and the fit's stand-in for it is a
     guess; take the intra-node sync as free instead, so that a job with idle room next to
     it tries a second replica (its growth is bounded by :func:`exploration_cap`, and it
     must pay for its resize). Once it has run on several replicas, the fitted sync cost
-    decides. Every policy that values a one-replica job by goodput uses this rule (the
-    decision core's, and the simulator's Sia baseline, as Sia's own fit does)."""
+    decides: ``perf`` is returned as it is. Every policy that values jobs by goodput uses
+    this rule (the decision core's, and the simulator's Sia baseline, as Sia's own fit
+    does)."""
+    if measured_replicas > 1:
+        return perf
     return PerfParams(perf.alpha_c, perf.beta_c, perf.alpha_n, perf.beta_n, 0.0, 0.0,
                       perf.gamma)
 

@@ -15,10 +15,10 @@ it), so that Sia, Pollux and AdaptDL's own policy are compared in one simulator.
    (:func:`~adaptdl_core.decision.jobs.exploring_params`, the rule adaptdl's policy uses
    too; Sia's own fit leaves sync terms it has not measured at about zero), so a new job
    is valued higher on two GPUs than on one. Configurations are capped at twice the most
-   replicas the job has run at on any type (and by its largest batch). Values are normalised by the job's
-   smallest, then multiplied by Pollux's restart factor ``max(age - R*delta, 0) / (age +
-   delta)`` for every configuration but the one it has now (``delta`` its restart cost,
-   ``R`` its restarts; no factor while ``age < delta``).
+   replicas the job has run at on any type (and by its largest batch). Values are
+   normalised by the job's smallest, then multiplied by Pollux's restart factor ``max(age -
+   R*delta, 0) / (age + delta)`` for every configuration but the one it has now (``delta``
+   its restart cost, ``R`` its restarts; no factor while ``age < delta``).
 3. **Mixed-integer program** (``scipy.optimize.milp``): choose at most one configuration
    per job, at most each type's GPUs, minimising ``sum x * round(v ** p, 2) +
    lambda_n * (jobs without a configuration)`` (``p = -0.5``, values clipped at 3000,
@@ -34,8 +34,7 @@ ncf keeps one GPU at a fixed batch, as in both papers.
 from __future__ import annotations
 
 import logging
-import math
-from typing import Dict, List, Mapping, Optional, Tuple
+from typing import Dict, List, Mapping, Tuple
 
 import numpy as np
 
@@ -143,10 +142,8 @@ class SiaPolicy:
                 scale = (job.apps_by_type[t].one_gpu_throughput()
                          / job.apps_by_type[source].one_gpu_throughput())
             app = job.apps_by_type[model_type]
-            perf, measured = fits[model_type]
-            if measured <= 1:
-                perf = exploring_params(perf)
-            fn = GoodputFunction(perf, job.grad_params, app.init_batch_size)
+            fn = GoodputFunction(exploring_params(*fits[model_type]), job.grad_params,
+                                 app.init_batch_size)
             gpn = max(g.gpus_per_node for g in self.spec.groups if g.gpu_type == model_type)
             ks = np.array([self.configs[i][2] for i in idx])
             ns = np.where(model_type == t, [self.configs[i][1] for i in idx],
@@ -173,7 +170,6 @@ class SiaPolicy:
                           if k in jobs and allocations.get(k)}
         if not names:
             return {}
-        C = len(self.configs)
         cost_rows, fixed = [], {}
         for j, name in enumerate(names):
             job = jobs[name]

@@ -151,3 +151,13 @@ def test_a_start_on_a_mixed_cluster_names_its_type():
     d = core.decide(force=True)["j"]
     assert d.action == "start" and d.accelerator_type in ("t4", "a100")
     assert {core.nodes[n].accelerator_type for n in d.nodes} == {d.accelerator_type}
+
+
+def test_exploring_params_free_the_intra_node_sync_of_a_one_replica_fit_only():
+    from adaptdl_core.decision.jobs import exploring_params
+    from adaptdl_core.goodput import PerfParams
+    fit = PerfParams(0.1, 0.01, 0.3, 0.02, 0.2, 0.01, 1.5)
+    assert exploring_params(fit, 2) is fit
+    free = exploring_params(fit, 1)
+    assert (free.alpha_r, free.beta_r) == (0.0, 0.0)
+    assert free == PerfParams(0.1, 0.01, 0.3, 0.02, 0.0, 0.0, 1.5)
