@@ -366,6 +366,12 @@ def test_fit_freezes_unidentifiable_parameters():
     assert fit.alpha_r == pytest.approx(TRUE.alpha_r, rel=0.05)
     assert fit.alpha_n == pytest.approx(1.1 * fit.alpha_r)
     assert fit.beta_n == pytest.approx(1.1 * fit.beta_r)
+    # Across nodes only (every sync shared is inter-node, and one-replica steps): the
+    # inter-node terms are fitted, the intra-node sync is taken as free until measured.
+    spread = (n == 1) & (k == 1) | (n > 1)
+    fit = fit_perf_params(n[spread], k[spread], b[spread], t_c[spread], t_o[spread])
+    assert fit.alpha_n == pytest.approx(TRUE.alpha_n, rel=0.05)
+    assert fit.alpha_r < 1e-6 * fit.alpha_n and fit.beta_r < 1e-6 * fit.alpha_n
     # No K > 2: betas are not fitted but set from the alphas (prior 0.1 x alpha).
     small = k <= 2
     fit = fit_perf_params(n[small], k[small], b[small], t_c[small], t_o[small])
