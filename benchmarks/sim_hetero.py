@@ -2,13 +2,13 @@
 
 Runs ``adaptdl_core.sim.cluster.simulate`` on a typed cluster (default ``sia-heterogeneous``:
 6 t4 + 3 rtx + 2 a100 nodes) for each trace (the Sia paper's Philly and Helios workloads)
-x policy (``pollux`` type-unaware as the paper ran it, its allocations applied as they are,
-``sia``, AdaptDL's ``adaptdl``) x
-workload, and prints per trace and policy: the mean over workloads of the average JCT (with
-its standard deviation), the p99 JCT over all the trace's jobs, the mean makespan and the
-GPU-hours per job, beside the published Table 3; the GPU-hours per job on each GPU type; and
-the ratios the targets are stated in (adaptdl / sia, adaptdl / pollux against the published
-sia / pollux). Writes ``benchmarks/results/sim_hetero.md`` and ``.json``.
+x policy (``pollux`` type-unaware as the paper ran it, its allocations applied as they
+are; ``sia``; AdaptDL's ``adaptdl``) x workload, and prints per trace and policy: the mean
+over workloads of the average JCT (with its standard deviation), the p99 JCT over all the
+trace's jobs, the mean makespan and the GPU-hours per job, beside the published Table 3;
+the GPU-hours per job on each GPU type; and the ratios the targets are stated in (adaptdl /
+sia, adaptdl / pollux against the published sia / pollux). Writes
+``benchmarks/results/sim_hetero.md`` and ``.json``.
 
 Usage (heavy: each simulation takes minutes; on a shared machine run under ``nice``)::
 

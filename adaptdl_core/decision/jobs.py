@@ -170,11 +170,12 @@ def speedup_from_hints(hints: Mapping[str, Any] | None) -> Any:
     except ValueError as exc:
         LOG.warning("ignoring malformed scheduler hints (%s); using the linear prior", exc)
         return LinearSpeedup(0)
-    if parsed.goodput_function() is None:
+    goodput = parsed.goodput_function()
+    if goodput is None:
         return LinearSpeedup(parsed.max_profiled_replicas)
-    goodput = GoodputFunction(
-        exploring_params(parsed.perf_params, parsed.max_profiled_replicas),
-        parsed.grad_params, parsed.init_batch_size)
+    explored = exploring_params(parsed.perf_params, parsed.max_profiled_replicas)
+    if explored is not parsed.perf_params:  # (built once more only when the rule applies)
+        goodput = GoodputFunction(explored, parsed.grad_params, parsed.init_batch_size)
     try:
         return SpeedupFunction(goodput, parsed.max_batch_size, parsed.local_bsz_bounds,
                                parsed.gradient_accumulation)
@@ -191,9 +192,9 @@ def exploring_params(perf: PerfParams, measured_replicas: int) -> PerfParams:
     guess; take the intra-node sync as free instead, so that a job with idle room next to
     it tries a second replica (its growth is bounded by :func:`exploration_cap`, and it
     must pay for its resize). Once it has run on several replicas, the fitted sync cost
-    decides: ``perf`` is returned as it is. Every policy that values jobs by goodput uses
-    this rule (the decision core's, and the simulator's Sia baseline, as Sia's own fit
-    does)."""
+    decides: ``perf`` itself is returned (the same object). Every policy that values jobs
+    by goodput uses this rule (the decision core's, and the simulator's Sia baseline, as
+    Sia's own fit does)."""
     if measured_replicas > 1:
         return perf
     return PerfParams(perf.alpha_c, perf.beta_c, perf.alpha_n, perf.beta_n, 0.0, 0.0,
